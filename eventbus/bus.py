@@ -1,0 +1,463 @@
+"""The bus: one blinker signal per event type, dispatched from a per-type snapshot.
+
+Blinker holds the connections (a subscription is a receiver connected to its type's
+signal, or to the every-type signal). Whenever a signal's receivers change, the bus
+rebuilds that type's snapshot, a plain tuple of callables in subscription order, and
+``record()`` walks the tuple. That keeps blinker's connection model and its public
+``Signal`` objects while paying neither for ``Signal.send``'s per-receiver bookkeeping nor
+for a lock on the hot path.
+
+Delivery semantics (pinned by tests/test_bus.py):
+
+* in the publishing thread, in subscription order, each subscriber at most once per event;
+* a raising subscriber never stops the others nor makes ``record()`` raise: it is counted
+  and reported on the ``eventbus`` logger with its traceback, rate-limited (``strict=True``
+  re-raises instead, for tests);
+* subscribe and cancel during a dispatch take effect from the next event;
+* ``record()`` from inside a subscriber works (no lock is held while dispatching);
+* subscribers are held strongly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+import weakref
+from collections.abc import Callable
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+import blinker
+
+from eventbus.events import _REGISTRY
+from eventbus.events import Event
+from eventbus.events import EventType
+from eventbus.events import _on_declare
+from eventbus.events import event_class
+
+__all__ = ["ALL", "Bus", "Subscription", "get_default_bus", "publish", "record"]
+
+logger = logging.getLogger("eventbus")
+
+EventTypeLike = EventType | str | type[Event]
+Handler = Callable[[Event], object]
+
+
+class _All:
+    """The every-type marker: ``subscribe(ALL, on_event=...)``."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "ALL"
+
+
+ALL: Any = _All()
+
+#: at most one failure report per subscriber per this many seconds
+REPORT_INTERVAL_S = 10.0
+
+
+def _count_value(counter: itertools.count[int]) -> int:
+    # itertools.count is the one counter whose increment is atomic under the GIL;
+    # its repr is the only portable way to read it without advancing it.
+    return int(repr(counter)[6:-1])
+
+
+class Subscription:
+    """One subscriber of a bus. ``cancel()`` stops delivery; calling it again does nothing."""
+
+    __slots__ = (
+        "__weakref__",
+        "_bus",
+        "_dispatch",
+        "_failed",
+        "_filtered",
+        "_last_report",
+        "_published_at_start",
+        "_suppressed",
+        "active",
+        "event_type",
+        "name",
+        "on_event",
+        "once",
+        "seq",
+        "where",
+    )
+
+    def __init__(self, bus: Bus, event_type: Any, on_event: Handler, *, once: bool,
+                 where: Callable[[Event], object] | None, seq: int) -> None:
+        self._bus = bus
+        self.event_type = event_type
+        self.on_event = on_event
+        self.once = once
+        self.where = where
+        self.seq = seq
+        self.active = True
+        self.name = _callable_name(on_event)
+        self._failed = 0
+        self._filtered = itertools.count()
+        self._suppressed = 0
+        self._last_report = -REPORT_INTERVAL_S
+        self._published_at_start = 0
+        self._dispatch: Handler = self._make_dispatch()
+
+    def _make_dispatch(self) -> Handler:
+        on_event, where = self.on_event, self.where
+        if not self.once and where is None:
+            return on_event
+        filtered = self._filtered
+        if not self.once and where is not None:
+            def deliver_where(event: Event) -> object:
+                if where(event):
+                    return on_event(event)
+                next(filtered)
+                return None
+            return deliver_where
+        fired = itertools.count()
+
+        def deliver_once(event: Event) -> object:
+            if where is not None and not where(event):
+                next(filtered)
+                return None
+            if next(fired):  # atomic: only the first caller sees 0
+                next(filtered)
+                return None
+            self.cancel()
+            return on_event(event)
+        return deliver_once
+
+    def __call__(self, event: Event) -> object:
+        """Deliver ``event`` as the bus would (the blinker receiver protocol: sender=event)."""
+        return self._dispatch(event)
+
+    def cancel(self) -> None:
+        """Stop delivery from the next event on. Idempotent."""
+        if not self.active:
+            return
+        self.active = False
+        self._bus._disconnect(self)
+
+    def stats(self) -> dict[str, Any]:
+        """Delivered, failed and filtered counts of this subscription."""
+        return self._bus._subscription_stats(self)
+
+    def __repr__(self) -> str:
+        state = "active" if self.active else "cancelled"
+        return f"<Subscription {self.name} to {self.event_type!s} ({state})>"
+
+
+def _callable_name(fn: object) -> str:
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    if name is None:
+        return repr(fn)
+    module = getattr(fn, "__module__", None)
+    return f"{module}.{name}" if module else str(name)
+
+
+@attrs.define(slots=True)
+class _Slot:
+    """Everything the bus keeps for one event type."""
+
+    event_cls: type[Event]
+    signal: blinker.Signal
+    #: the dispatch snapshot: (callables, subscriptions), rebuilt on connect/disconnect
+    snapshot: tuple[tuple[Handler, ...], tuple[Any, ...]] = ((), ())
+    published: itertools.count[int] = attrs.field(factory=itertools.count)
+
+
+class Bus:
+    """An event bus. Most code uses the default one through :func:`record` and
+    ``publishers.get_default_event_publisher()``; tests and embedders may make their own.
+    """
+
+    def __init__(self, name: str = "default", *, strict: bool = False) -> None:
+        self.name = name
+        #: re-raise subscriber exceptions out of ``record()`` (for tests)
+        self.strict = strict
+        self._lock = threading.RLock()
+        self._seq = itertools.count()
+        self._slots: dict[Any, _Slot] = {}
+        self._all_signal = blinker.Signal(f"eventbus.{name}.ALL")
+        self._all_signal.receiver_connected.connect(self._on_all_changed, weak=False)
+        self._all_signal.receiver_disconnected.connect(self._on_all_changed, weak=False)
+        self._foreign_seq: dict[int, int] = {}
+        self._reporting = threading.local()
+        self._fallback_used = False
+        for cls in list(_REGISTRY.values()):
+            self._add_slot(cls)
+        _on_declare.append(self._add_slot)
+
+    # -- slots and snapshots ------------------------------------------------------------
+    def _add_slot(self, cls: type[Event]) -> None:
+        with self._lock:
+            name = str(cls.type)
+            if name in self._slots:
+                return
+            signal = blinker.Signal(f"eventbus.{self.name}.{name}")
+            slot = _Slot(cls, signal)
+            signal.receiver_connected.connect(self._on_type_changed, weak=False)
+            signal.receiver_disconnected.connect(self._on_type_changed, weak=False)
+            # One dict lookup serves a member, its name and the class alike.
+            self._slots[name] = slot
+            self._slots[cls] = slot
+            self._refresh(slot)
+
+    def _slot(self, event_type: Any) -> _Slot:
+        try:
+            return self._slots[event_type]
+        except (KeyError, TypeError):
+            pass
+        cls = event_class(event_type)  # raises UnknownEventTypeError
+        self._add_slot(cls)
+        return self._slots[cls]
+
+    def signal(self, event_type: EventTypeLike) -> blinker.Signal:
+        """The blinker signal of a type. Receivers connected to it directly are called as
+        ``receiver(event)`` by ``record()`` too (and held strongly)."""
+        return self._slot(event_type).signal
+
+    def _on_type_changed(self, signal: blinker.Signal, **_: Any) -> None:
+        with self._lock:
+            for key, slot in self._slots.items():
+                if slot.signal is signal and isinstance(key, str):
+                    self._refresh(slot)
+
+    def _on_all_changed(self, signal: blinker.Signal, **_: Any) -> None:
+        with self._lock:
+            for key, slot in self._slots.items():
+                if isinstance(key, str):
+                    self._refresh(slot)
+
+    def _receivers(self, signal: blinker.Signal) -> Iterator[tuple[int, Any]]:
+        for receiver_id, receiver in list(signal.receivers.items()):
+            target = receiver() if isinstance(receiver, _weakref_types) else receiver
+            if target is None:
+                continue
+            seq = target.seq if isinstance(target, Subscription) else \
+                self._foreign_seq.setdefault(receiver_id, next(self._seq))
+            yield seq, target
+
+    def _refresh(self, slot: _Slot) -> None:
+        entries = sorted([*self._receivers(slot.signal), *self._receivers(self._all_signal)],
+                         key=lambda pair: pair[0])
+        subs = tuple(target for _, target in entries)
+        calls = tuple(t._dispatch if isinstance(t, Subscription) else t for t in subs)
+        slot.snapshot = (calls, subs)
+
+    # -- subscribing ----------------------------------------------------------------------
+    def subscribe(self, event_type: EventTypeLike, *, on_event: Handler, once: bool = False,
+                  where: Callable[[Event], object] | None = None) -> Subscription:
+        """Call ``on_event(event)`` for each later event of ``event_type`` (``ALL``: every
+        type), in subscription order, in the publishing thread."""
+        if not callable(on_event):
+            raise TypeError(f"on_event must be callable, got {type(on_event).__name__}")
+        if where is not None and not callable(where):
+            raise TypeError(f"where must be a predicate (callable), got {type(where).__name__}")
+        with self._lock:
+            if event_type is ALL:
+                signal = self._all_signal
+                key: Any = ALL
+            else:
+                slot = self._slot(event_type)
+                signal = slot.signal
+                key = slot.event_cls.type
+            sub = Subscription(self, key, on_event, once=once, where=where,
+                               seq=next(self._seq))
+            sub._published_at_start = self._published_for(key)
+            signal.connect(sub, weak=False)
+        return sub
+
+    def _disconnect(self, sub: Subscription) -> None:
+        with self._lock:
+            signal = self._all_signal if sub.event_type is ALL else \
+                self._slot(sub.event_type).signal
+            signal.disconnect(sub)
+
+    def subscriptions(self) -> list[Subscription]:
+        """Every active subscription, in subscription order."""
+        with self._lock:
+            seen: dict[int, Subscription] = {}
+            for signal in [self._all_signal, *(s.signal for s in self._unique_slots())]:
+                for _, target in self._receivers(signal):
+                    if isinstance(target, Subscription):
+                        seen[id(target)] = target
+            return sorted(seen.values(), key=lambda s: s.seq)
+
+    def _unique_slots(self) -> list[_Slot]:
+        return [slot for key, slot in self._slots.items() if isinstance(key, str)]
+
+    # -- publishing ---------------------------------------------------------------------
+    def record(self, event_type: EventTypeLike, /, **fields: Any) -> None:
+        """Validate ``fields`` against the type and publish the event (built only when
+        someone listens). Raises for bad input; never for a failing subscriber."""
+        try:
+            slot = self._slots[event_type]
+        except (KeyError, TypeError):
+            slot = self._slot(event_type)
+        calls = slot.snapshot[0]
+        next(slot.published)
+        if not calls:
+            slot.event_cls._check(fields)
+            return
+        event = slot.event_cls._build(fields)
+        for call in calls:
+            try:
+                call(event)
+            except Exception as exc:
+                self._failed(slot, call, event, exc)
+
+    def publish(self, event: Event) -> None:
+        """Publish an event built elsewhere (decoded from a worker, bridged from torch)."""
+        try:
+            slot = self._slots[type(event)]
+        except KeyError:
+            if not isinstance(event, Event):
+                raise TypeError(f"publish() takes an eventbus Event, got "
+                                f"{type(event).__name__}") from None
+            slot = self._slot(type(event))
+        calls = slot.snapshot[0]
+        next(slot.published)
+        for call in calls:
+            try:
+                call(event)
+            except Exception as exc:
+                self._failed(slot, call, event, exc)
+
+    # -- failures -------------------------------------------------------------------------
+    def _failed(self, slot: _Slot, call: Handler, event: Event, exc: Exception) -> None:
+        calls, subs = slot.snapshot
+        sub = None
+        for c, s in zip(calls, subs, strict=False):
+            if c is call:
+                sub = s
+                break
+        if self.strict:
+            raise exc
+        if isinstance(sub, Subscription):
+            with self._lock:
+                sub._failed += 1
+                now = time.monotonic()
+                if now - sub._last_report < REPORT_INTERVAL_S:
+                    sub._suppressed += 1
+                    return
+                suppressed, sub._suppressed = sub._suppressed, 0
+                sub._last_report = now
+            name = sub.name
+        else:
+            suppressed, name = 0, _callable_name(call)
+        self._report(name, event, exc, suppressed)
+
+    def _report(self, name: str, event: Event, exc: Exception, suppressed: int) -> None:
+        # A handler on the eventbus logger may itself be broken (or may record events):
+        # never recurse, and fall back to stderr once.
+        if getattr(self._reporting, "active", False):
+            return
+        self._reporting.active = True
+        try:
+            more = f" ({suppressed} more failures since the last report)" if suppressed else ""
+            logger.error("subscriber %s raised on %s%s; other subscribers still got it",
+                         name, event.type, more, exc_info=(type(exc), exc, exc.__traceback__))
+        except Exception:
+            if not self._fallback_used:
+                self._fallback_used = True
+                with contextlib.suppress(Exception):
+                    sys.stderr.write(
+                        f"eventbus: subscriber {name} raised on {event.type}, and reporting "
+                        f"it on the 'eventbus' logger failed too:\n"
+                        + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+                    )
+        finally:
+            self._reporting.active = False
+
+    # -- statistics -------------------------------------------------------------------------
+    def _published_for(self, key: Any) -> int:
+        if key is ALL:
+            return sum(_count_value(s.published) for s in self._unique_slots())
+        return _count_value(self._slots[key].published)
+
+    def _subscription_stats(self, sub: Subscription) -> dict[str, Any]:
+        seen = self._published_for(sub.event_type) - sub._published_at_start
+        filtered = _count_value(sub._filtered)
+        return {
+            "subscriber": sub.name,
+            "event_type": str(sub.event_type),
+            "active": sub.active,
+            "delivered": max(0, seen - sub._failed - filtered) if sub.active or sub.once
+            else None,
+            "failed": sub._failed,
+            "filtered": filtered,
+        }
+
+    def stats(self) -> dict[str, Any]:
+        """Published counts per type and delivered/failed counts per active subscription.
+
+        ``delivered`` counts events handed to the subscriber without an exception since it
+        subscribed (events of its type published since, less failures and filtered ones).
+        """
+        with self._lock:
+            published = {str(slot.event_cls.type): _count_value(slot.published)
+                         for slot in self._unique_slots()}
+            subs = [self._subscription_stats(s) for s in self.subscriptions()]
+        return {"published": {k: v for k, v in published.items() if v},
+                "subscribers": subs}
+
+    def _after_fork_in_child(self) -> None:
+        # A lock held by another thread at fork time would never be released in the child.
+        self._lock = threading.RLock()
+        self._reporting = threading.local()
+
+    def __repr__(self) -> str:
+        return f"<Bus {self.name!r}>"
+
+
+_weakref_types = (weakref.ref,)
+
+_default_bus = Bus("default")
+_buses = [_default_bus]
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_default_bus._after_fork_in_child)
+
+
+def get_default_bus() -> Bus:
+    """The bus that :func:`record` publishes on."""
+    return _default_bus
+
+
+def record(event_type: EventTypeLike, /, **fields: Any) -> None:
+    """Publish a typed, validated event on the default bus.
+
+    ``event_type`` is an :class:`EventType` member, its name, a declared type's name or
+    class. An unknown field raises ``TypeError`` naming it, a wrongly typed one
+    ``TypeError``/``ValueError`` naming it, an unknown type ``ValueError``; a failing
+    subscriber never makes ``record()`` raise.
+    """
+    bus = _default_bus
+    try:
+        slot = bus._slots[event_type]
+    except (KeyError, TypeError):
+        slot = bus._slot(event_type)
+    calls = slot.snapshot[0]
+    next(slot.published)
+    if not calls:
+        slot.event_cls._check(fields)
+        return
+    event = slot.event_cls._build(fields)
+    for call in calls:
+        try:
+            call(event)
+        except Exception as exc:
+            bus._failed(slot, call, event, exc)
+
+
+def publish(event: Event) -> None:
+    """Publish an already built event on the default bus."""
+    _default_bus.publish(event)

@@ -1,0 +1,88 @@
+"""The exceptions eventbus raises.
+
+Each one also subclasses the builtin that fits (``TypeError`` for a wrongly typed or
+unknown field, ``ValueError`` for an unknown type or undecodable input), so callers that
+catch the builtins keep working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "EventBusError",
+    "EventDecodeError",
+    "FieldTypeError",
+    "FieldValueError",
+    "MissingFieldError",
+    "UnknownEventTypeError",
+    "UnknownFieldError",
+]
+
+
+class EventBusError(Exception):
+    """Base class of every error eventbus raises on purpose."""
+
+
+class UnknownEventTypeError(EventBusError, ValueError):
+    """An event type name that no built-in or declared event type has."""
+
+    def __init__(self, event_type: object, known: list[str]) -> None:
+        self.event_type = event_type
+        super().__init__(
+            f"unknown event type {event_type!r}: use an EventType member, the name of one "
+            f"({', '.join(known)}), or declare it first with @eventbus.event_type({event_type!r})"
+        )
+
+
+class UnknownFieldError(EventBusError, TypeError):
+    """A field that the event type does not declare."""
+
+    def __init__(self, event_type: str, field: str, allowed: list[str]) -> None:
+        self.event_type = event_type
+        self.field = field
+        super().__init__(
+            f"{event_type} has no field {field!r}; its fields are {', '.join(allowed)}. "
+            f"Put free-form values in data={{...}}"
+        )
+
+
+class MissingFieldError(EventBusError, TypeError):
+    """A required field that was not given."""
+
+    def __init__(self, event_type: str, field: str, expected: str) -> None:
+        self.event_type = event_type
+        self.field = field
+        super().__init__(f"{event_type} needs field {field!r} ({expected}); pass {field}=...")
+
+
+class FieldTypeError(EventBusError, TypeError):
+    """A field whose value has the wrong type."""
+
+    def __init__(self, event_type: str, field: str, expected: str, value: object) -> None:
+        self.event_type = event_type
+        self.field = field
+        self.value = value
+        super().__init__(
+            f"{event_type}.{field} must be {expected}, got {type(value).__name__} "
+            f"{_short_repr(value)}"
+        )
+
+
+class FieldValueError(EventBusError, ValueError):
+    """A field whose value has the right type but an unusable value."""
+
+    def __init__(self, event_type: str, field: str, problem: str) -> None:
+        self.event_type = event_type
+        self.field = field
+        super().__init__(f"{event_type}.{field}: {problem}")
+
+
+class EventDecodeError(EventBusError, ValueError):
+    """Text or a mapping that does not decode to a valid event."""
+
+
+def _short_repr(value: object, limit: int = 80) -> str:
+    try:
+        text = repr(value)
+    except Exception:
+        return f"<{type(value).__name__} with a failing __repr__>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."

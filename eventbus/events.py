@@ -1,0 +1,639 @@
+"""Typed, immutable events: the built-in types and the way users declare their own.
+
+Every event class is an attrs frozen class whose ``__init__`` is generated from its field
+declarations (the way attrs generates its own), so that validation is a handful of
+``type(x) is int`` checks and building an event sets one ``__dict__``. ``record()`` calls
+the generated ``_build`` (validate + construct) or, when nobody listens, ``_check``
+(validate only): validation never depends on who listens.
+"""
+
+from __future__ import annotations
+
+import builtins
+import inspect
+import math
+import os
+import re
+import time
+import types
+import typing
+from collections.abc import Callable
+from collections.abc import Mapping
+from enum import Enum
+from typing import Any
+from typing import ClassVar
+from typing import TypeVar
+
+import attrs
+
+from eventbus.context import JobContext
+from eventbus.context import _holder
+from eventbus.context import context_from_dict
+from eventbus.encoding import LIMITS
+from eventbus.encoding import decode_json
+from eventbus.encoding import dumps_line
+from eventbus.encoding import sanitize
+from eventbus.errors import EventDecodeError
+from eventbus.errors import FieldTypeError
+from eventbus.errors import MissingFieldError
+from eventbus.errors import UnknownEventTypeError
+from eventbus.errors import UnknownFieldError
+
+__all__ = [
+    "AgentExit",
+    "AgentStart",
+    "CheckpointSaved",
+    "Decision",
+    "EpochEnd",
+    "EpochStart",
+    "Event",
+    "EventType",
+    "EventsLost",
+    "Metric",
+    "Rendezvous",
+    "TorchelasticRecord",
+    "WorkerExit",
+    "WorkerRestart",
+    "WorkerStart",
+    "event_class",
+    "event_type",
+    "event_types",
+]
+
+
+class EventType(str, Enum):
+    """The built-in event types. Members compare and hash equal to their names."""
+
+    WORKER_START = "WORKER_START"
+    WORKER_EXIT = "WORKER_EXIT"
+    WORKER_RESTART = "WORKER_RESTART"
+    RENDEZVOUS = "RENDEZVOUS"
+    AGENT_START = "AGENT_START"
+    AGENT_EXIT = "AGENT_EXIT"
+    EPOCH_START = "EPOCH_START"
+    EPOCH_END = "EPOCH_END"
+    CHECKPOINT_SAVED = "CHECKPOINT_SAVED"
+    #: free-form training metrics (loss, throughput) in ``data``, optionally with a step
+    METRIC = "METRIC"
+    #: a torchelastic record whose name has no typed counterpart, kept rather than dropped
+    TORCHELASTIC = "TORCHELASTIC"
+    #: events known to be lost, duplicated or dropped on the way (gaps, full queues)
+    EVENTS_LOST = "EVENTS_LOST"
+
+    __str__ = str.__str__
+    __format__ = str.__format__  # type: ignore[assignment]
+
+
+class Decision(str, Enum):
+    """What a restart reactor decides about a failed worker group."""
+
+    RESTART = "RESTART"
+    STOP = "STOP"
+
+    __str__ = str.__str__
+    __format__ = str.__format__  # type: ignore[assignment]
+
+
+_MISSING: Any = type("_Missing", (), {"__repr__": lambda self: "MISSING"})()
+_RESERVED = frozenset({"type", "timestamp", "data", "context"})
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-]{0,127}$")
+_KINDS: dict[type, str] = {int: "an int", float: "a float", str: "a string", bool: "a bool"}
+
+#: name -> event class, for built-in and declared types
+_REGISTRY: dict[str, type[Event]] = {}
+#: called with each newly declared class (the bus adds a signal for it)
+_on_declare: list[Callable[[type[Event]], None]] = []
+
+
+@attrs.frozen(init=False, slots=False)
+class Event:
+    """Base class of every event.
+
+    ``type`` (class-level), ``timestamp`` (seconds since the epoch), ``data`` (a dict of
+    free-form values), ``context`` (the :class:`~eventbus.context.JobContext`), plus the
+    typed fields of the concrete class. Immutable: assigning an attribute raises
+    ``attrs.exceptions.FrozenInstanceError``.
+    """
+
+    type: ClassVar[EventType | str]
+    #: the typed fields: name -> (python type, optional?)
+    _fields: ClassVar[dict[str, tuple[builtins.type, bool]]] = {}
+    _failure: ClassVar[Callable[[Any], bool] | None] = None
+    # The generated validators (see _generate); set on every concrete class.
+    _check: ClassVar[Callable[[dict[str, Any]], None]]
+    _build: ClassVar[Callable[[dict[str, Any]], Event]]
+
+    timestamp: float
+    data: dict[str, Any]
+    context: JobContext = attrs.field(repr=False)
+
+    def __init__(self, **fields: Any) -> None:  # replaced on every concrete class
+        raise TypeError(
+            "Event is abstract: record a concrete type, e.g. "
+            "eventbus.record(EventType.WORKER_EXIT, worker_id=0, exit_code=0)"
+        )
+
+    # -- the job context, one attribute away ----------------------------------------------
+    @property
+    def rank(self) -> int | None:
+        """Global rank of the process that recorded the event."""
+        return self.context.rank
+
+    @property
+    def local_rank(self) -> int | None:
+        """Local rank of the process that recorded the event."""
+        return self.context.local_rank
+
+    @property
+    def group_rank(self) -> int | None:
+        """Group (node) rank of the process that recorded the event."""
+        return self.context.group_rank
+
+    @property
+    def world_size(self) -> int | None:
+        """World size of the job, as the recording process saw it."""
+        return self.context.world_size
+
+    @property
+    def run_id(self) -> str | None:
+        """The torchelastic run id."""
+        return self.context.run_id
+
+    @property
+    def restart_count(self) -> int | None:
+        """The attempt (restart count) the recording process belongs to."""
+        return self.context.restart_count
+
+    @property
+    def hostname(self) -> str:
+        """Host of the recording process."""
+        return self.context.hostname
+
+    @property
+    def pid(self) -> int:
+        """Pid of the recording process."""
+        return self.context.pid
+
+    @property
+    def is_failure(self) -> bool:
+        """True for events that report a failure (non-zero exit, failed rendezvous, ...)."""
+        failure = type(self)._failure
+        return bool(failure(self)) if failure is not None else False
+
+    # -- encoding ---------------------------------------------------------------------------
+    def fields(self) -> dict[str, Any]:
+        """The typed fields of this event, name -> value."""
+        d = self.__dict__
+        return {name: d[name] for name in type(self)._fields}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The event as a dict: type, timestamp, typed fields, data, context."""
+        d = self.__dict__
+        out: dict[str, Any] = {"type": str(self.type), "timestamp": d["timestamp"]}
+        for name in type(self)._fields:
+            out[name] = d[name]
+        out["data"] = d["data"]
+        out["context"] = d["context"].to_dict()
+        return out
+
+    def to_json(self) -> str:
+        """One line of strict JSON (see :mod:`eventbus.encoding` for limits)."""
+        raw = self.to_dict()
+        try:
+            line = dumps_line(raw)
+        except (ValueError, TypeError, RecursionError, OverflowError):
+            line = dumps_line(sanitize(raw))
+        else:
+            if len(line) <= LIMITS.max_line_bytes // 4:
+                return line
+            if len(line.encode("utf-8")) > LIMITS.max_line_bytes:
+                line = dumps_line(sanitize(raw))
+        if len(line.encode("utf-8")) > LIMITS.max_line_bytes:
+            raw["data"] = {"$truncated": "data over the event size limit"}
+            line = dumps_line(sanitize(raw))
+        return line
+
+    @classmethod
+    def from_json(cls, text: str | bytes | bytearray) -> Event:
+        """The typed event encoded in ``text``, validated.
+
+        Raises ``ValueError`` for malformed JSON or an unknown type and ``TypeError`` for a
+        field of the wrong type. Never unpickles, never raises ``RecursionError``.
+        """
+        try:
+            raw = decode_json(text)
+        except ValueError as exc:
+            raise EventDecodeError(f"not an event: {exc}") from None
+        return cls.from_dict(raw)
+
+    @classmethod
+    def from_dict(cls, raw: object) -> Event:
+        """The typed event described by a dict as :meth:`to_dict` makes it, validated."""
+        if not isinstance(raw, dict):
+            raise EventDecodeError(f"an event is a JSON object, got {type(raw).__name__}")
+        name = raw.get("type")
+        if type(name) is not str:
+            raise EventDecodeError("an event needs a string 'type'")
+        target = _REGISTRY.get(name)
+        if target is None:
+            raise UnknownEventTypeError(name, sorted(_REGISTRY))
+        if cls is not Event and not issubclass(target, cls):
+            raise EventDecodeError(f"expected a {cls.__name__} event, got {name}")
+        fields = {k: v for k, v in raw.items() if k != "type"}
+        timestamp = fields.pop("timestamp", _MISSING)
+        if timestamp is _MISSING:
+            raise EventDecodeError(f"{name} event has no 'timestamp'")
+        if type(timestamp) not in (int, float) or not math.isfinite(timestamp):
+            raise FieldTypeError(name, "timestamp", "a finite number", timestamp)
+        context = context_from_dict(fields.pop("context", {}))
+        data = fields.pop("data", None)
+        if data is not None and type(data) is not dict:
+            raise FieldTypeError(name, "data", "an object", data)
+        return target(**fields, data=data, timestamp=float(timestamp), context=context)
+
+
+E = TypeVar("E", bound=type[Event])
+
+
+# -- coercion: the slow paths of the generated validators -----------------------------------
+
+
+def _coerce(event_type: str, name: str, kind: type, value: Any) -> Any:
+    """``value`` as ``kind`` when it is an unambiguous stand-in, else a FieldTypeError."""
+    if value is _MISSING:
+        raise MissingFieldError(event_type, name, _KINDS[kind])
+    if kind is int:
+        if isinstance(value, (bool, float)):
+            raise FieldTypeError(event_type, name, "an int", value)
+        if isinstance(value, int):
+            return int(value)
+        index = getattr(type(value), "__index__", None)
+        if index is not None:  # numpy integers, 0-d integer tensors
+            try:
+                return int(index(value))
+            except Exception:
+                pass
+    elif kind is float:
+        if isinstance(value, bool):
+            raise FieldTypeError(event_type, name, "a float", value)
+        if isinstance(value, (int, float)):
+            return float(value)
+        if hasattr(type(value), "__float__") and not isinstance(value, (str, bytes)):
+            try:  # numpy floats, 0-d tensors
+                return float(value)
+            except Exception:
+                pass
+    elif kind is str:
+        if isinstance(value, str):
+            return str(value)
+        if isinstance(value, os.PathLike):
+            path = os.fspath(value)
+            if isinstance(path, str):
+                return path
+    elif kind is bool and type(value).__name__ == "bool_":  # numpy.bool_
+        return bool(value)
+    raise FieldTypeError(event_type, name, _KINDS[kind], value)
+
+
+def _coerce_data(event_type: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise FieldTypeError(
+        event_type, "data", "a dict of free-form values (or None)", value
+    )
+
+
+def _unknown_field(event_type: str, given: Mapping[str, Any], allowed: frozenset[str]) -> None:
+    for key in given:
+        if key not in allowed:
+            if key in ("timestamp", "context"):
+                raise UnknownFieldError(event_type, key, sorted(allowed))
+            raise UnknownFieldError(event_type, str(key), sorted(allowed))
+
+
+def _bad_timestamp(event_type: str, value: Any) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    raise FieldTypeError(event_type, "timestamp", "a finite float (seconds since the epoch)",
+                         value)
+
+
+def _bad_context(event_type: str, value: Any) -> JobContext:
+    if isinstance(value, JobContext):
+        return value
+    raise FieldTypeError(event_type, "context", "an eventbus.JobContext", value)
+
+
+# -- code generation -----------------------------------------------------------------------
+
+
+def _field_lines(fields: dict[str, tuple[type, bool]], defaults: dict[str, Any],
+                 source: str) -> list[str]:
+    """Validation lines for each typed field; ``source`` is 'dict' or 'kw'."""
+    lines = []
+    for name, (kind, optional) in fields.items():
+        kname = _kind_name(kind)
+        if source == "dict":
+            default = f"_d_{name}" if name in defaults else "_MISSING"
+            lines.append(f"    {name} = f.get({name!r}, {default})")
+        if optional:
+            lines.append(f"    if {name} is not None and {name}.__class__ is not {kname}:")
+        else:
+            lines.append(f"    if {name}.__class__ is not {kname}:")
+        lines.append(f"        {name} = _coerce(_T, {name!r}, {kname}, {name})")
+    return lines
+
+
+def _kind_name(kind: type) -> str:
+    return kind.__name__
+
+
+def _generate(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bool]],
+              defaults: dict[str, Any]) -> None:
+    allowed = frozenset([*fields, "data"])
+    n_required = sum(1 for name in fields if name not in defaults)
+    env: dict[str, Any] = {
+        "_T": type_name,
+        "_MISSING": _MISSING,
+        "_coerce": _coerce,
+        "_coerce_data": _coerce_data,
+        "_unknown_field": _unknown_field,
+        "_bad_timestamp": _bad_timestamp,
+        "_bad_context": _bad_context,
+        "_ALLOWED": allowed,
+        "_holder": _holder,
+        "_time": time.time,
+        "_new": object.__new__,
+        "_set": object.__setattr__,
+        "_JobContext": JobContext,
+        "_cls": cls,
+        "int": int, "float": float, "str": str, "bool": bool, "dict": dict,
+    }
+    for name, value in defaults.items():
+        env[f"_d_{name}"] = value
+    store = ", ".join(f"{name!r}: {name}" for name in fields)
+    store = (store + ", ") if store else ""
+    data_lines = [
+        "    if data is None:",
+        "        data = {}",
+        "    elif data.__class__ is not dict:",
+        "        data = _coerce_data(_T, data)",
+    ]
+    unknown = [
+        f"    if len(f) > {n_required} and not _ALLOWED.issuperset(f):",
+        "        _unknown_field(_T, f, _ALLOWED)",
+    ]
+    check = ["def _check(f):", *_field_lines(fields, defaults, "dict"),
+             "    data = f.get('data')",
+             "    if data is not None and data.__class__ is not dict:",
+             "        _coerce_data(_T, data)",
+             *unknown]
+    build = ["def _build(f):", *_field_lines(fields, defaults, "dict"),
+             "    data = f.get('data')",
+             *data_lines,
+             "    else:",
+             "        data = data.copy()",
+             *unknown,
+             "    self = _new(_cls)",
+             f"    _set(self, '__dict__', {{{store}'timestamp': _time(), 'data': data, "
+             "'context': _holder.value})",
+             "    return self"]
+    params = ", ".join(
+        f"{name}=" + (f"_d_{name}" if name in defaults else "_MISSING") for name in fields
+    )
+    params = (params + ", ") if params else ""
+    init = [f"def __init__(self, *, {params}data=None, timestamp=None, context=None):",
+            *_field_lines(fields, defaults, "kw"),
+            *data_lines,
+            "    else:",
+            "        data = data.copy()",
+            "    if timestamp is None:",
+            "        timestamp = _time()",
+            "    elif timestamp.__class__ is not float or timestamp != timestamp:",
+            "        timestamp = _bad_timestamp(_T, timestamp)",
+            "    if context is None:",
+            "        context = _holder.value",
+            "    elif context.__class__ is not _JobContext:",
+            "        context = _bad_context(_T, context)",
+            f"    _set(self, '__dict__', {{{store}'timestamp': timestamp, 'data': data, "
+            "'context': context})"]
+    source = "\n".join([*check, "", *build, "", *init]) + "\n"
+    code = compile(source, f"<eventbus generated {type_name}>", "exec")
+    exec(code, env)
+    cls._check = staticmethod(env["_check"])
+    cls._build = staticmethod(env["_build"])
+    env["__init__"].__qualname__ = f"{cls.__qualname__}.__init__"
+    cls.__init__ = env["__init__"]  # type: ignore[method-assign]
+
+
+def _field_kind(type_name: str, name: str, hint: Any) -> tuple[type, bool]:
+    optional = False
+    args = typing.get_args(hint)
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or (hasattr(types, "UnionType") and origin is types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1 and len(args) == 2:
+            hint, optional = rest[0], True
+    if hint in _KINDS:
+        return hint, optional
+    raise TypeError(
+        f"{type_name}.{name}: field type {hint!r} is not supported; typed fields are int, "
+        f"float, str, bool or one of them | None. Put structured values in data={{...}}"
+    )
+
+
+def event_type(
+    name: str | EventType,
+    *,
+    failure: Callable[[Any], bool] | None = None,
+) -> Callable[[E], E]:
+    """Declare an event type from a class of annotated fields.
+
+    >>> @event_type("LOSS_SPIKE")
+    ... class LossSpike(Event):
+    ...     step: int
+    ...     loss: float
+    ...     note: str | None = None
+
+    Then ``record("LOSS_SPIKE", step=3, loss=9.5)`` (or ``record(LossSpike, ...)``) and
+    ``subscribe("LOSS_SPIKE", on_event=...)`` work exactly as for the built-ins. Typed
+    fields are ``int``, ``float``, ``str``, ``bool`` or ``X | None``; ``failure`` is a
+    predicate that makes the logging bridge report the event at ERROR.
+    """
+    type_name = str(name)
+    if not isinstance(name, EventType) and type_name in EventType.__members__:
+        name = EventType(type_name)
+    if not _NAME_RE.match(type_name):
+        raise ValueError(
+            f"event type name {type_name!r} must start with a letter or '_' and contain only "
+            "letters, digits and _.:- (at most 128 characters)"
+        )
+
+    def declare(cls: E) -> E:
+        if not (isinstance(cls, type) and issubclass(cls, Event)):
+            raise TypeError(f"@event_type({type_name!r}) decorates a subclass of eventbus.Event")
+        existing = _REGISTRY.get(type_name)
+        if existing is not None:
+            raise ValueError(
+                f"event type {type_name!r} is already declared by "
+                f"{existing.__module__}.{existing.__qualname__}; pick another name"
+            )
+        own = inspect.get_annotations(cls)
+        hints = typing.get_type_hints(cls)
+        fields: dict[str, tuple[type, bool]] = {}
+        defaults: dict[str, Any] = {}
+        for fname in own:
+            hint = hints[fname]
+            if typing.get_origin(hint) is ClassVar or hint is ClassVar:
+                continue
+            if fname in _RESERVED or fname.startswith("_"):
+                raise TypeError(
+                    f"{type_name}.{fname}: the name is reserved; pick another field name"
+                )
+            if hasattr(Event, fname):
+                raise TypeError(f"{type_name}.{fname}: the name is taken by Event.{fname}")
+            fields[fname] = _field_kind(type_name, fname, hint)
+            if fname in cls.__dict__:
+                defaults[fname] = cls.__dict__[fname]
+            elif defaults:
+                raise TypeError(f"{type_name}.{fname}: a field without a default follows one "
+                                "with a default")
+        new_cls = attrs.frozen(init=False, slots=False)(cls)
+        new_cls.type = name
+        new_cls._fields = fields
+        if failure is not None:
+            new_cls._failure = staticmethod(failure)
+        _generate(new_cls, type_name, fields, defaults)
+        _REGISTRY[type_name] = new_cls
+        for hook in list(_on_declare):
+            hook(new_cls)
+        return new_cls
+
+    return declare
+
+
+def event_class(event_type: EventType | str | type[Event]) -> type[Event]:
+    """The event class of a type (a member, its name, or the class itself)."""
+    if isinstance(event_type, type):
+        if issubclass(event_type, Event) and event_type in _REGISTRY.values():
+            return event_type
+        raise UnknownEventTypeError(event_type, sorted(_REGISTRY))
+    try:
+        return _REGISTRY[event_type]
+    except (KeyError, TypeError):
+        raise UnknownEventTypeError(event_type, sorted(_REGISTRY)) from None
+
+
+def event_types() -> dict[str, type[Event]]:
+    """Every known event type, name -> class (built-ins first, then declared ones)."""
+    return dict(_REGISTRY)
+
+
+# -- the built-in types --------------------------------------------------------------------
+
+
+@event_type(EventType.WORKER_START)
+class WorkerStart(Event):
+    """A worker process started. ``worker_id`` is its global rank."""
+
+    worker_id: int
+    worker_local_rank: int | None = None
+    worker_pid: int | None = None
+
+
+@event_type(EventType.WORKER_EXIT, failure=lambda e: e.exit_code != 0)
+class WorkerExit(Event):
+    """A worker process ended. ``worker_id`` is its global rank; non-zero exit = failure."""
+
+    worker_id: int
+    exit_code: int
+    worker_local_rank: int | None = None
+    worker_pid: int | None = None
+    #: the signal that ended the worker (e.g. "SIGKILL"), if one did
+    signal: str | None = None
+    #: the error message from the worker's error file, when there is one
+    message: str | None = None
+
+
+@event_type(EventType.WORKER_RESTART)
+class WorkerRestart(Event):
+    """The agent restarts its worker group; ``attempt`` is the new attempt's number."""
+
+    attempt: int
+    restarts_left: int | None = None
+    reason: str | None = None
+
+
+@event_type(EventType.RENDEZVOUS, failure=lambda e: e.state == "FAILED")
+class Rendezvous(Event):
+    """A rendezvous round finished (or failed), with how long it took."""
+
+    state: str = "SUCCEEDED"
+    name: str | None = None
+    duration_s: float | None = None
+    message: str | None = None
+
+
+@event_type(EventType.AGENT_START)
+class AgentStart(Event):
+    """The elastic agent started."""
+
+    entrypoint: str | None = None
+    max_restarts: int | None = None
+    nproc_per_node: int | None = None
+
+
+@event_type(EventType.AGENT_EXIT, failure=lambda e: e.state != "SUCCEEDED")
+class AgentExit(Event):
+    """The elastic agent finished; ``state`` is the worker group's final state."""
+
+    state: str
+    exit_code: int | None = None
+    reason: str | None = None
+
+
+@event_type(EventType.EPOCH_START)
+class EpochStart(Event):
+    """A training epoch started."""
+
+    epoch: int
+
+
+@event_type(EventType.EPOCH_END)
+class EpochEnd(Event):
+    """A training epoch ended."""
+
+    epoch: int
+
+
+@event_type(EventType.CHECKPOINT_SAVED)
+class CheckpointSaved(Event):
+    """A checkpoint was written to ``path``."""
+
+    path: str
+    epoch: int | None = None
+    step: int | None = None
+
+
+@event_type(EventType.METRIC)
+class Metric(Event):
+    """Training metrics (loss, throughput, ...) in ``data``, at an optional step."""
+
+    step: int | None = None
+
+
+@event_type(EventType.TORCHELASTIC)
+class TorchelasticRecord(Event):
+    """A torchelastic event record with no typed counterpart; its metadata is in ``data``."""
+
+    name: str
+    source: str | None = None
+
+
+@event_type(EventType.EVENTS_LOST, failure=lambda e: True)
+class EventsLost(Event):
+    """Events lost, duplicated or dropped on the way, found by a sequence gap or a full queue."""
+
+    source: str
+    count: int
+    reason: str

@@ -1,0 +1,6 @@
+"""Take events out: the logging bridge, the JSON Lines recorder, the restart reactors and
+the forwarder that ships a worker's events to its agent."""
+
+from __future__ import annotations
+
+__all__: list[str] = []
