@@ -101,3 +101,10 @@ def get_logging_handler(destination: str | None = None) -> EventLoggingHandler:
     from subscribers.log_handler import get_default_handler
 
     return get_default_handler(destination)
+
+
+# In a worker started by `eventbus run`, ship this process's events to its agent (the
+# launcher sets the environment that says where). Nothing happens anywhere else.
+from eventbus._worker_hook import attach_worker_forwarder as _attach_worker_forwarder  # noqa: E402
+
+_attach_worker_forwarder()

@@ -12,7 +12,12 @@ __all__ = ["main"]
 
 #: subcommand -> (module, function, one-line help). The function takes argv (list[str]) and
 #: returns an exit code.
-COMMANDS: dict[str, tuple[str, str, str]] = {}
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "run": ("eventbus.launcher", "main", "torchrun with the bus attached"),
+    "trace": ("subscribers.trace", "main", "events JSONL -> Chrome trace JSON (Perfetto)"),
+    "plot": ("subscribers.timeline", "main", "events JSONL -> timeline PNG"),
+    "tail": ("subscribers.tail", "main", "follow an events JSONL file, one line per event"),
+}
 
 
 def _usage() -> str:
