@@ -89,7 +89,12 @@ def _generic(result: dict[str, Any]) -> list[str]:
     rows = result.get("rows")
     if isinstance(rows, list) and rows and isinstance(rows[0], dict):
         header = list(rows[0])
-        out += _table(header, [[_num(r.get(h, "")) for h in header] for r in rows])
+        if len(header) <= 8:
+            out += _table(header, [[_num(r.get(h, "")) for h in header] for r in rows])
+        else:  # many figures per row: one line per figure reads better
+            first = header[0]
+            out += _table([first, *(_num(r[first]) for r in rows)],
+                          [[h, *(_num(r.get(h, "")) for r in rows)] for h in header[1:]])
         out.append("")
     scalars = {k: v for k, v in result.items() if k != "rows"}
     if scalars:
