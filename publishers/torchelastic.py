@@ -14,10 +14,14 @@ torch record                                              bus event
 ``...SUCCEEDED`` / ``...FAILED`` / ``...TERMINATED``      ``WORKER_EXIT`` (exit code, rank)
 (worker)
 ``...RENDEZVOUS`` (agent, one per round, with duration)   ``RENDEZVOUS``
-``...SUCCEEDED`` / ``...FAILED`` (agent, end of the run)  ``AGENT_EXIT``
+``...FAILED`` (agent: ``run()`` raised)                  ``AGENT_EXIT`` (state ``FAILED``)
 ``dynamic_rendezvous`` record in state ``FAILED``         ``RENDEZVOUS`` (state ``FAILED``)
 anything else                                             ``TORCHELASTIC`` (name, source)
 ========================================================  =================================
+
+The agent's ``...SUCCEEDED`` record is one of the "anything else": torch records it when
+the agent's ``run()`` returned, "NOT that workers have succeeded" (torch's own comment), so
+it says nothing about how the job ended and does not become ``AGENT_EXIT``.
 
 Every bridged event carries ``data["source"] == "torchelastic"`` and the torch record's
 name in ``data["torchelastic_name"]``, so a subscriber (or the launcher, whose agent
@@ -250,7 +254,7 @@ def _from_status_event(payload: Mapping[str, Any], base: JobContext) -> Event:
                 return Rendezvous(state="FAILED", name=name, duration_s=duration_s,
                                   message=_short(f"{type(exc).__name__}: {exc}"), **common)
             return Rendezvous(state="SUCCEEDED", name=name, duration_s=duration_s, **common)
-        if state in ("SUCCEEDED", "FAILED"):
+        if state == "FAILED":
             return AgentExit(state=state, reason=_error_message(metadata.get("raw_error")),
                              **common)
     return TorchelasticRecord(name=name, source=source or None, **common)
