@@ -153,13 +153,12 @@ def test_agent_rendezvous_record_becomes_rendezvous_with_duration() -> None:
 def test_agent_rendezvous_recorded_while_an_exception_propagates_is_failed() -> None:
     """The agent records the round in a finally: a propagating exception marks it FAILED."""
     install_torchelastic_bridge()
-    with capture_events(EventType.RENDEZVOUS) as got:
-        with pytest.raises(RuntimeError):
-            try:
-                raise RuntimeError("rendezvous timed out")
-            finally:
-                torch_events.record(_status("RENDEZVOUS", "AGENT", duration_ms=10.0),
-                                    "eventbus")
+    with capture_events(EventType.RENDEZVOUS) as got, pytest.raises(RuntimeError):
+        try:
+            raise RuntimeError("rendezvous timed out")
+        finally:
+            torch_events.record(_status("RENDEZVOUS", "AGENT", duration_ms=10.0),
+                                "eventbus")
     (event,) = got
     assert event.state == "FAILED"
     assert event.message == "RuntimeError: rendezvous timed out"
@@ -361,7 +360,7 @@ def _run_job(tmp_path: Path, fail_rank: int, exit_code: int,
             "--standalone", "--nproc-per-node", "2", "--max-restarts", "0",
             "--monitor-interval", "0.1", "--event-log-handler", "eventbus",
             str(worker), str(fail_rank), str(exit_code)]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=180,
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=180, check=False,
                           env=subprocess_env(**env), cwd=tmp_path)
     lines = events_file.read_text().splitlines() if events_file.exists() else []
     return proc, [json.loads(line) for line in lines]
