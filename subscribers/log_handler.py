@@ -18,7 +18,8 @@ handler's own stream or, with ``set_logger(logger)``, through ``logger.handle()`
 logger's level, filters, handlers and propagation decide, as for any record of it.
 
 One event is one line: control characters (C0, DEL, C1, hence ANSI escape sequences),
-U+2028/U+2029 and bidirectional overrides are escaped in what this handler writes.
+U+2028/U+2029, bidirectional overrides and lone surrogates are escaped in what this
+handler writes.
 A broken stream or a raising formatter never reaches ``record()``: it is reported the way
 ``logging.Handler.handleError`` reports it (to stderr while ``logging.raiseExceptions``).
 """
@@ -67,6 +68,9 @@ _ESCAPES.update({i: f"\\x{i:02x}" for i in range(0x7F, 0xA0)})  # DEL and C1 (0x
 _ESCAPES.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"})
 for _cp in (0x2028, 0x2029, *range(0x202A, 0x202F), *range(0x2066, 0x206A)):
     # line/paragraph separators; bidi embeddings, overrides and isolates
+    _ESCAPES[_cp] = f"\\u{_cp:04x}"
+for _cp in range(0xD800, 0xE000):
+    # lone surrogates: a UTF-8 stream could not write the line at all
     _ESCAPES[_cp] = f"\\u{_cp:04x}"
 del _cp
 
