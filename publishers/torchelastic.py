@@ -14,7 +14,7 @@ torch record                                              bus event
 ``...SUCCEEDED`` / ``...FAILED`` / ``...TERMINATED``      ``WORKER_EXIT`` (exit code, rank)
 (worker)
 ``...RENDEZVOUS`` (agent, one per round, with duration)   ``RENDEZVOUS``
-``...FAILED`` (agent: ``run()`` raised)                  ``AGENT_EXIT`` (state ``FAILED``)
+``...FAILED`` (agent: ``run()`` raised)                   ``AGENT_EXIT`` (state ``FAILED``)
 ``dynamic_rendezvous`` record in state ``FAILED``         ``RENDEZVOUS`` (state ``FAILED``)
 anything else                                             ``TORCHELASTIC`` (name, source)
 ========================================================  =================================
