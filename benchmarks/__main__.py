@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import eventbus  # noqa: F401  (its version goes into the report)
 from benchmarks._timing import machine
 from benchmarks._timing import versions
 from benchmarks.report import render

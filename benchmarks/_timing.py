@@ -88,6 +88,7 @@ def versions(*packages: str) -> dict[str, str]:
     for name in packages:
         try:
             out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = "-"
+        except metadata.PackageNotFoundError:  # e.g. eventbus run from its source tree
+            module = sys.modules.get(name)
+            out[name] = str(getattr(module, "__version__", "-"))
     return out

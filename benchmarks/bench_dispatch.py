@@ -150,8 +150,8 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     """Median ns per call of every peer at every subscriber count, and the target ratios."""
     # Many short rounds: on a shared machine a burst of noise then spoils a few samples
     # of every case rather than all samples of one.
-    repeats = 3 if quick else 41
-    target_s = 0.0005 if quick else 0.002
+    repeats = 3 if quick else 61
+    target_s = 0.0005 if quick else 0.003
     cases = _cases()
     ns = measure(list(cases.values()), repeats=repeats, target_s=target_s)
     table: dict[str, dict[int, float]] = {}

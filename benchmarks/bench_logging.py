@@ -69,7 +69,7 @@ def _cases(stream: Any) -> list[Case]:
 
 def run(*, quick: bool = False) -> dict[str, Any]:
     """Median ns per event of each way, the handler's own cost, and ratios to the plain line."""
-    repeats = 3 if quick else 21
+    repeats = 3 if quick else 31
     target_s = 0.0005 if quick else 0.004
     with open(os.devnull, "w", encoding="utf-8") as stream:
         ns = measure(_cases(stream), repeats=repeats, target_s=target_s)

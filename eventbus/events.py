@@ -4,7 +4,9 @@ Every event class is an attrs frozen class whose ``__init__`` is generated from 
 declarations (the way attrs generates its own), so that validation is a handful of
 ``type(x) is int`` checks and building an event sets one ``__dict__``. ``record()`` calls
 the generated ``_build`` (validate + construct) or, when nobody listens, ``_check``
-(validate only): validation never depends on who listens.
+(validate only): validation never depends on who listens. Both work on ``record()``'s own
+``**fields`` dict, which becomes the event's ``__dict__`` (see ``_generate``); read fields
+with ``getattr``/``fields()``, as optional fields not given live on the class.
 """
 
 from __future__ import annotations
