@@ -8,7 +8,7 @@ JSON even for the "null" destination, and has no subscribers.
 
 ``record()`` is timed as users write it, ``bus.record(EventType.WORKER_EXIT, ...)``, on a
 private bus per subscriber count. On Python 3.11 the ``EventType.WORKER_EXIT`` lookup alone
-costs as much as a direct call: ``enum.EnumType`` defines ``__getattr__``, which sends
+costs more than a direct call: ``enum.EnumType`` defines ``__getattr__``, which sends
 every attribute read on an enum class through a slow Python-level hook (3.12 removed it).
 The ``hoisted`` rows take the member from a local name, as a loop that records the same
 type many times may; the targets are judged on the rows as written.
