@@ -8,7 +8,6 @@ Each test runs a child python with ``EVENTBUS_AGENT_STORE``/``EVENTBUS_STORE_PRE
 from __future__ import annotations
 
 import datetime
-import os
 import signal
 import socket
 import subprocess
@@ -142,7 +141,7 @@ def test_import_eventbus_stays_torch_free_without_the_launcher_env(tmp_path: Pat
     env = subprocess_env()
     env.pop(ENV_STORE, None)
     proc = _child(tmp_path, "no-env", 10, env)
-    out, err = proc.communicate(timeout=60)
+    _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
 
 
@@ -219,7 +218,7 @@ def test_dataloader_workers_forward_their_own_events(store: Any, tmp_path: Path)
     (row 12: published = delivered + reported lost, here lost 0)."""
     script = tmp_path / "loader.py"
     script.write_text(DATALOADER)
-    proc = subprocess.run([sys.executable, str(script)], env=_env(store.port),
+    proc = subprocess.run([sys.executable, str(script)], env=_env(store.port), check=False,
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
     got, rx = _drain(store.port)
@@ -285,7 +284,7 @@ def test_store_going_away_never_blocks_record_and_the_gap_equals_the_loss(
         server.wait(10)
         time.sleep(1.0)
         second = _server(tmp_path, port)
-        out, err = worker.communicate(timeout=180)
+        _out, err = worker.communicate(timeout=180)
         assert worker.returncode == 0, err
         assert "events lost" in err
         deadline = time.monotonic() + 30
