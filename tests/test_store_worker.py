@@ -307,3 +307,85 @@ def test_store_going_away_never_blocks_record_and_the_gap_equals_the_loss(
     assert 0 < delivered < recorded
     assert delivered + gaps == recorded, (delivered, gaps, rx.stats()["lost"])
     assert rx.stats()["lost"].keys() <= {"gap", "dropped by sender"}
+
+
+FORKS = textwrap.dedent("""
+    import os, sys, threading, time
+    import eventbus
+    from eventbus import EventType
+    import subscribers.store_forwarder as sf
+
+    fwd = sf._worker_forwarder
+    bus = eventbus.get_default_bus()
+    parent_sender = fwd.sender
+    hold, release = threading.Event(), threading.Event()
+
+    def holder():
+        with bus._lock:
+            hold.set()
+            release.wait(30)
+
+    children = []
+    with fwd._client_lock:  # the parent's events stay queued across the forks
+        for i in range(100):
+            eventbus.record(EventType.EPOCH_END, epoch=0, data={"i": i})
+        thread = threading.Thread(target=holder)
+        thread.start()
+        hold.wait(10)
+        for n in range(5):
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    assert fwd.sender != parent_sender and fwd.sink.pending == 0
+                    for i in range(50):
+                        eventbus.record(EventType.EPOCH_START, epoch=1000 * (n + 1) + i)
+                    code = 0 if fwd.close(20.0) else 2
+                finally:
+                    os._exit(code)
+            children.append(pid)
+        release.set()
+        thread.join()
+    codes = []
+    deadline = time.monotonic() + 60
+    for pid in children:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                codes.append(os.waitstatus_to_exitcode(status))
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                codes.append("hung")
+                break
+            time.sleep(0.01)
+    print(" ".join(str(p) for p in children), flush=True)
+    assert codes == [0] * 5, codes
+""")
+
+
+@pytest.mark.slow
+def test_forked_children_send_as_new_senders_and_never_duplicate_the_parent_queue(
+        store: Any, tmp_path: Path) -> None:
+    """Forks taken while another thread holds the bus lock and the parent's forwarder has
+    100 events queued: each child numbers its own events from 0 under a new sender id on
+    its own client, and the parent's queued events arrive once, from the parent (row 11)."""
+    script = tmp_path / "forks.py"
+    script.write_text(FORKS)
+    proc = subprocess.run([sys.executable, str(script)], env=_env(store.port), check=False,
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    children = {int(p) for p in proc.stdout.split()}
+    got, rx = _drain(store.port)
+    assert _indices(got) == list(range(100))
+    by_pid: dict[int, list[int]] = {}
+    for e in got:
+        if e.type == EventType.EPOCH_START:
+            by_pid.setdefault(e.pid, []).append(e.epoch)
+    assert set(by_pid) == children
+    for epochs in by_pid.values():
+        assert len(epochs) == 50 and epochs == sorted(epochs)
+    senders = rx.stats()["senders"]
+    assert len(senders) == 6 and all(s["ended"] for s in senders.values())
+    assert rx.stats()["lost"] == {}
