@@ -187,13 +187,58 @@ def _one(workers: int, *, flood: int, block: int, rounds: int) -> dict[str, Any]
     }
 
 
+def codec_costs(*, events: int = 4_000, rounds: int = 5) -> dict[str, float]:
+    """Per-event CPU cost (ns, thread time, median of rounds) of encoding a batch in the
+    forwarder and of decoding + validating + publishing it (to one no-op subscriber) in
+    the receiver: what a worker's forwarder thread and group rank 0 pay per event."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    import eventbus
+    from publishers.store_receiver import StoreReceiver
+    from subscribers.store_forwarder import BatchEncoder
+
+    ctx = eventbus.JobContext(rank=0, group_rank=0, run_id="bench", restart_count=0,
+                              hostname="node0", pid=1)
+    batch = [eventbus.Metric(step=i, data={"loss": 0.25}, context=ctx) for i in range(events)]
+    bus = eventbus.Bus("bench-store-codec")
+    bus.subscribe(eventbus.ALL, on_event=lambda event: None)
+    receiver = StoreReceiver(bus=bus, client=object())
+    encode: list[float] = []
+    decode: list[float] = []
+    size = 0
+    for _ in range(rounds):
+        encoder = BatchEncoder(kind="w", rank=0)
+        t = time.thread_time()
+        ((value, _),) = encoder.encode(batch)
+        encode.append((time.thread_time() - t) / events * 1e9)
+        size = len(value)
+        t = time.thread_time()
+        receiver.handle_value("bench", value, kind="w", rank=0)
+        decode.append((time.thread_time() - t) / events * 1e9)
+    return {"encode ns/event": round(statistics.median(encode)),
+            "decode+validate+publish ns/event": round(statistics.median(decode)),
+            "wire bytes/event": round(size / events, 1)}
+
+
+def calibration() -> float:
+    """Microseconds for ``sum(range(1000))`` here: ~8-10 on an idle modern core; larger
+    means the machine was busy and every absolute figure is inflated alike."""
+    import timeit
+
+    n = 2_000
+    return round(min(timeit.repeat("sum(range(1000))", number=n, repeat=5)) / n * 1e6, 1)
+
+
 def run(*, quick: bool = False) -> dict[str, Any]:
     """The store transport's figures: one row per producer count (1 and 4 workers)."""
     flood, block, rounds = (2_000, 500, 3) if quick else (50_000, 5_000, 9)
+    calm = calibration()
     rows = [_one(n, flood=flood, block=block, rounds=rounds) for n in (1, 4)]
     four = rows[-1]
     return {
         "rows": rows,
+        **codec_costs(rounds=2 if quick else 5),
+        "calibration: sum(range(1000)) us (idle core ~8-10)": calm,
         "events/s at agent, 4 workers (target >= 100,000)": four["events/s at agent"],
         "p99 latency ms, 4 workers (target <= 250)": four["p99 latency ms"],
         "lost, 4 workers (target 0)": four["lost"],
