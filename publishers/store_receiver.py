@@ -457,6 +457,33 @@ class StoreReceiver:
                             for s, st in self._senders.items()},
             }
 
+    def report_leftovers(self) -> int:
+        """Publish an ``EVENTS_LOST`` ("left in the store") for every watched queue that
+        still holds values, e.g. when the exit budget ran out first; returns their total.
+
+        The count is of pushes (values): each holds up to a few thousand events.
+        """
+        total = 0
+        with self._lock:
+            client = self.client
+            if client is None:
+                return 0
+            for key in list(self._queues):
+                try:
+                    left = int(client.queue_len(key))
+                except Exception:
+                    continue
+                if left:
+                    total += left
+                    self.lost["left in the store"] = self.lost.get("left in the store",
+                                                                   0) + left
+                    logger.warning("store receiver: %d pushes left undrained in %s", left, key)
+                    self.bus.publish(EventsLost(
+                        source=key, count=left,
+                        reason="left in the store at exit (count of pushes, not events)",
+                        data={"queue": key}))
+        return total
+
     def unended(self) -> list[str]:
         """Senders seen without their end marker (killed, or still running)."""
         with self._lock:
@@ -615,13 +642,18 @@ class StoreTransport:
             if receiver is None or info is None:
                 return
             receiver.stop()
-            receiver.drain(timeout=max(0.0, (deadline - time.monotonic()) / 3))
+            # Alone, the workers' queues get the whole budget; with other nodes, half of
+            # it, the rest goes to the job-wide handshake.
+            share = 1.0 if info.group_world_size == 1 else 0.5
+            receiver.drain(timeout=max(0.0, (deadline - time.monotonic()) * share))
+            receiver.report_leftovers()
             if info.group_rank != 0 and self.job_forwarder is not None:
                 self._finish_job_view(deadline)
             job = self.job_receiver
             if job is not None:
                 job.stop()
                 self._wait_for_nodes(info, job, deadline)
+                job.report_leftovers()
                 job.close()
             receiver.close()
             for sender in receiver.unended():
@@ -632,6 +664,8 @@ class StoreTransport:
     # -- job-wide view ------------------------------------------------------------------
     def _watch_nodes(self, info: RendezvousInfo, prefix: str) -> None:
         if self.job_receiver is None:
+            if info.group_world_size == 1:
+                return  # a single node: no other node's view to receive
             self.job_receiver = StoreReceiver(bus=info.bus, host=info.store_host,
                                               port=info.store_port,
                                               connect_timeout=self.connect_timeout,

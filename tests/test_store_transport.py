@@ -363,3 +363,18 @@ def test_queues_of_a_finished_attempt_are_still_drained_after_a_restart(store: A
     agent.before_exit(timeout=10.0)
     assert [(e.epoch, e.restart_count) for e in got if e.type == EventType.EPOCH_END] == \
         [(i, 0) for i in range(10)]
+
+
+def test_values_left_in_the_store_at_exit_are_reported(store: Any) -> None:
+    """What the exit budget could not drain is reported as 'left in the store', with the
+    number of pushes still queued, never dropped silently."""
+    dst, got = _bus_with_log("dst")
+    enc = BatchEncoder(kind="w", rank=0)
+    for i in range(3):
+        ((value, _),) = enc.encode([eventbus.EpochEnd(epoch=i, context=_ctx())])
+        store.queue_push(KEY, value)
+    rx = _receiver(store, dst)
+    assert rx.report_leftovers() == 3
+    assert _lost(got, "left in the store") == 3
+    rx.drain(timeout=5)
+    assert rx.report_leftovers() == 0
