@@ -24,14 +24,8 @@ AREAS = ("dispatch", "logging", "store", "memory")
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
 
-def _run_area(area: str, *, quick: bool) -> dict[str, Any] | None:
-    """The area's figures, or None when its module has not landed yet (the store one)."""
-    try:
-        module = importlib.import_module(f"benchmarks.bench_{area}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"benchmarks.bench_{area}":
-            raise
-        return None
+def _run_area(area: str, *, quick: bool) -> dict[str, Any]:
+    module = importlib.import_module(f"benchmarks.bench_{area}")
     result: dict[str, Any] = module.run(quick=quick)
     return result
 
