@@ -309,7 +309,8 @@ class StoreForwarder:
             return None
         return self._client
 
-    def _push_batch(self, events: Sequence[Event], *, end: bool = False) -> None:
+    def _push_batch(self, events: Sequence[Event], *, end: bool = False,
+                    connect: bool = True) -> None:
         with self._client_lock:
             if self._ended:
                 self._note_loss(len(events), "forwarder already ended")
@@ -322,7 +323,7 @@ class StoreForwarder:
                 self._note_loss(len(events), f"encoding failed: {exc!r}")
                 return
             for value, n in pushes:
-                client = self._connect()
+                client = self._connect() if connect else self._client
                 if client is None:
                     self._note_loss(n, "store unreachable")
                     continue
@@ -369,7 +370,9 @@ class StoreForwarder:
         # nothing to end: no connection just for the marker.
         sent = self.encoder.seq > 0 or any(self.sink.dropped.values())
         if not self._ended and self._pid == os.getpid() and sent:
-            self._push_batch([], end=True)
+            # Only on a live client: a store that could not be reached so far must not
+            # hold an exiting process for another connect timeout.
+            self._push_batch([], end=True, connect=False)
         return done and not self.lost
 
     def stats(self) -> dict[str, Any]:
