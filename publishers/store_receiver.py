@@ -590,8 +590,16 @@ class StoreTransport:
         linger: float = 30.0,
         connect_timeout: float = 30.0,
     ) -> None:
-        self.job_filter = (job_events if callable(job_events)
-                           else job_event_filter(job_events))
+        if callable(job_events):
+            self.job_filter: Callable[[Event], object] = job_events
+        else:
+            try:
+                self.job_filter = job_event_filter(job_events)
+            except ValueError as exc:
+                # A typo must not cost the job its worker events: say so, keep the default.
+                logger.error("%s: %s; forwarding every built-in type to group rank 0 instead",
+                             ENV_JOB_EVENTS, exc)
+                self.job_filter = job_event_filter("builtin")
         self.poll_interval = poll_interval
         self.job_poll_interval = job_poll_interval
         self.max_idle_interval = max_idle_interval

@@ -378,3 +378,12 @@ def test_values_left_in_the_store_at_exit_are_reported(store: Any) -> None:
     assert _lost(got, "left in the store") == 3
     rx.drain(timeout=5)
     assert rx.report_leftovers() == 0
+
+
+def test_a_typo_in_the_job_filter_keeps_the_default_instead_of_disabling_the_transport(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """EVENTBUS_JOB_EVENTS naming an unknown type is reported and the default (every
+    built-in type) applies: the plugin is still built."""
+    transport = StoreTransport(job_events="-METRICS")
+    assert transport.job_filter(eventbus.Metric(step=1))
+    assert "METRICS" in caplog.text

@@ -55,6 +55,8 @@ CHILD = textwrap.dedent("""
         sys.exit(3)
     elif mode == "raise":
         raise RuntimeError("training failed")
+    elif mode == "os-exit":
+        os._exit(3)
     elif mode.startswith("sigterm"):
         open(out + ".ready", "w").write(str(n))
         i = n
@@ -147,11 +149,13 @@ def test_import_eventbus_stays_torch_free_without_the_launcher_env(tmp_path: Pat
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("mode", "code", "n"),
-                         [("exit", 0, 10_000), ("sys-exit", 3, 2_000), ("raise", 1, 2_000)])
+                         [("exit", 0, 10_000), ("sys-exit", 3, 2_000), ("raise", 1, 2_000),
+                          ("os-exit", 3, 2_000)])
 def test_every_event_arrives_when_the_worker_exits(store: Any, tmp_path: Path, mode: str,
                                                    code: int, n: int) -> None:
-    """Every event recorded by a worker that exits normally (10,000), by sys.exit or by an
-    exception reaches the agent, numbered without gaps, with the end marker (row 13)."""
+    """Every event recorded by a worker that exits normally (10,000), by sys.exit, by an
+    exception or by os._exit reaches the agent, numbered without gaps, with the end marker
+    (row 13)."""
     proc = _child(tmp_path, mode, n, _env(store.port))
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == code, err
