@@ -1,0 +1,225 @@
+"""Events JSONL -> a static timeline picture (PNG, or any format matplotlib writes).
+
+``eventbus plot EVENTS.jsonl [MORE.jsonl ...] -o timeline.png``; in code,
+:func:`plot_timeline`. One row per agent and per rank, grouped by node; time on the x axis
+in seconds since the job's first event; each node's attempts shaded; each worker process a
+bar coloured by its attempt, with its epochs ticked inside it; failures, restarts,
+rendezvous and checkpoints marked.
+
+matplotlib is an optional extra (``pip install 'eventbus[plot]'``), imported only here,
+only when a picture is drawn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from typing import Literal
+
+from subscribers._jobview import AGENT
+from subscribers._jobview import JobView
+from subscribers._jobview import iter_tracks
+
+__all__ = ["PlotUnavailableError", "main", "plot_timeline"]
+
+_INSTALL_HINT = "pip install 'eventbus[plot]'"
+
+#: attempt colours (matplotlib's tab10, without its red: red means failure here)
+_ATTEMPT_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2",
+                    "#7f7f7f", "#bcbd22", "#17becf")
+_FAILURE = "#d62728"
+_RESTART = "#d62728"
+_CHECKPOINT = "#2ca02c"
+_RENDEZVOUS = "#6a3d9a"
+
+
+class PlotUnavailableError(ImportError):
+    """matplotlib is not installed; the message says how to install it."""
+
+
+def _matplotlib() -> Any:
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise PlotUnavailableError(
+            f"eventbus plot needs matplotlib, which is not installed ({exc}). Install the "
+            f"optional extra: {_INSTALL_HINT}") from None
+    return Figure
+
+
+def _colour(attempt: int) -> str:
+    return _ATTEMPT_COLOURS[attempt % len(_ATTEMPT_COLOURS)]
+
+
+def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None,
+                  dpi: int = 120) -> Path:
+    """Draw ``view`` to ``output`` (format from its suffix) and return the path.
+
+    Raises :class:`PlotUnavailableError` when matplotlib is missing.
+    """
+    figure_cls = _matplotlib()
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    rows: dict[tuple[str, int | Literal["agent"]], int] = {}
+    labels: list[str] = []
+    for node, track in iter_tracks(view):
+        rows[(node.label, track)] = len(rows)
+        labels.append(f"{node.label} agent" if track == AGENT else f"rank {track}")
+    n_rows = max(len(rows), 1)
+    t0 = view.t0
+
+    def x(t: float) -> float:
+        return t - t0
+
+    span = max(view.t1 - t0, 1e-3)
+    fig = figure_cls(figsize=(12, 1.6 + 0.55 * n_rows), dpi=dpi, layout="constrained")
+    ax = fig.add_subplot()
+    ax.set_ylim(n_rows - 0.5, -0.5)
+    ax.set_xlim(-0.01 * span, span * 1.02)
+    ax.set_yticks(range(len(labels)), labels)
+    ax.set_xlabel("seconds since the job's first event ("
+                  + datetime.datetime.fromtimestamp(t0, datetime.timezone.utc)
+                  .strftime("%Y-%m-%d %H:%M:%S UTC") + ")")
+    ax.grid(axis="x", color="#dddddd", linewidth=0.6)
+    ax.set_axisbelow(True)
+
+    # attempts: a shaded band over each node's rows, labelled in its agent row
+    for a in view.attempts:
+        node_rows = [row for (label, _), row in rows.items() if label == a.node]
+        top, bottom = min(node_rows) - 0.5, max(node_rows) + 0.5
+        ax.fill_between([x(a.start), x(a.end)], top, bottom, color=_colour(a.index),
+                        alpha=0.10, linewidth=0, zorder=0)
+        ax.text(x(a.start) + 0.005 * span, top + 0.08, f"attempt {a.index}", fontsize=8,
+                va="top", ha="left", color=_colour(a.index), zorder=5)
+    # node separators
+    for node in view.nodes[1:]:
+        ax.axhline(rows[(node.label, AGENT)] - 0.5, color="#888888", linewidth=0.8)
+    # rendezvous rounds on the agent rows
+    for z in view.rendezvous:
+        row = rows[(z.node, AGENT)]
+        failed = z.record.is_failure
+        ax.barh(row, max(x(z.end) - x(z.start), span * 0.002), left=x(z.start), height=0.35,
+                color="white", edgecolor=_FAILURE if failed else _RENDEZVOUS,
+                hatch="////", linewidth=0.8, zorder=2)
+    # worker processes, coloured by attempt, with their epochs ticked inside
+    for w in view.runs:
+        wrow = rows.get((w.node, w.rank if w.rank is not None else AGENT))
+        if wrow is None:
+            continue
+        ax.barh(wrow, max(x(w.end) - x(w.start), span * 0.002), left=x(w.start), height=0.5,
+                color=_colour(w.attempt), alpha=0.85,
+                edgecolor=_FAILURE if w.failed else "none", linewidth=2 if w.failed else 0,
+                zorder=2)
+    for e in view.epochs:
+        erow = rows.get((e.node, e.rank if e.rank is not None else AGENT))
+        if erow is None:
+            continue
+        for t in (e.start, e.end) if e.finished else (e.start,):
+            ax.plot([x(t), x(t)], [erow - 0.25, erow + 0.25], color="white", linewidth=1.2,
+                    zorder=3)
+        if (e.end - e.start) > 0.025 * span:
+            ax.text(x((e.start + e.end) / 2), erow, str(e.epoch), fontsize=7, color="white",
+                    ha="center", va="center", zorder=4)
+    # point events
+    for m in view.markers:
+        r = m.record
+        mrow = rows.get((m.node, m.track))
+        if mrow is None:
+            continue
+        row = mrow
+        t = x(m.timestamp)
+        if r.type == "WORKER_EXIT" and r.is_failure:
+            ax.plot(t, row, marker="X", markersize=11, color=_FAILURE,
+                    markeredgecolor="white", zorder=6)
+            ax.annotate(f"exit {r.fields.get('exit_code')}", (t, row), xytext=(6, -9),
+                        textcoords="offset points", fontsize=8, color=_FAILURE, zorder=6)
+        elif r.type == "WORKER_RESTART":
+            node_rows = [rw for (label, _), rw in rows.items() if label == m.node]
+            # the attempt band's own label names the attempt that follows
+            ax.plot([t, t], [min(node_rows) - 0.45, max(node_rows) + 0.45], color=_RESTART,
+                    linestyle="--", linewidth=1.2, zorder=5)
+        elif r.type == "CHECKPOINT_SAVED":
+            ax.plot(t, row - 0.32, marker="v", markersize=7, color=_CHECKPOINT, zorder=6)
+        elif r.type == "METRIC":
+            continue  # numbers, not moments: they belong in the trace's counters
+        elif r.type in ("AGENT_START", "AGENT_EXIT"):
+            ax.plot(t, row, marker="|", markersize=14, markeredgewidth=2,
+                    color=_FAILURE if r.is_failure else "#333333", zorder=6)
+        else:  # everything else (lost events, torchelastic records, user types): a dot
+            ax.plot(t, row, marker="o", markersize=4,
+                    color=_FAILURE if r.is_failure else "#555555", zorder=6)
+
+    n_ranks = sum(len(n.ranks) for n in view.nodes)
+    heading = title or (f"{view.run_id or 'job'}: {view.outcome()}, "
+                        f"{view.attempt_count()} attempt(s), {n_ranks} rank(s) on "
+                        f"{len(view.nodes)} node(s)")
+    ax.set_title(heading, fontsize=11, loc="left")
+    handles: list[Any] = [Patch(facecolor=_colour(i), alpha=0.85, label=f"worker, attempt {i}")
+               for i in range(max(view.attempt_count(), 1))]
+    handles += [
+        Patch(facecolor="white", edgecolor=_RENDEZVOUS, hatch="////", label="rendezvous"),
+        Line2D([], [], color="white", marker="X", markerfacecolor=_FAILURE, markersize=10,
+               label="worker failure"),
+        Line2D([], [], color=_RESTART, linestyle="--", label="restart"),
+        Line2D([], [], color="white", marker="v", markerfacecolor=_CHECKPOINT, markersize=8,
+               label="checkpoint"),
+        Line2D([], [], color="#333333", marker="|", linestyle="none", markersize=12,
+               markeredgewidth=2, label="agent start / exit"),
+    ]
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 6),
+               fontsize=8, frameon=False)
+    out = Path(output)
+    fig.savefig(out)
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="eventbus plot",
+        description="Events JSONL -> a timeline picture: ranks by time, attempts shaded, "
+                    f"failures and restarts marked. Needs matplotlib ({_INSTALL_HINT}).")
+    parser.add_argument("inputs", nargs="+", metavar="EVENTS.jsonl",
+                        help="events files (several, e.g. one per node, merge into one picture)")
+    parser.add_argument("-o", "--output", default=None, metavar="TIMELINE.png",
+                        help="where to write the picture; the suffix picks the format "
+                             "(default: timeline.png next to the first input)")
+    parser.add_argument("--title", default=None, help="the picture's title")
+    parser.add_argument("--dpi", type=int, default=120, help="resolution (default 120)")
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    """``eventbus plot``: 0 on success, 1 when there is nothing to draw or matplotlib is
+    missing, 2 on a usage error."""
+    args = _parser().parse_args(list(argv))
+    for path in args.inputs:
+        if not Path(path).is_file():
+            print(f"eventbus plot: {path}: no such file (pass the file written by "
+                  "`eventbus run --events-jsonl PATH`)", file=sys.stderr)
+            return 2
+    try:
+        _matplotlib()
+    except PlotUnavailableError as exc:
+        print(f"eventbus plot: {exc}", file=sys.stderr)
+        return 1
+    output = Path(args.output) if args.output else Path(args.inputs[0]).with_name(
+        "timeline.png")
+    view = JobView.from_files(args.inputs)
+    for problem in view.problems:
+        print(f"eventbus plot: skipped {problem.describe()}", file=sys.stderr)
+    if not view.records:
+        print(f"eventbus plot: no events in {', '.join(args.inputs)}", file=sys.stderr)
+        return 1
+    try:
+        plot_timeline(view, output, title=args.title, dpi=args.dpi)
+    except (OSError, ValueError) as exc:
+        print(f"eventbus plot: cannot write {output}: {exc}", file=sys.stderr)
+        return 2
+    print(f"{output}: {sum(len(n.ranks) for n in view.nodes)} rank(s) on {len(view.nodes)} "
+          f"node(s), {view.attempt_count()} attempt(s), job {view.outcome()}")
+    return 0
