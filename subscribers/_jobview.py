@@ -129,7 +129,7 @@ class Problem:
     def describe(self) -> str:
         """``events.jsonl:12: foreign line (not JSON: ...): '<start of the line>'``."""
         where = f"{self.source}:{self.line}" if self.source else f"line {self.line}"
-        snippet = self.text if len(self.text) <= 60 else self.text[:57] + "..."
+        snippet = self.text if len(self.text) <= 100 else self.text[:97] + "..."
         return f"{where}: {self.kind} line ({self.reason}): {snippet!r}"
 
 

@@ -159,18 +159,26 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
                         f"{view.attempt_count()} attempt(s), {n_ranks} rank(s) on "
                         f"{len(view.nodes)} node(s)")
     ax.set_title(heading, fontsize=11, loc="left")
+    # a legend of what is in this picture only
+    kinds = {m.record.type for m in view.markers}
     handles: list[Any] = [Patch(facecolor=_colour(i), alpha=0.85, label=f"worker, attempt {i}")
-               for i in range(max(view.attempt_count(), 1))]
-    handles += [
-        Patch(facecolor="white", edgecolor=_RENDEZVOUS, hatch="////", label="rendezvous"),
-        Line2D([], [], color="white", marker="X", markerfacecolor=_FAILURE, markersize=10,
-               label="worker failure"),
-        Line2D([], [], color=_RESTART, linestyle="--", label="restart"),
-        Line2D([], [], color="white", marker="v", markerfacecolor=_CHECKPOINT, markersize=8,
-               label="checkpoint"),
-        Line2D([], [], color="#333333", marker="|", linestyle="none", markersize=12,
-               markeredgewidth=2, label="agent start / exit"),
-    ]
+                          for i in range(max(view.attempt_count(), 1))]
+    if view.rendezvous:
+        handles.append(Patch(facecolor="white", edgecolor=_RENDEZVOUS, hatch="////",
+                             label="rendezvous"))
+    if any(m.record.type == "WORKER_EXIT" and m.record.is_failure for m in view.markers):
+        handles.append(Line2D([], [], color="white", marker="X", markerfacecolor=_FAILURE,
+                              markersize=10, label="worker failure"))
+    if "WORKER_RESTART" in kinds:
+        handles.append(Line2D([], [], color=_RESTART, linestyle="--", label="restart"))
+    if "CHECKPOINT_SAVED" in kinds:
+        handles.append(Line2D([], [], color="white", marker="v", markerfacecolor=_CHECKPOINT,
+                              markersize=8, label="checkpoint"))
+    if kinds & {"AGENT_START", "AGENT_EXIT"}:
+        handles.append(Line2D([], [], color="#333333", marker="|", linestyle="none",
+                              markersize=12, markeredgewidth=2, label="agent start / exit"))
+    if view.epochs:
+        handles.append(Patch(facecolor="#999999", label="epochs: numbered, ticked in white"))
     fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 6),
                fontsize=8, frameon=False)
     out = Path(output)
