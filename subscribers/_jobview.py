@@ -105,6 +105,17 @@ class Record:
             return self.fields.get("state") not in ("SUCCEEDED", None)
         return self.type == "EVENTS_LOST"
 
+    @property
+    def stopped_by_agent(self) -> bool:
+        """A WORKER_EXIT of a worker its agent stopped because another one failed (the
+        launcher marks it ``data.stopped_by_agent``): not a failure of its own."""
+        return self.type == "WORKER_EXIT" and self.data.get("stopped_by_agent") is True
+
+    @property
+    def is_own_failure(self) -> bool:
+        """A failure, not counting workers stopped as collateral of another failure."""
+        return self.is_failure and not self.stopped_by_agent
+
     def dedup_key(self) -> str:
         """Identical for the same event read from two files (job-wide and per-node)."""
         return json.dumps([self.type, self.timestamp, self.fields, self.data, self.context],
@@ -248,8 +259,13 @@ class WorkerRun:
 
     @property
     def failed(self) -> bool:
-        """It exited with a non-zero code."""
+        """It exited with a non-zero code (see :attr:`stopped_by_agent`)."""
         return self.exit_code not in (0, None)
+
+    @property
+    def stopped_by_agent(self) -> bool:
+        """Its agent stopped it (SIGTERM) because another worker failed."""
+        return self.exit is not None and self.exit.stopped_by_agent
 
 
 @attrs.frozen
@@ -462,7 +478,7 @@ class _Builder:
                 if i + 1 < len(bounds):
                     end = bounds[i + 1][0]
                     outcome: Literal["failed", "succeeded", "restarted", "running"] = (
-                        "failed" if any(r.is_failure and r.type == "WORKER_EXIT"
+                        "failed" if any(r.is_own_failure and r.type == "WORKER_EXIT"
                                         and start <= r.timestamp <= end for r in recs)
                         else "restarted")
                 else:

@@ -7,7 +7,8 @@ file.
     10:00:05.500  node-a  rank 0   DATA_SHARD_LOADED shard=3 | rows=4096
 
 Colours on a terminal (``--color`` to force or refuse; ``NO_COLOR`` is honoured): failures
-red, restarts yellow, rendezvous magenta, starts green, epochs cyan, checkpoints blue.
+red, restarts bold yellow, workers the agent stopped after another's failure yellow,
+rendezvous magenta, starts green, epochs cyan, checkpoints blue.
 Filters: ``--type`` and ``--rank`` (repeatable or comma-separated; ``--rank agent`` for the
 agent's own events; an agent's ``WORKER_START``/``WORKER_EXIT`` about a worker counts as
 that worker's).
@@ -47,6 +48,7 @@ _DIM = "\033[2m"
 _BOLD = "\033[1m"
 _COLOURS = {
     "failure": "\033[1;31m",
+    "stopped": "\033[33m",
     "WORKER_RESTART": "\033[1;33m",
     "RENDEZVOUS": "\033[35m",
     "WORKER_START": "\033[32m",
@@ -93,7 +95,12 @@ def format_record(record: Record, *, colour: bool = False, utc: bool = False) ->
         return "  ".join((stamp, host, who, name, fields + (" | " + data if data else "")
                           )).rstrip()
     # bold: a user-declared type
-    tint = _COLOURS["failure"] if record.is_failure else _COLOURS.get(record.type, _BOLD)
+    if record.stopped_by_agent:  # collateral of another worker's failure
+        tint = _COLOURS["stopped"]
+    elif record.is_failure:
+        tint = _COLOURS["failure"]
+    else:
+        tint = _COLOURS.get(record.type, _BOLD)
     return "  ".join((
         _DIM + stamp + _RESET,
         _DIM + host + _RESET,

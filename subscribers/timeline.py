@@ -35,6 +35,7 @@ _FAILURE = "#d62728"
 _RESTART = "#d62728"
 _CHECKPOINT = "#2ca02c"
 _RENDEZVOUS = "#6a3d9a"
+_STOPPED = "#555555"
 
 
 class PlotUnavailableError(ImportError):
@@ -113,7 +114,8 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
             continue
         ax.barh(wrow, max(x(w.end) - x(w.start), span * 0.002), left=x(w.start), height=0.5,
                 color=_colour(w.attempt), alpha=0.85,
-                edgecolor=_FAILURE if w.failed else "none", linewidth=2 if w.failed else 0,
+                edgecolor=_FAILURE if w.failed and not w.stopped_by_agent else "none",
+                linewidth=2 if w.failed and not w.stopped_by_agent else 0,
                 zorder=2)
     for e in view.epochs:
         erow = rows.get((e.node, e.rank if e.rank is not None else AGENT))
@@ -133,7 +135,13 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
             continue
         row = mrow
         t = x(m.timestamp)
-        if r.type == "WORKER_EXIT" and r.is_failure:
+        if r.stopped_by_agent:
+            ax.plot(t, row, marker="s", markersize=7, color=_STOPPED,
+                    markeredgecolor="white", zorder=6)
+            ax.annotate(r.fields.get("signal") or f"exit {r.fields.get('exit_code')}", (t, row),
+                        xytext=(6, -9), textcoords="offset points", fontsize=8,
+                        color=_STOPPED, zorder=6)
+        elif r.type == "WORKER_EXIT" and r.is_failure:
             ax.plot(t, row, marker="X", markersize=11, color=_FAILURE,
                     markeredgecolor="white", zorder=6)
             ax.annotate(f"exit {r.fields.get('exit_code')}", (t, row), xytext=(6, -9),
@@ -166,9 +174,12 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
     if view.rendezvous:
         handles.append(Patch(facecolor="white", edgecolor=_RENDEZVOUS, hatch="////",
                              label="rendezvous"))
-    if any(m.record.type == "WORKER_EXIT" and m.record.is_failure for m in view.markers):
+    if any(m.record.type == "WORKER_EXIT" and m.record.is_own_failure for m in view.markers):
         handles.append(Line2D([], [], color="white", marker="X", markerfacecolor=_FAILURE,
                               markersize=10, label="worker failure"))
+    if any(m.record.stopped_by_agent for m in view.markers):
+        handles.append(Line2D([], [], color="white", marker="s", markerfacecolor=_STOPPED,
+                              markersize=8, label="stopped by its agent"))
     if "WORKER_RESTART" in kinds:
         handles.append(Line2D([], [], color=_RESTART, linestyle="--", label="restart"))
     if "CHECKPOINT_SAVED" in kinds:

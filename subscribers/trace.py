@@ -36,7 +36,7 @@ from subscribers._jobview import JobView
 from subscribers._jobview import Record
 from subscribers._jobview import iter_tracks
 
-__all__ = ["chrome_trace", "export_trace", "main"]
+__all__ = ["chrome_trace", "export_trace", "main", "write_trace"]
 
 _US = 1_000_000.0
 
@@ -88,6 +88,9 @@ _CATEGORY = {
 def _instant_name(record: Record) -> str:
     f = record.fields
     if record.type == "WORKER_EXIT":
+        if record.stopped_by_agent:
+            how = f.get("signal") or f"exit {f.get('exit_code')}"
+            return f"rank {f.get('worker_id')} stopped by the agent ({how})"
         if record.is_failure:
             return f"rank {f.get('worker_id')} failed (exit {f.get('exit_code')})"
         return f"rank {f.get('worker_id')} exited"
@@ -165,11 +168,15 @@ def chrome_trace(view: JobView, *, sources: Sequence[str] = ()) -> dict[str, Any
                 "local_rank": w.local_rank, "exit_code": w.exit_code, "ended_by": w.ended_by,
                 "signal": w.signal, "message": w.message}
         label = f"rank {w.rank} attempt {w.attempt}"
-        if w.failed:
+        own_failure = w.failed and not w.stopped_by_agent
+        if own_failure:
             label += f" (exit {w.exit_code})"
+        elif w.stopped_by_agent:
+            label += f" (stopped: {w.signal or f'exit {w.exit_code}'})"
+            args["stopped_by_agent"] = True
         span(label, "worker", w.node, where, w.start, w.end,
              {k: v for k, v in args.items() if v is not None},
-             "terrible" if w.failed else None)
+             "terrible" if own_failure else None)
     for e in view.epochs:
         run = next((w for w in view.runs if w.node == e.node and w.rank == e.rank
                     and w.start <= e.start <= w.end), None)
@@ -190,7 +197,8 @@ def chrome_trace(view: JobView, *, sources: Sequence[str] = ()) -> dict[str, Any
                                "args": {series: value}})
             if values and len(values) == len(r.data):
                 continue  # fully shown by its counters
-        events.append({"name": _instant_name(r), "cat": _CATEGORY.get(r.type, "user"),
+        category = "stopped" if r.stopped_by_agent else _CATEGORY.get(r.type, "user")
+        events.append({"name": _instant_name(r), "cat": category,
                        "ph": "i", "s": _INSTANT_SCOPE.get(r.type, "t"), "ts": us(r.timestamp),
                        "pid": pids[m.node], "tid": tid(m.track),
                        "args": {"type": r.type, **_args(r)}})
@@ -214,13 +222,14 @@ def export_trace(inputs: Sequence[str | Path], output: str | Path) -> dict[str, 
     trace to ``output`` and return it."""
     view = JobView.from_files(inputs)
     trace = chrome_trace(view, sources=[str(p) for p in inputs])
-    _write(trace, Path(output))
+    write_trace(trace, Path(output))
     return trace
 
 
-def _write(trace: dict[str, Any], output: Path) -> None:
+def write_trace(trace: dict[str, Any], output: str | Path) -> None:
+    """Write ``trace`` (from :func:`chrome_trace`) as strict JSON."""
     text = json.dumps(trace, allow_nan=False, separators=(",", ":"))
-    output.write_text(text + "\n", encoding="utf-8")
+    Path(output).write_text(text + "\n", encoding="utf-8")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -254,7 +263,7 @@ def main(argv: list[str]) -> int:
         return 1
     trace = chrome_trace(view, sources=list(args.inputs))
     try:
-        _write(trace, output)
+        write_trace(trace, output)
     except OSError as exc:
         print(f"eventbus trace: cannot write {output}: {exc.strerror or exc}", file=sys.stderr)
         return 2
