@@ -40,7 +40,7 @@ SAMPLES_PER_RANK = 4096
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=40, help="steps per epoch")
+    parser.add_argument("--steps", type=int, default=100, help="steps per epoch")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--metric-every", type=int, default=10, metavar="STEPS")
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             optimizer.step()
             step += 1
             seen += args.batch_size
-            window_loss += float(loss)
+            window_loss += loss.item()
             window_steps += 1
             if step % args.metric_every == 0:
                 eventbus.record(EventType.METRIC, step=step, data={

@@ -51,12 +51,14 @@ __all__ = [
     "decode_line",
     "iter_tracks",
     "read_records",
+    "record_from_dict",
 ]
 
 #: the track key of a node's agent (worker tracks are keyed by global rank)
 AGENT: Literal["agent"] = "agent"
 
 _RESERVED = frozenset({"type", "timestamp", "data", "context"})
+_LINE_PREFIX = '{"type":'
 
 
 @attrs.frozen
@@ -129,16 +131,25 @@ class Record:
 
 @attrs.frozen
 class Problem:
-    """A line that is not an event: ``torn`` (an unfinished last line) or ``foreign``."""
+    """Lines that are not events: ``torn`` (cut short by a writer that crashed: unfinished
+    at the end of the file, or ended by the next writer) or ``foreign`` (anything else).
+
+    One line (``line`` > 0, with its ``text``) or, from a whole-file read, a count
+    (``line`` 0).
+    """
 
     source: str
     line: int
     kind: Literal["torn", "foreign"]
     reason: str
-    text: str
+    text: str = ""
+    count: int = 1
 
     def describe(self) -> str:
-        """``events.jsonl:12: foreign line (not JSON: ...): '<start of the line>'``."""
+        """``events.jsonl:12: foreign line (not JSON: ...): '<start of the line>'``, or
+        ``events.jsonl: 2 torn line(s) skipped (...)`` for a count."""
+        if self.line <= 0:
+            return f"{self.source}: {self.count} {self.kind} line(s) skipped ({self.reason})"
         where = f"{self.source}:{self.line}" if self.source else f"line {self.line}"
         snippet = self.text if len(self.text) <= 100 else self.text[:97] + "..."
         return f"{where}: {self.kind} line ({self.reason}): {snippet!r}"
@@ -169,18 +180,31 @@ def decode_line(text: str, *, source: str = "", line: int = 0,
     decode it is reported as ``torn`` rather than ``foreign``.
     """
     stripped = text.strip()
-    kind: Literal["torn", "foreign"] = "foreign" if complete else "torn"
 
-    def problem(reason: str) -> Problem:
+    def problem(reason: str, kind: Literal["torn", "foreign"] = "foreign") -> Problem:
         return Problem(source, line, kind, reason, stripped)
 
     try:
         raw = decode_json(stripped)
     except (ValueError, TypeError) as exc:
-        reason = "no newline at the end of the file, not JSON" if not complete else "not JSON"
-        return problem(f"{reason}: {str(exc).splitlines()[0][:80]}")
+        why = str(exc).splitlines()[0][:80]
+        if not complete:
+            return problem(f"no newline at the end of the file, not JSON: {why}", "torn")
+        if stripped.startswith(_LINE_PREFIX):
+            # Starts like a recorder's line but does not parse: a writer crashed mid-line
+            # and the next one ended it (the rule subscribers.jsonl.read_jsonl counts by).
+            return problem(f"an event line cut short: {why}", "torn")
+        return problem(f"not JSON: {why}")
     if not isinstance(raw, dict):
         return problem(f"a JSON {type(raw).__name__}, not an event object")
+    return _from_object(raw, source=source, line=line, text=stripped)
+
+
+def _from_object(raw: dict[str, Any], *, source: str, line: int,
+                 text: str = "") -> Record | Problem:
+    def problem(reason: str) -> Problem:
+        return Problem(source, line, "foreign", reason, text)
+
     name = raw.get("type")
     if not isinstance(name, str) or not name:
         return problem("no string 'type'")
@@ -197,17 +221,34 @@ def decode_line(text: str, *, source: str = "", line: int = 0,
     return Record(name, timestamp, fields, data or {}, context or {}, source, line)
 
 
+def record_from_dict(raw: dict[str, Any], *, source: str = "") -> Record | None:
+    """A decoded JSONL object as a :class:`Record`, or None when it is not an event."""
+    item = _from_object(raw, source=source, line=0)
+    return item if isinstance(item, Record) else None
+
+
 def read_records(path: str | Path) -> tuple[list[Record], list[Problem]]:
-    """Every event of one JSONL file, and every line that is not one (torn or foreign)."""
-    records: list[Record] = []
-    problems: list[Problem] = []
+    """Every event of one JSONL file (read by :func:`subscribers.jsonl.read_jsonl`), and
+    how many lines were skipped: torn or foreign (``eventbus tail`` shows each one)."""
+    from subscribers.jsonl import read_jsonl
+
     source = str(path)
-    with open(path, encoding="utf-8", errors="replace", newline="") as fh:
-        for number, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            item = decode_line(raw, source=source, line=number, complete=raw.endswith("\n"))
-            (records if isinstance(item, Record) else problems).append(item)  # type: ignore[arg-type]
+    read = read_jsonl(path)
+    records: list[Record] = []
+    not_events = 0
+    for raw in read:
+        record = record_from_dict(raw, source=source)
+        if record is None:
+            not_events += 1
+        else:
+            records.append(record)
+    problems = []
+    if read.torn:
+        problems.append(Problem(source, 0, "torn", "cut short by a writer that crashed",
+                                count=read.torn))
+    if read.foreign + not_events:
+        problems.append(Problem(source, 0, "foreign", "not events",
+                                count=read.foreign + not_events))
     return records, problems
 
 

@@ -230,7 +230,8 @@ def main(argv: Sequence[str]) -> int:
         "timeline.png")
     view = JobView.from_files(args.inputs)
     for problem in view.problems:
-        print(f"eventbus plot: skipped {problem.describe()}", file=sys.stderr)
+        print(f"eventbus plot: {problem.describe()}; `eventbus tail {problem.source}` "
+              "shows each line", file=sys.stderr)
     if not view.records:
         print(f"eventbus plot: no events in {', '.join(args.inputs)}", file=sys.stderr)
         return 1

@@ -141,7 +141,7 @@ def chrome_trace(view: JobView, *, sources: Sequence[str] = ()) -> dict[str, Any
 
     events: list[dict[str, Any]] = []
 
-    def span(name: str, cat: str, node: str, track: int | Literal["agent"], start: float,  # noqa: PLR0917
+    def span(name: str, cat: str, node: str, track: int | Literal["agent"], start: float,
              end: float, args: dict[str, Any], cname: str | None = None) -> None:
         event: dict[str, Any] = {"name": name, "cat": cat, "ph": "X", "ts": us(start),
                                  "dur": round(max(us(end) - us(start), 0.0), 1),
@@ -257,7 +257,8 @@ def main(argv: list[str]) -> int:
     output = Path(args.output) if args.output else Path(args.inputs[0]).with_name("trace.json")
     view = JobView.from_files(args.inputs)
     for problem in view.problems:
-        print(f"eventbus trace: skipped {problem.describe()}", file=sys.stderr)
+        print(f"eventbus trace: {problem.describe()}; `eventbus tail {problem.source}` "
+              "shows each line", file=sys.stderr)
     if not view.records:
         print(f"eventbus trace: no events in {', '.join(args.inputs)}", file=sys.stderr)
         return 1

@@ -26,15 +26,31 @@ def view() -> JobView:
     return JobView.from_files([NODE0, NODE1])
 
 
-def test_reader_keeps_events_and_reports_torn_and_foreign_lines() -> None:
-    """Every event line is read; the torn last line and the foreign line are problems
-    with their line numbers, not exceptions."""
+def test_reader_keeps_events_and_counts_torn_and_foreign_lines() -> None:
+    """Every event line is read; the torn last line and the foreign line are counted as
+    problems of their file, not exceptions."""
     records0, problems0 = read_records(NODE0)
     records1, problems1 = read_records(NODE1)
     assert len(records0) == 42 and len(records1) == 37
-    assert [(p.kind, p.line) for p in problems0] == [("torn", 43)]
-    assert [(p.kind, p.line) for p in problems1] == [("foreign", 8)]
-    assert "job_node1.jsonl:8: foreign line" in problems1[0].describe()
+    assert [(p.kind, p.count) for p in problems0] == [("torn", 1)]
+    assert [(p.kind, p.count) for p in problems1] == [("foreign", 1)]
+    assert problems1[0].describe().endswith("job_node1.jsonl: 1 foreign line(s) skipped "
+                                            "(not events)")
+
+
+def test_decode_line_tells_torn_from_foreign() -> None:
+    """Per line (what tail shows): an unfinished last line is torn; a complete line that
+    starts like an event but does not parse is torn too (a crashed writer's line ended by
+    the next writer); anything else that does not parse is foreign."""
+    cut = '{"type":"EPOCH_END","timest'
+    unfinished = decode_line(cut, line=9, complete=False)
+    ended_by_next_writer = decode_line(cut, line=9)
+    other = decode_line("Traceback (most recent call last):", line=9)
+    assert isinstance(unfinished, Problem) and unfinished.kind == "torn"
+    assert isinstance(ended_by_next_writer, Problem) and ended_by_next_writer.kind == "torn"
+    assert isinstance(other, Problem) and other.kind == "foreign"
+    assert other.describe() == ("line 9: foreign line (not JSON: Expecting value: line 1 "
+                                "column 1 (char 0)): 'Traceback (most recent call last):'")
 
 
 def test_decode_line_revives_nan_and_keeps_unknown_types() -> None:

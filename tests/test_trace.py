@@ -181,7 +181,7 @@ def test_cli_reports_skipped_lines_and_where_it_wrote(
     captured = capsys.readouterr()
     assert f"{out}: 42 events, 1 node(s), 2 rank(s), 2 attempt(s)" in captured.out
     assert "ui.perfetto.dev" in captured.out
-    assert "job_node0.jsonl:43: torn line" in captured.err
+    assert "job_node0.jsonl: 1 torn line(s) skipped" in captured.err
 
 
 def test_cli_errors_name_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
