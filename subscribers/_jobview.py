@@ -297,6 +297,11 @@ class WorkerRun:
     exit: Record | None
     signal: str | None = None
     message: str | None = None
+    #: the first and the last event the worker recorded itself (None: it recorded none).
+    #: Before the first: the process starting (importing torch, joining the process
+    #: group); after the last: it shutting down.
+    first_event: float | None = None
+    last_event: float | None = None
 
     @property
     def failed(self) -> bool:
@@ -609,6 +614,8 @@ class _Builder:
                 hostname=key[0], pid=pid, local_rank=local_rank, exit_code=exit_code,
                 ended_by=ended_by, exit=exit_rec,
                 signal=signal if isinstance(signal, str) else None,
+                first_event=own.timestamp if own is not None else None,
+                last_event=last[key].timestamp if own is not None else None,
                 message=message if isinstance(message, str) else None))
         return runs
 

@@ -3,7 +3,8 @@
 ``eventbus plot EVENTS.jsonl [MORE.jsonl ...] -o timeline.png``; in code,
 :func:`plot_timeline`. One row per agent and per rank, grouped by node; time on the x axis
 in seconds since the job's first event; each node's attempts shaded; each worker process a
-bar coloured by its attempt, with its epochs ticked inside it; failures, restarts,
+bar coloured by its attempt (lighter before its first and after its last own event:
+start-up and shut-down), with its epochs ticked inside it; failures, restarts,
 rendezvous and checkpoints marked.
 
 matplotlib is an optional extra (``pip install 'eventbus[plot]'``), imported only here,
@@ -112,11 +113,16 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
         wrow = rows.get((w.node, w.rank if w.rank is not None else AGENT))
         if wrow is None:
             continue
+        own_failure = w.failed and not w.stopped_by_agent
+        # the whole process, light; the part between its first and last own event, solid
         ax.barh(wrow, max(x(w.end) - x(w.start), span * 0.002), left=x(w.start), height=0.5,
-                color=_colour(w.attempt), alpha=0.85,
-                edgecolor=_FAILURE if w.failed and not w.stopped_by_agent else "none",
-                linewidth=2 if w.failed and not w.stopped_by_agent else 0,
-                zorder=2)
+                color=_colour(w.attempt), alpha=0.35 if w.first_event is not None else 0.85,
+                edgecolor=_FAILURE if own_failure else "none",
+                linewidth=2 if own_failure else 0, zorder=2)
+        if w.first_event is not None and w.last_event is not None:
+            ax.barh(wrow, max(x(w.last_event) - x(w.first_event), span * 0.002),
+                    left=x(w.first_event), height=0.5, color=_colour(w.attempt), alpha=0.9,
+                    linewidth=0, zorder=2)
     for e in view.epochs:
         erow = rows.get((e.node, e.rank if e.rank is not None else AGENT))
         if erow is None:
@@ -125,8 +131,11 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
             ax.plot([x(t), x(t)], [erow - 0.25, erow + 0.25], color="white", linewidth=1.2,
                     zorder=3)
         if (e.end - e.start) > 0.025 * span:
-            ax.text(x((e.start + e.end) / 2), erow, str(e.epoch), fontsize=7, color="white",
-                    ha="center", va="center", zorder=4)
+            # an epoch its worker never finished (it failed or was stopped) says so
+            label = str(e.epoch) if e.finished else f"{e.epoch} (cut)"
+            ax.text(x((e.start + e.end) / 2), erow, label, fontsize=7,
+                    color="white" if e.finished else "#333333", ha="center", va="center",
+                    zorder=4)
     # point events
     for m in view.markers:
         r = m.record
@@ -188,6 +197,9 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
     if kinds & {"AGENT_START", "AGENT_EXIT"}:
         handles.append(Line2D([], [], color="#333333", marker="|", linestyle="none",
                               markersize=12, markeredgewidth=2, label="agent start / exit"))
+    if any(w.first_event is not None for w in view.runs):
+        handles.append(Patch(facecolor=_colour(0), alpha=0.35,
+                             label="process start-up / shut-down"))
     if view.epochs:
         handles.append(Patch(facecolor="#999999", label="epochs: numbered, ticked in white"))
     fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 6),

@@ -11,7 +11,9 @@ The layout (see docs/viz.md for the whole format):
   with one *thread* per track: ``agent`` (``tid`` 0) and ``rank N`` (``tid`` N + 1);
 * spans (``"ph": "X"``): ``attempt N`` and ``rendezvous`` on the agent track; on each rank
   track, the worker process of each attempt (``rank 1 attempt 0``, ``"cat": "worker"``)
-  with its epochs nested inside (``epoch 2``, ``"cat": "epoch"``);
+  with its epochs nested inside (``epoch 2``, ``"cat": "epoch"``; ``epoch 1 (unfinished)``
+  when the worker died in it) and its start-up (``starting``, ``"cat": "startup"``: from
+  the agent starting it to its first own event);
 * instants (``"ph": "i"``): failures, restarts (process-wide), checkpoints, agent start and
   exit, lost events, torchelastic records and user-declared types, their fields as ``args``;
 * counters (``"ph": "C"``): the numeric values of ``METRIC`` events, one counter per value
@@ -177,14 +179,20 @@ def chrome_trace(view: JobView, *, sources: Sequence[str] = ()) -> dict[str, Any
         span(label, "worker", w.node, where, w.start, w.end,
              {k: v for k, v in args.items() if v is not None},
              "terrible" if own_failure else None)
+        if w.first_event is not None and w.first_event > w.start:
+            # from the agent's start to the worker's first own event: importing torch,
+            # joining the process group, loading a checkpoint
+            span("starting", "startup", w.node, where, w.start, min(w.first_event, w.end),
+                 {"rank": w.rank, "attempt": w.attempt, "seconds": w.first_event - w.start})
     for e in view.epochs:
         run = next((w for w in view.runs if w.node == e.node and w.rank == e.rank
                     and w.start <= e.start <= w.end), None)
         start, end = e.start, e.end
         if run is not None:  # keep it nested in its worker span
             start, end = max(start, run.start), min(end, run.end)
-        span(f"epoch {e.epoch}", "epoch", e.node, e.rank if e.rank is not None else AGENT,
-             start, end, {"epoch": e.epoch, "attempt": e.attempt, "finished": e.finished})
+        name = f"epoch {e.epoch}" + ("" if e.finished else " (unfinished)")
+        span(name, "epoch", e.node, e.rank if e.rank is not None else AGENT, start, end,
+             {"epoch": e.epoch, "attempt": e.attempt, "finished": e.finished})
     for m in view.markers:
         r = m.record
         if r.type == "METRIC":

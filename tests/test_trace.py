@@ -201,3 +201,15 @@ def test_default_output_is_next_to_the_first_input(tmp_path: Path) -> None:
     events.write_text(NODE1.read_text())
     assert cli_main(["trace", str(events)]) == 0
     assert _strict_load(tmp_path / "trace.json")["otherData"]["events"] == 37
+
+
+def test_startup_and_unfinished_epochs_are_named(trace: dict[str, Any]) -> None:
+    """Each worker span starts with a 'starting' span up to the worker's first own event;
+    an epoch the crash cut short is named '(unfinished)'."""
+    starting = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == "startup"]
+    assert len(starting) == 8
+    rank1 = next(e for e in starting if e["args"]["rank"] == 1 and e["args"]["attempt"] == 0)
+    assert rank1["args"]["seconds"] == pytest.approx(0.70)  # WORKER_START 1.31 -> epoch 2.01
+    cut = sorted(e["name"] for e in trace["traceEvents"]
+                 if e["ph"] == "X" and e["cat"] == "epoch" and not e["args"]["finished"])
+    assert cut == ["epoch 1 (unfinished)"] * 4
