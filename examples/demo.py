@@ -9,7 +9,7 @@ under ``python -m eventbus run`` with:
 * ``--log-events``: the agent prints each event on the console as it happens.
 
 Then writes ``OUT/trace.json`` (open it at https://ui.perfetto.dev) and
-``OUT/timeline.png``, and says where they are. ``OUT`` is ``./demo-output`` unless
+``OUT/timeline.png``, and says where they are. ``OUT`` is ``./demo-out`` unless
 ``--out`` says otherwise; the previous run's files there are replaced.
 
 Exit code 0 when the job succeeded after its restart and every file was written.
@@ -39,9 +39,9 @@ JOB_TIMEOUT_S = 150.0
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("demo-output"),
+    parser.add_argument("--out", type=Path, default=Path("demo-out"),
                         help="folder for events.jsonl, trace.json, timeline.png "
-                             "(default: ./demo-output)")
+                             "(default: ./demo-out)")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--no-plot", action="store_true",
                         help="skip timeline.png (no matplotlib needed)")

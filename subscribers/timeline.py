@@ -115,14 +115,16 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
             continue
         own_failure = w.failed and not w.stopped_by_agent
         # the whole process, light; the part between its first and last own event, solid
-        ax.barh(wrow, max(x(w.end) - x(w.start), span * 0.002), left=x(w.start), height=0.5,
-                color=_colour(w.attempt), alpha=0.35 if w.first_event is not None else 0.85,
-                edgecolor=_FAILURE if own_failure else "none",
-                linewidth=2 if own_failure else 0, zorder=2)
+        width = max(x(w.end) - x(w.start), span * 0.002)
+        ax.barh(wrow, width, left=x(w.start), height=0.5, color=_colour(w.attempt),
+                alpha=0.35 if w.first_event is not None else 0.85, linewidth=0, zorder=2)
         if w.first_event is not None and w.last_event is not None:
             ax.barh(wrow, max(x(w.last_event) - x(w.first_event), span * 0.002),
                     left=x(w.first_event), height=0.5, color=_colour(w.attempt), alpha=0.9,
                     linewidth=0, zorder=2)
+        if own_failure:  # the worker that failed by itself: outlined in red
+            ax.barh(wrow, width, left=x(w.start), height=0.5, fill=False,
+                    edgecolor=_FAILURE, linewidth=2, zorder=3)
     for e in view.epochs:
         erow = rows.get((e.node, e.rank if e.rank is not None else AGENT))
         if erow is None:
