@@ -43,7 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=100, help="steps per epoch")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--metric-every", type=int, default=10, metavar="STEPS")
+    parser.add_argument("--metric-every", type=int, default=25, metavar="STEPS")
     parser.add_argument("--checkpoint-dir", type=Path, required=True)
     parser.add_argument("--crash-rank", type=int, default=1,
                         help="the rank that crashes on attempt 0 (-1: nobody)")
@@ -114,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
             window_steps += 1
             if step % args.metric_every == 0:
                 eventbus.record(EventType.METRIC, step=step, data={
-                    "loss": window_loss / window_steps,
-                    "samples_per_s": seen / max(time.perf_counter() - began, 1e-9)})
+                    "loss": round(window_loss / window_steps, 4),
+                    "samples_per_s": round(seen / max(time.perf_counter() - began, 1e-9))})
                 window_loss, window_steps = 0.0, 0
         dist.barrier()  # every rank finished the epoch before it counts as done
         eventbus.record(EventType.EPOCH_END, epoch=epoch, data={"steps": step})
