@@ -100,7 +100,8 @@ def summarise(view: JobView) -> list[str]:
                          f"(exit {run.exit_code}){why}")
     for attempt in view.attempts:
         if attempt.restart is not None:
-            reason = attempt.restart.fields.get("reason")
+            # the reason is "<the failure>; RESTART from <reactor>": the failure is above
+            reason = str(attempt.restart.fields.get("reason") or "").rpartition("; ")[2]
             lines.append(f"the agent restarted the workers: attempt {attempt.index}"
                          + (f" ({reason})" if reason else ""))
     epochs = sorted({e.epoch for e in view.epochs if e.finished})
