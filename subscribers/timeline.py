@@ -132,9 +132,9 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
         for t in (e.start, e.end) if e.finished else (e.start,):
             ax.plot([x(t), x(t)], [erow - 0.25, erow + 0.25], color="white", linewidth=1.2,
                     zorder=3)
-        if (e.end - e.start) > 0.025 * span:
-            # an epoch its worker never finished (it failed or was stopped) says so
-            label = str(e.epoch) if e.finished else f"{e.epoch} (cut)"
+        # an epoch its worker never finished (it failed or was stopped) says so
+        label = str(e.epoch) if e.finished else f"{e.epoch} (cut)"
+        if (e.end - e.start) > (0.006 + 0.004 * len(label)) * span:  # when the label fits
             ax.text(x((e.start + e.end) / 2), erow, label, fontsize=7,
                     color="white" if e.finished else "#333333", ha="center", va="center",
                     zorder=4)
