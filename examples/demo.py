@@ -48,17 +48,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _arg(path: Path) -> str:
+    """``path`` as the job (run in the repository root) can take it: relative when under
+    the root, so the console and the events show short paths."""
+    try:
+        return str(path.relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
 def job_command(out: Path, epochs: int) -> list[str]:
     return [
         sys.executable, "-m", "eventbus", "run",
-        "--events-jsonl", str(out / "events.jsonl"),
+        "--events-jsonl", _arg(out / "events.jsonl"),
         "--reactor", "examples.reactor:restart_on_crash",
         "--log-events",
         # torchrun's own options, unchanged
         "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
         "--monitor-interval", "0.1",
-        str(ROOT / "examples" / "train.py"),
-        "--epochs", str(epochs), "--checkpoint-dir", str(out / "checkpoints"),
+        _arg(ROOT / "examples" / "train.py"),
+        "--epochs", str(epochs), "--checkpoint-dir", _arg(out / "checkpoints"),
     ]
 
 
@@ -73,8 +82,7 @@ def job_env() -> dict[str, str]:
 def run_job(out: Path, epochs: int) -> int:
     """The job, its output streaming to this console; returns its exit code."""
     cmd = job_command(out, epochs)
-    print("demo: $ " + " ".join(
-        os.path.relpath(c) if c.startswith(str(ROOT)) else c for c in cmd[1:]), flush=True)
+    print("demo: $ python " + " ".join(cmd[1:]), flush=True)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=job_env(), start_new_session=True)
     try:
         return proc.wait(timeout=JOB_TIMEOUT_S)

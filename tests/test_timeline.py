@@ -89,3 +89,11 @@ def test_cli_errors_name_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[
     empty.write_text("")
     assert cli_main(["plot", str(empty), "-o", str(tmp_path / "x.png")]) == 1
     assert "no events in" in capsys.readouterr().err
+
+
+def test_readme_embeds_the_demo_picture() -> None:
+    """The README's quick start shows docs/timeline.png, and that file is a real PNG."""
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    assert "](docs/timeline.png)" in readme
+    assert (root / "docs" / "timeline.png").read_bytes().startswith(PNG_MAGIC)
