@@ -97,7 +97,9 @@ def _instant_name(record: Record) -> str:
             return f"rank {f.get('worker_id')} failed (exit {f.get('exit_code')})"
         return f"rank {f.get('worker_id')} exited"
     if record.type == "WORKER_RESTART":
-        return f"restart -> attempt {f.get('attempt')}"
+        # not "-> attempt N": a node restarting for a membership change keeps torch's
+        # restart count, so the field can repeat; the attempt spans carry the order
+        return "restart"
     if record.type == "CHECKPOINT_SAVED":
         return f"checkpoint {f.get('path')}"
     if record.type == "AGENT_EXIT":

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +16,10 @@ import pytest
 from eventbus.cli import main as cli_main
 from subscribers.trace import export_trace
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
+#: generous: two agents and four worker processes on a shared 2-core machine
+TWO_NODE_TIMEOUT_S = 240.0
 NODE0 = FIXTURES / "job_node0.jsonl"
 NODE1 = FIXTURES / "job_node1.jsonl"
 
@@ -213,3 +221,66 @@ def test_startup_and_unfinished_epochs_are_named(trace: dict[str, Any]) -> None:
     cut = sorted(e["name"] for e in trace["traceEvents"]
                  if e["ph"] == "X" and e["cat"] == "epoch" and not e["args"]["finished"])
     assert cut == ["epoch 1 (unfinished)"] * 4
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_trace_of_a_real_two_node_job(tmp_path: Path) -> None:
+    """Two `eventbus run` agents (2 nodes x 1 worker, c10d rendezvous) each write their
+    events file; rank 1 (node 1) crashes on attempt 0. Merged, the trace puts each rank on
+    its node, shows the failure on node 1, a restart on each node (node 0's for the
+    membership change), each worker process once, and the job's success."""
+    port = _free_port()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["OMP_NUM_THREADS"] = "1"
+    env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
+    procs = []
+    for node in (0, 1):
+        cmd = [sys.executable, "-m", "eventbus", "run",
+               "--events-jsonl", str(tmp_path / f"node{node}.jsonl"),
+               "--reactor", "examples.reactor:restart_on_crash",
+               "--nnodes", "2", "--nproc-per-node", "1", "--max-restarts", "1",
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+               "--rdzv-id", "viz-two-nodes", "--monitor-interval", "0.1",
+               str(ROOT / "examples" / "train.py"), "--epochs", "2", "--steps", "20",
+               "--checkpoint-dir", str(tmp_path / "ckpt")]
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True,
+                                      start_new_session=True))
+    outputs = []
+    try:
+        for proc in procs:
+            out, _ = proc.communicate(timeout=TWO_NODE_TIMEOUT_S)
+            outputs.append(out)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate(timeout=30)
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-4000:] for o in outputs)
+
+    trace = export_trace([tmp_path / "node0.jsonl", tmp_path / "node1.jsonl"],
+                         tmp_path / "trace.json")
+    assert _strict_load(tmp_path / "trace.json")["traceEvents"] == trace["traceEvents"]
+    assert trace["otherData"]["outcome"] == "SUCCEEDED"
+    processes = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"]
+                 if e["ph"] == "M" and e["name"] == "process_name"}
+    assert sorted(name.split(" (")[0] for name in processes.values()) == ["node 0", "node 1"]
+    workers = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == "worker"]
+    where = {(e["args"]["rank"], e["args"]["attempt"]): processes[e["pid"]].split(" (")[0]
+             for e in workers}
+    assert where == {(0, 0): "node 0", (0, 1): "node 0", (1, 0): "node 1", (1, 1): "node 1"}
+    assert len(workers) == 4  # the job-wide copies in group rank 0's file counted once
+    failed = {(e["args"]["rank"], e["args"]["attempt"]) for e in workers
+              if e["args"].get("exit_code") not in (0, None)}
+    # rank 0 may also die of the broken gloo connection before its agent restarts it
+    assert (1, 0) in failed and failed <= {(1, 0), (0, 0)}
+    restarts = {processes[e["pid"]].split(" (")[0] for e in trace["traceEvents"]
+                if e["ph"] == "i" and e["cat"] == "restart"}
+    assert restarts == {"node 0", "node 1"}
