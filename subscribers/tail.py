@@ -41,7 +41,7 @@ from subscribers._jobview import Problem
 from subscribers._jobview import Record
 from subscribers._jobview import decode_line
 
-__all__ = ["EventFileReader", "format_record", "main"]
+__all__ = ["DATA_CHARS", "EventFileReader", "format_record", "main"]
 
 _RESET = "\033[0m"
 _DIM = "\033[2m"
@@ -79,8 +79,14 @@ def _value(value: Any) -> str:
     return str(value)
 
 
-def format_record(record: Record, *, colour: bool = False, utc: bool = False) -> str:
-    """One line: time, host, who (``agent`` / ``rank N``), type, fields, ``|`` data."""
+#: characters of ``data`` shown per line unless ``--full`` (torch's own records carry a lot)
+DATA_CHARS = 240
+
+
+def format_record(record: Record, *, colour: bool = False, utc: bool = False,
+                  data_chars: int | None = DATA_CHARS) -> str:
+    """One line: time, host, who (``agent`` / ``rank N``), type, fields, ``|`` data (cut
+    after ``data_chars`` characters; None: never)."""
     when = datetime.datetime.fromtimestamp(
         record.timestamp, datetime.timezone.utc if utc else None)
     stamp = when.strftime("%H:%M:%S.") + f"{when.microsecond // 1000:03d}"
@@ -91,6 +97,8 @@ def format_record(record: Record, *, colour: bool = False, utc: bool = False) ->
     fields = _one_line(" ".join(f"{k}={_value(v)}" for k, v in record.fields.items()
                                 if v is not None))
     data = _one_line(" ".join(f"{k}={_value(v)}" for k, v in record.data.items()))
+    if data_chars is not None and len(data) > data_chars:
+        data = data[:data_chars] + f"... (+{len(data) - data_chars} chars, --full)"
     if not colour:
         return "  ".join((stamp, host, who, name, fields + (" | " + data if data else "")
                           )).rstrip()
@@ -239,6 +247,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--color", "--colour", choices=("auto", "always", "never"),
                         default="auto", help="colourise (auto: when stdout is a terminal)")
     parser.add_argument("--utc", action="store_true", help="times in UTC, not local time")
+    parser.add_argument("--full", action="store_true",
+                        help=f"show all of each event's data (default: {DATA_CHARS} chars)")
     parser.add_argument("--interval", type=float, default=0.25, metavar="SECONDS",
                         help="how often -f looks for new lines (default 0.25)")
     return parser
@@ -254,9 +264,10 @@ def _use_colour(mode: str, stream: IO[str]) -> bool:
 
 
 class _Printer:
-    def __init__(self, *, colour: bool, utc: bool, types: set[str],
+    def __init__(self, *, colour: bool, utc: bool, full: bool, types: set[str],
                  ranks: set[int | Literal["agent"]]) -> None:
         self.colour, self.utc, self.types, self.ranks = colour, utc, types, ranks
+        self.data_chars = None if full else DATA_CHARS
         self.shown = self.skipped = 0
 
     def line(self, item: Record | Problem) -> str | None:
@@ -266,7 +277,8 @@ class _Printer:
         if not _matches(item, self.types, self.ranks):
             return None
         self.shown += 1
-        return format_record(item, colour=self.colour, utc=self.utc)
+        return format_record(item, colour=self.colour, utc=self.utc,
+                             data_chars=self.data_chars)
 
     def problem(self, item: Problem) -> None:
         text = f"eventbus tail: skipped {item.describe()}"
@@ -319,7 +331,7 @@ def main(argv: Sequence[str]) -> int:
         print(f"eventbus tail: {path}: no such file (-f waits for it to appear)",
               file=sys.stderr)
         return 2
-    printer = _Printer(colour=_use_colour(args.color, sys.stdout), utc=args.utc,
+    printer = _Printer(colour=_use_colour(args.color, sys.stdout), utc=args.utc, full=args.full,
                        types={t.upper() for t in _split(args.type)}, ranks=ranks)
     reader = EventFileReader(path)
     try:

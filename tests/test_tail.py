@@ -218,3 +218,17 @@ def test_follow_prints_lines_as_the_file_grows(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.communicate(timeout=30)
+
+
+def test_long_data_is_cut_unless_full(tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """A huge data payload is cut with a note saying how much and how to see it; --full
+    shows it whole."""
+    path = tmp_path / "events.jsonl"
+    path.write_text(json.dumps({"type": "TORCHELASTIC", "timestamp": 1.0, "name": "x",
+                                "data": {"blob": "y" * 1000}, "context": {}}) + "\n")
+    assert cli_main(["tail", str(path)]) == 0
+    short = capsys.readouterr().out
+    assert "chars, --full)" in short and len(short) < 500
+    assert cli_main(["tail", "--full", str(path)]) == 0
+    assert "y" * 1000 in capsys.readouterr().out
