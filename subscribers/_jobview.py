@@ -73,27 +73,23 @@ class Record:
     context: dict[str, Any]
     source: str = ""
     line: int = 0
+    # Read from the context once: the views ask for them for every record, many times.
+    #: the global rank of the worker that recorded it (None for agent events)
+    rank: int | None = attrs.field(init=False)
+    #: the node (group rank) of the process that recorded it, when known
+    group_rank: int | None = attrs.field(init=False)
+    #: the host of the process that recorded it
+    hostname: str = attrs.field(init=False)
+    #: the pid of the process that recorded it
+    pid: int | None = attrs.field(init=False)
 
-    @property
-    def rank(self) -> int | None:
-        """The global rank of the worker that recorded it (None for agent events)."""
-        return _int_or_none(self.context.get("rank"))
-
-    @property
-    def group_rank(self) -> int | None:
-        """The node (group rank) of the process that recorded it, when known."""
-        return _int_or_none(self.context.get("group_rank"))
-
-    @property
-    def hostname(self) -> str:
-        """The host of the process that recorded it."""
-        host = self.context.get("hostname")
-        return host if isinstance(host, str) else ""
-
-    @property
-    def pid(self) -> int | None:
-        """The pid of the process that recorded it."""
-        return _int_or_none(self.context.get("pid"))
+    def __attrs_post_init__(self) -> None:
+        ctx = self.context
+        host = ctx.get("hostname")
+        object.__setattr__(self, "rank", _int_or_none(ctx.get("rank")))
+        object.__setattr__(self, "group_rank", _int_or_none(ctx.get("group_rank")))
+        object.__setattr__(self, "hostname", host if isinstance(host, str) else "")
+        object.__setattr__(self, "pid", _int_or_none(ctx.get("pid")))
 
     @property
     def is_failure(self) -> bool:
@@ -387,23 +383,28 @@ class JobView:
         ones: an event found in two files is kept once)."""
         records: list[Record] = []
         problems: list[Problem] = []
+        paths = list(paths)
         for path in paths:
             found, bad = read_records(path)
             records.extend(found)
             problems.extend(bad)
-        return cls.from_records(records, problems=problems)
+        return cls.from_records(records, problems=problems, dedup=len(paths) > 1)
 
     @classmethod
-    def from_records(cls, records: Iterable[Record], *,
-                     problems: Iterable[Problem] = ()) -> JobView:
-        """The job described by ``records`` (any order; duplicates are dropped)."""
-        seen: set[str] = set()
-        unique: list[Record] = []
-        for r in records:
-            key = r.dedup_key()
-            if key not in seen:
-                seen.add(key)
-                unique.append(r)
+    def from_records(cls, records: Iterable[Record], *, problems: Iterable[Problem] = (),
+                     dedup: bool = True) -> JobView:
+        """The job described by ``records`` (any order). ``dedup``: drop events seen twice
+        (what merging a job-wide file with per-node files gives)."""
+        given = list(records)
+        unique = given
+        if dedup:
+            seen: set[str] = set()
+            unique = []
+            for r in given:
+                key = r.dedup_key()
+                if key not in seen:
+                    seen.add(key)
+                    unique.append(r)
         return _Builder(_by_time(unique), list(problems)).build()
 
     def node(self, label: str) -> NodeView:

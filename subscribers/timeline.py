@@ -37,6 +37,8 @@ _RESTART = "#d62728"
 _CHECKPOINT = "#2ca02c"
 _RENDEZVOUS = "#6a3d9a"
 _STOPPED = "#555555"
+#: above this many failures and stops, their exit codes are left to the trace
+_MAX_EXIT_LABELS = 40
 
 
 class PlotUnavailableError(ImportError):
@@ -64,6 +66,7 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
     Raises :class:`PlotUnavailableError` when matplotlib is missing.
     """
     figure_cls = _matplotlib()
+    from matplotlib.collections import LineCollection
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -125,53 +128,80 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
         if own_failure:  # the worker that failed by itself: outlined in red
             ax.barh(wrow, width, left=x(w.start), height=0.5, fill=False,
                     edgecolor=_FAILURE, linewidth=2, zorder=3)
+    # Epoch ticks and point events are drawn in batches (one collection per kind): a long
+    # job has tens of thousands of them, and one artist each would take minutes.
+    ticks: list[list[tuple[float, float]]] = []
     for e in view.epochs:
         erow = rows.get((e.node, e.rank if e.rank is not None else AGENT))
         if erow is None:
             continue
         for t in (e.start, e.end) if e.finished else (e.start,):
-            ax.plot([x(t), x(t)], [erow - 0.25, erow + 0.25], color="white", linewidth=1.2,
-                    zorder=3)
+            ticks.append([(x(t), erow - 0.25), (x(t), erow + 0.25)])
         # an epoch its worker never finished (it failed or was stopped) says so
         label = str(e.epoch) if e.finished else f"{e.epoch} (cut)"
         if (e.end - e.start) > (0.006 + 0.004 * len(label)) * span:  # when the label fits
             ax.text(x((e.start + e.end) / 2), erow, label, fontsize=7,
                     color="white" if e.finished else "#333333", ha="center", va="center",
                     zorder=4)
-    # point events
+    if ticks:
+        ax.add_collection(LineCollection(ticks, colors="white", linewidths=1.2, zorder=3))
+    # point events, by kind: (xs, ys)
+    points: dict[str, tuple[list[float], list[float]]] = {}
+    restarts: list[list[tuple[float, float]]] = []
+    labelled: list[tuple[float, int, str, str]] = []  # x, row, text, colour
+
+    def point(kind: str, t: float, y: float) -> None:
+        xs, ys = points.setdefault(kind, ([], []))
+        xs.append(t)
+        ys.append(y)
+
     for m in view.markers:
         r = m.record
-        mrow = rows.get((m.node, m.track))
-        if mrow is None:
+        found = rows.get((m.node, m.track))
+        if found is None:
             continue
-        row = mrow
-        t = x(m.timestamp)
+        row, t = found, x(m.timestamp)
         if r.stopped_by_agent:
-            ax.plot(t, row, marker="s", markersize=7, color=_STOPPED,
-                    markeredgecolor="white", zorder=6)
-            ax.annotate(r.fields.get("signal") or f"exit {r.fields.get('exit_code')}", (t, row),
-                        xytext=(6, -9), textcoords="offset points", fontsize=8,
-                        color=_STOPPED, zorder=6)
+            point("stopped", t, row)
+            labelled.append((t, row, r.fields.get("signal")
+                             or f"exit {r.fields.get('exit_code')}", _STOPPED))
         elif r.type == "WORKER_EXIT" and r.is_failure:
-            ax.plot(t, row, marker="X", markersize=11, color=_FAILURE,
-                    markeredgecolor="white", zorder=6)
-            ax.annotate(f"exit {r.fields.get('exit_code')}", (t, row), xytext=(6, -9),
-                        textcoords="offset points", fontsize=8, color=_FAILURE, zorder=6)
+            point("failure", t, row)
+            labelled.append((t, row, f"exit {r.fields.get('exit_code')}", _FAILURE))
         elif r.type == "WORKER_RESTART":
+            # across the node's rows; the attempt band's label names what follows
             node_rows = [rw for (label, _), rw in rows.items() if label == m.node]
-            # the attempt band's own label names the attempt that follows
-            ax.plot([t, t], [min(node_rows) - 0.45, max(node_rows) + 0.45], color=_RESTART,
-                    linestyle="--", linewidth=1.2, zorder=5)
+            restarts.append([(t, min(node_rows) - 0.45), (t, max(node_rows) + 0.45)])
         elif r.type == "CHECKPOINT_SAVED":
-            ax.plot(t, row - 0.32, marker="v", markersize=7, color=_CHECKPOINT, zorder=6)
+            point("checkpoint", t, row - 0.32)
         elif r.type == "METRIC":
             continue  # numbers, not moments: they belong in the trace's counters
         elif r.type in ("AGENT_START", "AGENT_EXIT"):
-            ax.plot(t, row, marker="|", markersize=14, markeredgewidth=2,
-                    color=_FAILURE if r.is_failure else "#333333", zorder=6)
+            point("agent failure" if r.is_failure else "agent", t, row)
         else:  # everything else (lost events, torchelastic records, user types): a dot
-            ax.plot(t, row, marker="o", markersize=4,
-                    color=_FAILURE if r.is_failure else "#555555", zorder=6)
+            point("other failure" if r.is_failure else "other", t, row)
+    if restarts:
+        ax.add_collection(LineCollection(restarts, colors=_RESTART, linestyles="--",
+                                         linewidths=1.2, zorder=5))
+    styles: dict[str, dict[str, Any]] = {
+        "stopped": {"marker": "s", "markersize": 7, "color": _STOPPED,
+                    "markeredgecolor": "white"},
+        "failure": {"marker": "X", "markersize": 11, "color": _FAILURE,
+                    "markeredgecolor": "white"},
+        "checkpoint": {"marker": "v", "markersize": 7, "color": _CHECKPOINT},
+        "agent": {"marker": "|", "markersize": 14, "markeredgewidth": 2, "color": "#333333"},
+        "agent failure": {"marker": "|", "markersize": 14, "markeredgewidth": 2,
+                          "color": _FAILURE},
+        "other": {"marker": "o", "markersize": 4, "color": "#555555"},
+        "other failure": {"marker": "o", "markersize": 4, "color": _FAILURE},
+    }
+    for kind, (xs, ys) in points.items():
+        ax.plot(xs, ys, linestyle="none", zorder=6, **styles[kind])
+    # exit codes next to their marks, while there are few enough to read
+    if len(labelled) <= _MAX_EXIT_LABELS:
+        for t, row, text, colour in labelled:
+            ax.annotate(text, (t, row), xytext=(6, -9), textcoords="offset points",
+                        fontsize=8, color=colour, zorder=6)
 
     n_ranks = sum(len(n.ranks) for n in view.nodes)
     heading = title or (f"{view.run_id or 'job'}: {view.outcome()}, "
