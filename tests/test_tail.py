@@ -232,3 +232,16 @@ def test_long_data_is_cut_unless_full(tmp_path: Path,
     assert "chars, --full)" in short and len(short) < 500
     assert cli_main(["tail", "--full", str(path)]) == 0
     assert "y" * 1000 in capsys.readouterr().out
+
+
+def test_the_viewers_import_neither_torch_nor_matplotlib() -> None:
+    """trace, tail and the job model read a file without torch; matplotlib loads only to
+    draw, so `eventbus tail` starts fast on a login node."""
+    code = ("import sys, subscribers.trace, subscribers.tail, subscribers.timeline\n"
+            "from subscribers._jobview import JobView\n"
+            f"JobView.from_files([{str(NODE0)!r}])\n"
+            "print(sorted(m for m in ('torch', 'matplotlib') if m in sys.modules))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    assert out.strip() == "[]"
