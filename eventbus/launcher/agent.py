@@ -86,7 +86,13 @@ def _decision_of(value: object) -> Decision | None:
 
 
 def _name_of(fn: object) -> str:
-    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    """module.qualname for functions and classes, the repr for other callables."""
+    name = getattr(fn, "__qualname__", None)
+    if name is None:
+        try:
+            return repr(fn)[:200]
+        except Exception:
+            name = type(fn).__qualname__
     module = getattr(fn, "__module__", None) or type(fn).__module__
     return f"{module}.{name}"
 
@@ -222,6 +228,7 @@ class EventAgent(LocalElasticAgent):
         self._restart_reason: str | None = None
         self._failure_summary: str | None = None
         self.reactor_errors = 0
+        self._attempt = 0
         if reliable_restarts and os.environ.setdefault(RELIABLE_RESTARTS_ENV, "1") != "1":
             logger.warning(
                 "%s=%s is set: restarts share the rendezvous store with the dead "
@@ -292,7 +299,12 @@ class EventAgent(LocalElasticAgent):
     # -- attempt bookkeeping ----------------------------------------------------------------
     @property
     def attempt(self) -> int:
-        """The attempt the current (or next) worker group belongs to."""
+        """The attempt the current worker group belongs to (``TORCHELASTIC_RESTART_COUNT``
+        of its workers). Set at each rendezvous: a STOP zeroes the restarts left, which
+        must not renumber the attempt that failed."""
+        return self._attempt
+
+    def _next_attempt(self) -> int:
         spec = self._worker_group.spec
         return int(spec.max_restarts - self._remaining_restarts)
 
@@ -355,6 +367,7 @@ class EventAgent(LocalElasticAgent):
                             message=f"{type(exc).__name__}: {exc}")
             raise
         duration = time.perf_counter() - started
+        self._attempt = self._next_attempt()
         self._set_context()
         self.bus.record(
             EventType.RENDEZVOUS, state="SUCCEEDED", name=name, duration_s=duration,
@@ -519,8 +532,9 @@ class EventAgent(LocalElasticAgent):
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
         reason = self._restart_reason or "membership change: new nodes are waiting"
         self._restart_reason = None
-        set_context(restart_count=self.attempt)
-        self.bus.record(EventType.WORKER_RESTART, attempt=self.attempt,
+        attempt = self._next_attempt()
+        set_context(restart_count=attempt)
+        self.bus.record(EventType.WORKER_RESTART, attempt=attempt,
                         restarts_left=self.remaining_restarts, reason=reason)
         super()._restart_workers(worker_group)
 
