@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -68,6 +69,10 @@ def run_command(cmd: list[str], *, cwd: Path, timeout: float = JOB_TIMEOUT_S,
         os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate(timeout=30)
         raise AssertionError(f"{cmd} timed out after {timeout}s\n{stderr[-6000:]}") from None
+    except BaseException:  # pytest-timeout, Ctrl-C: leave no job behind
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        raise
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
@@ -77,7 +82,7 @@ def run_job(tmp_path: Path, *, eventbus_args: list[str] = (),  # type: ignore[as
             timeout: float = JOB_TIMEOUT_S) -> JobRun:
     """``python -m eventbus run --events-jsonl ... --standalone --nproc-per-node 2 ...``."""
     out = tmp_path / "out"
-    out.mkdir(exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     events_path = tmp_path / "events.jsonl"
     cmd = [sys.executable, "-m", "eventbus", "run", "--events-jsonl", str(events_path),
            *eventbus_args, "--standalone", "--nproc-per-node", "2",

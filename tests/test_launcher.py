@@ -117,6 +117,7 @@ def test_raising_reactor_counts_as_no_decision(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(10 * 300)
 def test_restart_is_reliable_ten_times_in_a_row(tmp_path: Path) -> None:
     """The restart case, 10 times in a row: 10 of 10 succeed (plain torchrun: ~1 in 6)."""
     results = []
