@@ -262,10 +262,12 @@ class QueuedSink:
 
 
 def flush_all(timeout: float = 5.0) -> bool:
-    """Flush every live sink, sharing one deadline. True when all were flushed."""
+    """Flush every open sink, sharing one deadline. True when all were flushed."""
     deadline = time.monotonic() + timeout
     ok = True
     for sink in list(_sinks):
+        if sink._closed:
+            continue
         ok = sink.flush(max(0.0, deadline - time.monotonic())) and ok
     return ok
 
