@@ -7,7 +7,6 @@ before anything else: the end-to-end tests would fail in less obvious ways.
 from __future__ import annotations
 
 import inspect
-import os
 import signal
 import subprocess
 import sys
@@ -19,22 +18,22 @@ import pytest
 
 pytest.importorskip("torch")
 
-from torch.distributed.elastic.agent.server import api as agent_api  # noqa: E402
-from torch.distributed.elastic.agent.server import local_elastic_agent  # noqa: E402
-from torch.distributed.elastic.events import handlers  # noqa: E402
-from torch.distributed.elastic.multiprocessing.errors import ProcessFailure  # noqa: E402
-from torch.distributed.elastic.rendezvous import dynamic_rendezvous  # noqa: E402
-from torch.distributed.launcher import api as launcher_api  # noqa: E402
+from torch.distributed.elastic.agent.server import api as agent_api
+from torch.distributed.elastic.agent.server import local_elastic_agent
+from torch.distributed.elastic.events import handlers
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+from torch.distributed.launcher import api as launcher_api
 
-from eventbus.launcher import RendezvousInfo  # noqa: E402
-from eventbus.launcher import register_agent_plugin  # noqa: E402
-from eventbus.launcher import unregister_agent_plugin  # noqa: E402
-from eventbus.launcher.agent import RELIABLE_RESTARTS_ENV  # noqa: E402
-from eventbus.launcher.agent import EventAgent  # noqa: E402
-from eventbus.launcher.agent import _peek_exit  # noqa: E402
-from eventbus.launcher.agent import event_agent  # noqa: E402
-from tests.launcher_helpers import ROOT  # noqa: E402
-from tests.launcher_helpers import run_command  # noqa: E402
+from eventbus.launcher import RendezvousInfo
+from eventbus.launcher import register_agent_plugin
+from eventbus.launcher import unregister_agent_plugin
+from eventbus.launcher.agent import RELIABLE_RESTARTS_ENV
+from eventbus.launcher.agent import EventAgent
+from eventbus.launcher.agent import _peek_exit
+from eventbus.launcher.agent import event_agent
+from tests.launcher_helpers import ROOT
+from tests.launcher_helpers import run_command
 
 HOOKED = {
     # method: its parameters after self, as the agent calls/overrides them
@@ -233,9 +232,9 @@ def test_event_agent_python_api_with_elastic_launch(tmp_path: Path, peek: bool,
     job = str(ROOT / "tests" / "jobs" / "gloo_fail_once.py")
     try:
         with eventbus.testing.capture_events(bus=bus) as events, \
-                event_agent(bus=bus, reactors=[reactor]) as agents:
-            with pytest.raises(ChildFailedError):
-                elastic_launch(config, sys.executable)("-u", job, "--out", str(out))
+                event_agent(bus=bus, reactors=[reactor]) as agents, \
+                pytest.raises(ChildFailedError):
+            elastic_launch(config, sys.executable)("-u", job, "--out", str(out))
     finally:
         _holder.value = saved_context
     assert len(agents) == 1 and agents[0].attempt == 0
