@@ -37,6 +37,10 @@ _RESTART = "#d62728"
 _CHECKPOINT = "#2ca02c"
 _RENDEZVOUS = "#6a3d9a"
 _STOPPED = "#555555"
+#: event types with a mark of their own (everything else is an "other event" dot)
+_DRAWN_APART = frozenset({"WORKER_START", "WORKER_EXIT", "WORKER_RESTART", "RENDEZVOUS",
+                          "AGENT_START", "AGENT_EXIT", "EPOCH_START", "EPOCH_END",
+                          "CHECKPOINT_SAVED", "METRIC", "TORCHELASTIC"})
 #: above this many failures and stops, their exit codes are left to the trace
 _MAX_EXIT_LABELS = 40
 
@@ -178,7 +182,9 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
             continue  # numbers, not moments: they belong in the trace's counters
         elif r.type in ("AGENT_START", "AGENT_EXIT"):
             point("agent failure" if r.is_failure else "agent", t, row)
-        else:  # everything else (lost events, torchelastic records, user types): a dot
+        elif r.type == "TORCHELASTIC":  # torch's own bookkeeping: small, in the background
+            point("torch", t, row + 0.3)
+        else:  # everything else (lost events, user-declared types): a dot
             point("other failure" if r.is_failure else "other", t, row)
     if restarts:
         ax.add_collection(LineCollection(restarts, colors=_RESTART, linestyles="--",
@@ -192,6 +198,7 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
         "agent": {"marker": "|", "markersize": 14, "markeredgewidth": 2, "color": "#333333"},
         "agent failure": {"marker": "|", "markersize": 14, "markeredgewidth": 2,
                           "color": _FAILURE},
+        "torch": {"marker": "|", "markersize": 5, "color": "#aaaaaa"},
         "other": {"marker": "o", "markersize": 4, "color": "#555555"},
         "other failure": {"marker": "o", "markersize": 4, "color": _FAILURE},
     }
@@ -229,6 +236,12 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
     if kinds & {"AGENT_START", "AGENT_EXIT"}:
         handles.append(Line2D([], [], color="#333333", marker="|", linestyle="none",
                               markersize=12, markeredgewidth=2, label="agent start / exit"))
+    if "TORCHELASTIC" in kinds:
+        handles.append(Line2D([], [], color="#aaaaaa", marker="|", linestyle="none",
+                              markersize=8, label="torch's own records"))
+    if kinds - _DRAWN_APART:
+        handles.append(Line2D([], [], color="#555555", marker="o", linestyle="none",
+                              markersize=5, label="other events"))
     if any(w.first_event is not None for w in view.runs):
         handles.append(Patch(facecolor=_colour(0), alpha=0.35,
                              label="process start-up / shut-down"))
