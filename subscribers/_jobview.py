@@ -479,19 +479,17 @@ class _Builder:
         for host, pid in sorted(loose, key=lambda k: (k[0], k[1] or 0)):
             self.agent_node[(host, pid)] = self._node_for_host(host, pid, hosts.count(host) == 1)
         # Workers without a group rank: through the agent that started them.
+        started_by = {(a.hostname, _int_or_none(a.fields.get("worker_pid"))): (a.hostname, a.pid)
+                      for a in self.records if a.rank is None and a.type == "WORKER_START"}
         for r in self.records:
             if r.rank is None or r.group_rank is not None:
                 continue
             key = (r.hostname, r.pid)
             if key in self.worker_node:
                 continue
-            for a in self.records:
-                if (a.rank is None and a.type == "WORKER_START" and a.hostname == r.hostname
-                        and a.fields.get("worker_pid") == r.pid):
-                    self.worker_node[key] = self.agent_node[(a.hostname, a.pid)]
-                    break
-            else:
-                self.worker_node[key] = self._node_for_host(r.hostname, None, True)
+            agent = started_by.get(key)
+            self.worker_node[key] = (self.agent_node[agent] if agent is not None
+                                     else self._node_for_host(r.hostname, None, True))
 
     def node_of(self, r: Record) -> str:
         key = (r.hostname, r.pid)

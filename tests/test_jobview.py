@@ -140,3 +140,17 @@ def test_merging_a_job_wide_file_with_per_node_files_keeps_each_event_once(
     merged = JobView.from_files([job_wide, NODE1, NODE0])
     assert len(merged.records) == 79
     assert len(merged.runs) == 8
+
+
+def test_without_any_group_rank_workers_join_the_agent_that_started_them() -> None:
+    """When no event says its group rank (an older launcher, a hand-written file), the
+    workers are tied to their agent through WORKER_START.worker_pid, under its host."""
+    records = []
+    for r in read_records(NODE1)[0]:
+        context = {**r.context, "group_rank": None}
+        item = decode_line(json.dumps({**r.to_dict(), "context": context}))
+        assert isinstance(item, Record)
+        records.append(item)
+    view = JobView.from_records(records)
+    assert [(n.label, n.ranks) for n in view.nodes] == [("node-b", [2, 3])]
+    assert {w.node for w in view.runs} == {"node-b"} and len(view.runs) == 4
