@@ -8,10 +8,11 @@ shown as an instant, never dropped and never fatal.
 
 How a flat event stream becomes a picture:
 
-* **Nodes.** A worker's events carry its ``group_rank``. The agent's own events usually do
-  not (torchrun's agent process has no ``GROUP_RANK``), so an agent is tied to its node
-  through the workers it started: ``WORKER_START.worker_pid`` is the pid in that worker's
-  own events. An agent nothing ties to a node is shown under its hostname.
+* **Nodes.** A worker's events carry its ``group_rank``. An agent's carry it only once it
+  has rendezvoused (``AGENT_START`` comes before; torchrun's agent process has no
+  ``GROUP_RANK``), so an agent is also tied to its node through the workers it started:
+  ``WORKER_START.worker_pid`` is the pid in that worker's own events. An agent nothing ties
+  to a node is shown under its hostname.
 * **Attempts.** Each node's timeline is cut into attempts by its ``WORKER_RESTART``
   events: attempt 0 runs from the node's first event to its first restart, and so on. The
   workers' ``TORCHELASTIC_RESTART_COUNT`` is not used for this: torchelastic does not
