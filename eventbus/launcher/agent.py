@@ -42,14 +42,19 @@ from torch.distributed.elastic.agent.server.api import WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
+from eventbus.bus import ALL
 from eventbus.bus import Bus
 from eventbus.bus import Subscription
 from eventbus.bus import get_default_bus
 from eventbus.context import set_context
+from eventbus.events import AgentExit
 from eventbus.events import Decision
 from eventbus.events import Event
 from eventbus.events import EventType
+from eventbus.events import Rendezvous
+from eventbus.events import TorchelasticRecord
 from eventbus.events import WorkerExit
+from eventbus.events import WorkerStart
 from eventbus.launcher import AgentPlugin
 from eventbus.launcher import RendezvousInfo
 from eventbus.launcher import agent_plugin_factories
@@ -86,7 +91,13 @@ def _decision_of(value: object) -> Decision | None:
 
 
 def _name_of(fn: object) -> str:
-    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    """module.qualname for functions and classes, the repr for other callables."""
+    name = getattr(fn, "__qualname__", None)
+    if name is None:
+        try:
+            return repr(fn)[:200]
+        except Exception:
+            name = type(fn).__qualname__
     module = getattr(fn, "__module__", None) or type(fn).__module__
     return f"{module}.{name}"
 
@@ -138,47 +149,52 @@ def _find_tcp_store(store: Any) -> Any:
     return None
 
 
-class _TorchRecords(logging.Handler):
-    """Torch's own torchelastic records of this agent -> ``TORCHELASTIC`` events.
+class _TorchRecordsRelay:
+    """Torch's own records of this agent, bridged, -> the agent's bus, never doubling it.
 
-    The agent publishes the typed lifecycle events itself, as they happen; torch's records
-    of the same moments (``torchelastic.worker.status.START``, the end-of-run
-    ``...SUCCEEDED``/``FAILED``/``TERMINATED`` per worker, ``RENDEZVOUS`` durations) are
-    kept on the bus as ``TORCHELASTIC`` events named as torch names them, so nothing is
-    published twice as a typed event and nothing of torch's is lost.
+    ``publishers.install_torchelastic_bridge`` turns torch's records into typed events on a
+    private bus; this relay republishes them on the agent's bus. The agent publishes the
+    typed lifecycle itself, as it happens, so torch's records of the same moments
+    (``torchelastic.worker.status.START``, the end-of-run ``SUCCEEDED``/``FAILED``/
+    ``TERMINATED`` per worker, the ``RENDEZVOUS`` duration, the agent's ``FAILED``) become
+    ``TORCHELASTIC`` events named as torch names them, with the bridge's typed reading in
+    ``data``: nothing of torch's is lost and nothing is published twice as a typed event.
     """
 
-    def __init__(self, bus: Bus) -> None:
-        super().__init__(logging.NOTSET)
-        self.bus = bus
+    def __init__(self) -> None:
+        self.target: Bus | None = None
+        self.relayed = 0
 
-    def emit(self, record: logging.LogRecord) -> None:
-        # An exception here would propagate out of torch's events.record() into the agent.
-        try:
-            raw = json.loads(record.getMessage())
-            name = str(raw.get("name", "torchelastic"))
-            metadata = raw.get("metadata") or {}
-            data = {str(k): v for k, v in metadata.items()} if isinstance(metadata, dict) \
-                else {"metadata": metadata}
-            if isinstance(data.get("metadata"), str):
-                with contextlib.suppress(ValueError):
-                    data["metadata"] = json.loads(data["metadata"])
-            self.bus.record(EventType.TORCHELASTIC, name=name,
-                            source=str(raw.get("source", "AGENT")), data=data)
-        except Exception:
-            logger.debug("could not bridge a torchelastic record", exc_info=True)
+    def __call__(self, event: Event) -> None:
+        target = self.target
+        if target is None:
+            return
+        if isinstance(event, _AGENT_OWNED):
+            data = dict(event.data)
+            name = str(data.pop("torchelastic_name", None) or event.type)
+            data["bridged_as"] = str(event.type)
+            for key, value in event.fields().items():
+                if value is not None:
+                    data.setdefault(key, value)
+            event = TorchelasticRecord(name=name, source=str(data.get("source", "torchelastic")),
+                                       data=data, timestamp=event.timestamp,
+                                       context=event.context)
+        self.relayed += 1
+        target.publish(event)
+
+
+_AGENT_OWNED = (WorkerStart, WorkerExit, Rendezvous, AgentExit)
+_relay = _TorchRecordsRelay()
+_relay_bus = Bus("torchelastic-records")
+_relay_bus.subscribe(ALL, on_event=_relay)
 
 
 def _route_torch_records(bus: Bus) -> str:
-    from torch.distributed.elastic.events import handlers
+    """Install the torchelastic bridge for the agent's records; returns its destination."""
+    from publishers.torchelastic import install_torchelastic_bridge
 
-    existing = handlers._log_handlers.get(TORCH_RECORDS_DESTINATION)
-    if isinstance(existing, _TorchRecords):
-        existing.bus = bus
-    else:
-        handlers._log_handlers[TORCH_RECORDS_DESTINATION] = _TorchRecords(bus)
-    # LOGLEVEL=WARNING would otherwise drop every record (torch sets the level from it).
-    logging.getLogger(f"torchelastic-events-{TORCH_RECORDS_DESTINATION}").setLevel(logging.INFO)
+    install_torchelastic_bridge(TORCH_RECORDS_DESTINATION, bus=_relay_bus)
+    _relay.target = bus
     return TORCH_RECORDS_DESTINATION
 
 
@@ -196,8 +212,9 @@ class EventAgent(LocalElasticAgent):
     * ``reliable_restarts``: give each attempt a fresh worker store (sets
       ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` unless the environment already sets it),
       so a restarted ``init_process_group`` never meets the dead attempt's keys;
-    * ``torch_records``: route torch's own records of this agent to the bus as
-      ``TORCHELASTIC`` events (when the spec's ``event_log_handler`` is ``"null"``);
+    * ``torch_records``: route torch's own records of this agent (and the rendezvous
+      records) to the bus through the torchelastic bridge, as ``TORCHELASTIC`` events
+      (when the spec's ``event_log_handler`` is torchrun's default ``"null"``);
     * ``plugin_exit_timeout``: the budget of each plugin's ``before_exit``.
     """
 
@@ -222,6 +239,7 @@ class EventAgent(LocalElasticAgent):
         self._restart_reason: str | None = None
         self._failure_summary: str | None = None
         self.reactor_errors = 0
+        self._attempt = 0
         if reliable_restarts and os.environ.setdefault(RELIABLE_RESTARTS_ENV, "1") != "1":
             logger.warning(
                 "%s=%s is set: restarts share the rendezvous store with the dead "
@@ -292,7 +310,12 @@ class EventAgent(LocalElasticAgent):
     # -- attempt bookkeeping ----------------------------------------------------------------
     @property
     def attempt(self) -> int:
-        """The attempt the current (or next) worker group belongs to."""
+        """The attempt the current worker group belongs to (``TORCHELASTIC_RESTART_COUNT``
+        of its workers). Set at each rendezvous: a STOP zeroes the restarts left, which
+        must not renumber the attempt that failed."""
+        return self._attempt
+
+    def _next_attempt(self) -> int:
         spec = self._worker_group.spec
         return int(spec.max_restarts - self._remaining_restarts)
 
@@ -355,6 +378,7 @@ class EventAgent(LocalElasticAgent):
                             message=f"{type(exc).__name__}: {exc}")
             raise
         duration = time.perf_counter() - started
+        self._attempt = self._next_attempt()
         self._set_context()
         self.bus.record(
             EventType.RENDEZVOUS, state="SUCCEEDED", name=name, duration_s=duration,
@@ -426,12 +450,13 @@ class EventAgent(LocalElasticAgent):
         attempt = self.attempt
         if result.state in _FAILED_STATES:
             late: list[WorkerExit] = []
-            for global_rank, failure in sorted(result.failures.items()):
-                if (attempt, global_rank) in self._reported:
-                    continue
-                # Not seen failing by the peek: either it failed on its own (no peek on
-                # this platform) or the agent just stopped it because another one failed.
-                stopped = bool(spontaneous)
+            unseen = sorted((rank, f) for rank, f in result.failures.items()
+                            if (attempt, rank) not in self._reported)
+            # Without a peek (no waitid here, or an exit in between) torch's result mixes
+            # the workers that failed with those it stopped (SIGTERM) because of them.
+            own = [rank for rank, f in unseen if f.exitcode != -int(signal.SIGTERM)]
+            for global_rank, failure in unseen:
+                stopped = bool(spontaneous) or (bool(own) and global_rank not in own)
                 event = self._exit_event(worker_group, global_rank, failure,
                                          stopped_by_agent=stopped)
                 if stopped:
@@ -519,8 +544,9 @@ class EventAgent(LocalElasticAgent):
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
         reason = self._restart_reason or "membership change: new nodes are waiting"
         self._restart_reason = None
-        set_context(restart_count=self.attempt)
-        self.bus.record(EventType.WORKER_RESTART, attempt=self.attempt,
+        attempt = self._next_attempt()
+        set_context(restart_count=attempt)
+        self.bus.record(EventType.WORKER_RESTART, attempt=attempt,
                         restarts_left=self.remaining_restarts, reason=reason)
         super()._restart_workers(worker_group)
 

@@ -1,5 +1,7 @@
 """A 2-worker gloo job: rank 1 exits with ``--exit-code`` on the attempts in ``--fail-on``.
 
+``--env-var NAME`` writes the worker's ``$NAME`` to ``<out>/attempt<A>_rank<R>.env``.
+
 Every rank writes ``<out>/attempt<A>_rank<R>.started`` once its process group is up; the
 failing rank writes ``time.time()`` to ``<out>/attempt<A>_rank<R>.exit`` just before it
 exits, so tests can compare the agent's WORKER_EXIT timestamp with the real exit.
@@ -17,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 import eventbus
+from subscribers.queued import flush_all
 
 
 def main() -> int:
@@ -25,6 +28,7 @@ def main() -> int:
     parser.add_argument("--exit-code", type=int, default=3)
     parser.add_argument("--fail-on", default="0", help="comma-separated attempts that fail")
     parser.add_argument("--fail-rank", type=int, default=1)
+    parser.add_argument("--env-var", default=None, help="write this env var to <out>")
     args = parser.parse_args()
     out = Path(args.out)
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
@@ -36,11 +40,17 @@ def main() -> int:
     dist.all_reduce(t)
     assert t.item() == dist.get_world_size(), t
     (out / f"attempt{attempt}_rank{rank}.started").write_text(str(os.getpid()))
+    if args.env_var:
+        value = os.environ.get(args.env_var, "<unset>")
+        (out / f"attempt{attempt}_rank{rank}.env").write_text(value)
     eventbus.record(eventbus.EventType.EPOCH_START, epoch=0)
 
     if attempt in fail_on and rank == args.fail_rank:
+        # Hand this worker's events to the agent first, then die at a known instant:
+        # sys.exit would spend 1-4 s more in torch's interpreter teardown, blurring the
+        # exit time the tests compare the agent's WORKER_EXIT timestamp with.
+        flush_all(5.0)
         (out / f"attempt{attempt}_rank{rank}.exit").write_text(repr(time.time()))
-        sys.stdout.flush()
         os._exit(args.exit_code)
 
     dist.barrier()  # the survivor waits here for a peer that may be gone
