@@ -7,6 +7,7 @@ before anything else: the end-to-end tests would fail in less obvious ways.
 from __future__ import annotations
 
 import inspect
+import logging
 import signal
 import subprocess
 import sys
@@ -246,6 +247,9 @@ def test_event_agent_python_api_with_elastic_launch(tmp_path: Path, peek: bool,
             assert event.data.get("stopped_by_agent") is True
     assert isinstance(seen[0], WorkerExit) and seen[0].context.run_id == "api-test"
     assert not list(out.glob("attempt1_*"))
+    # torch's event registry is given back: no bridge left behind in this process
+    assert handlers._log_handlers.get("eventbus-agent") is None
+    assert isinstance(handlers._log_handlers["dynamic_rendezvous"], logging.NullHandler)
     # (torch's rendezvous records of the shutdown may follow AGENT_EXIT)
     types = [str(e.type) for e in events if str(e.type) != "TORCHELASTIC"]
     assert types[0] == "AGENT_START" and types[-1] == "AGENT_EXIT"

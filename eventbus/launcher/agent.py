@@ -246,7 +246,10 @@ class EventAgent(LocalElasticAgent):
                 "attempt's process-group keys and may fail (pytorch/pytorch#135712)",
                 RELIABLE_RESTARTS_ENV, os.environ[RELIABLE_RESTARTS_ENV])
         spec = self._worker_group.spec
-        if torch_records and spec.event_log_handler in (None, "null"):
+        #: whether torch's records of this agent go to the bus (see _TorchRecordsRelay)
+        self.routes_torch_records = bool(torch_records
+                                         and spec.event_log_handler in (None, "null"))
+        if self.routes_torch_records:
             spec.event_log_handler = _route_torch_records(self.bus)
         if plugins is None:
             plugins = []
@@ -321,6 +324,7 @@ class EventAgent(LocalElasticAgent):
 
     @property
     def remaining_restarts(self) -> int:
+        """Restarts still allowed (``--max-restarts`` less those used; 0 after a STOP)."""
         return int(self._remaining_restarts)
 
     def _set_context(self) -> None:
@@ -571,7 +575,8 @@ def event_agent(**options: Any) -> Iterator[list[EventAgent]]:
     ``torch.distributed.run.run``) builds an :class:`EventAgent` with ``options`` (see
     its docstring) instead of a ``LocalElasticAgent``. Yields the list of agents built.
 
-    The Python API for a launcher of your own::
+    On the way out it uninstalls the torchelastic bridge its agents installed, so torch's
+    event registry is as it was. The Python API for a launcher of your own::
 
         with event_agent(reactors=[NonRetriableExitCodes({3})]):
             elastic_launch(config, entrypoint)(*args)
@@ -593,3 +598,9 @@ def event_agent(**options: Any) -> Iterator[list[EventAgent]]:
         yield built
     finally:
         launcher_api.LocalElasticAgent = original  # type: ignore[attr-defined]
+        if any(agent.routes_torch_records for agent in built):
+            # Give torch its event registry back (launch_agent's last records included).
+            from publishers.torchelastic import uninstall_torchelastic_bridge
+
+            uninstall_torchelastic_bridge(TORCH_RECORDS_DESTINATION)
+            _relay.target = None
