@@ -107,6 +107,31 @@ def test_no_reactor_and_no_restarts_fails_with_the_exit_code(tmp_path: Path) -> 
     assert "exitcode  : 3" in run.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(("how", "exit_code", "signal", "message"), [
+    ("raise", 1, None, "RuntimeError: bad config on rank 1: learning rate missing"),
+    ("sigkill", -9, "SIGKILL", None),
+])
+def test_failure_details_signal_and_error_file_message(
+        tmp_path: Path, how: str, exit_code: int, signal: str | None,
+        message: str | None) -> None:
+    """WORKER_EXIT names the signal that killed a worker, or carries the message of the
+    error file torch's @record wrote for an uncaught exception."""
+    run = run_job(tmp_path, torchrun_args=["--max-restarts", "0"],
+                  job_args=["--fail-how", how])
+    assert run.returncode == 1, run.describe()
+    (event,) = [e for e in run.of("WORKER_EXIT", worker_id=1)]
+    assert event["exit_code"] == exit_code and event["signal"] == signal, event
+    if message is None:
+        assert event["message"] is None
+    else:
+        assert message in event["message"], event
+        assert event["data"]["error_file"].endswith("error.json")
+    if how == "sigkill":  # (an exception exits after torch's teardown, at no known time)
+        assert 0 <= event["timestamp"] - _exit_time(run, 0, 1) < 1.0
+
+
+@pytest.mark.slow
 def test_raising_reactor_counts_as_no_decision(tmp_path: Path) -> None:
     """A reactor that raises is reported and leaves torchrun's policy (restart) in force."""
     run = run_job(tmp_path, eventbus_args=["--reactor", f"{REACTORS}:broken"],
