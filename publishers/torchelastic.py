@@ -14,7 +14,7 @@ torch record                                              bus event
 ``...SUCCEEDED`` / ``...FAILED`` / ``...TERMINATED``      ``WORKER_EXIT`` (exit code, rank)
 (worker)
 ``...RENDEZVOUS`` (agent, one per round, with duration)   ``RENDEZVOUS``
-``...FAILED`` (agent: ``run()`` raised)                  ``AGENT_EXIT`` (state ``FAILED``)
+``...FAILED`` (agent: ``run()`` raised)                   ``AGENT_EXIT`` (state ``FAILED``)
 ``dynamic_rendezvous`` record in state ``FAILED``         ``RENDEZVOUS`` (state ``FAILED``)
 anything else                                             ``TORCHELASTIC`` (name, source)
 ========================================================  =================================
@@ -192,17 +192,25 @@ def _timestamp(raw: Any) -> float:
 _NOT_IN_DATA = frozenset({"metadata", "state", "raw_error"})
 
 
+def _marked(name: str, items: dict[str, Any]) -> dict[str, Any]:
+    """``items`` with the bridge's marks; a torch key that collides is kept as ``torch_<key>``."""
+    for key in ("source", "torchelastic_name"):
+        if key in items:
+            items[f"torch_{key}"] = items.pop(key)
+    return {"source": SOURCE, "torchelastic_name": name, **items}
+
+
 def _data(name: str, metadata: Mapping[str, Any], nested: Mapping[str, Any]) -> dict[str, Any]:
-    data: dict[str, Any] = {"source": SOURCE, "torchelastic_name": name}
+    items: dict[str, Any] = {}
     for key, value in metadata.items():
         if key in _NOT_IN_DATA or value is None:
             continue
-        data[key] = value
+        items[str(key)] = value
     for key, wrapped in nested.items():
         value = _first(wrapped)
         if value is not None:
-            data.setdefault(key, value)
-    return data
+            items.setdefault(str(key), value)
+    return _marked(name, items)
 
 
 def _from_status_event(payload: Mapping[str, Any], base: JobContext) -> Event:
@@ -263,9 +271,9 @@ def _from_status_event(payload: Mapping[str, Any], base: JobContext) -> Event:
 def _from_rdzv_event(payload: Mapping[str, Any], base: JobContext) -> Event:
     name = str(payload.get("name"))
     node_state = str(payload.get("node_state", ""))
-    data: dict[str, Any] = {"source": SOURCE, "torchelastic_name": name}
-    data.update((k, v) for k, v in payload.items()
-                if k != "name" and v is not None and v not in ("", "NoneType: None\n"))
+    data = _marked(name, {str(k): v for k, v in payload.items()
+                          if k != "name" and v is not None
+                          and v not in ("", "NoneType: None\n")})
     context = _context(base, {"run_id": payload.get("run_id")}, {})
     common: dict[str, Any] = {"data": data, "context": context}
     if node_state == "FAILED":
@@ -346,6 +354,20 @@ class TorchelasticBridge(logging.Handler):
         self._count_lock = threading.Lock()
         #: what install replaced, restored by uninstall: destination -> (handler, logger)
         self._replaced: dict[str, tuple[logging.Handler | None, logging.Logger | None]] = {}
+
+    def handle(self, record: logging.LogRecord) -> Any:
+        """Filter and emit without holding the handler's lock.
+
+        ``logging.Handler.handle`` serialises ``emit`` under a lock meant for shared I/O;
+        here ``emit`` publishes on the bus (thread-safe on its own) and subscribers may take
+        their own locks, so holding one more across the publish (torch records from the
+        agent's main thread and from the rendezvous keep-alive thread) could only add
+        contention or a lock-order deadlock.
+        """
+        result = self.filter(record)
+        if result:
+            self.emit(result if isinstance(result, logging.LogRecord) else record)
+        return result
 
     def emit(self, record: logging.LogRecord) -> None:
         """Publish the event for ``record``. Never raises into torch."""

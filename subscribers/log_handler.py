@@ -54,8 +54,9 @@ __all__ = [
     "get_default_handler",
 ]
 
-#: the format of a handler that was given none
-DEFAULT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+#: the format of a handler that was given none: the message alone, as torch's "console"
+#: destination writes it (``set_format`` adds time, level, logger name)
+DEFAULT_FORMAT = "%(message)s"
 #: logger name of the records a handler makes while no logger is set
 RECORD_NAME = "eventbus.events"
 #: characters of ``data=...`` kept in a message

@@ -8,11 +8,15 @@ import logging
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
 from torch.distributed.elastic import events as torch_events
 from torch.distributed.elastic.events import handlers as torch_handlers
 
@@ -210,6 +214,72 @@ def test_malformed_records_are_kept_not_raised(payload: str) -> None:
     event = torchelastic_event(payload)
     assert event.data["source"] == SOURCE
     json.loads(event.to_json())
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20)
+_NAMES = st.sampled_from([f"torchelastic.worker.status.{s}" for s in (
+    "START", "SUCCEEDED", "FAILED", "TERMINATED", "RENDEZVOUS", "X")]) | st.text()
+
+
+@settings(max_examples=150, deadline=None)
+@given(name=_NAMES, source=st.sampled_from(["WORKER", "AGENT", "", "??"]) | _JSON,
+       metadata=st.dictionaries(st.sampled_from(
+           ["global_rank", "metadata", "raw_error", "duration_ms", "run_id", "group_rank",
+            "agent_restarts", "worker_id", "role"]) | st.text(), _JSON, max_size=6),
+       nested=st.dictionaries(st.sampled_from(["local_rank", "exit_code", "worker_pid",
+                                               "role_world_size"]), _JSON, max_size=4),
+       rdzv=st.booleans())
+def test_any_record_shape_converts_without_raising(name: Any, source: Any,
+                                                   metadata: dict[str, Any],
+                                                   nested: dict[str, Any], rdzv: bool) -> None:
+    """Property: whatever torch-shaped JSON arrives, the conversion returns an event that
+    encodes, marked as bridged."""
+    if "metadata" not in metadata:
+        metadata["metadata"] = json.dumps(nested)
+    payload: dict[str, Any] = {"name": name, "source": source, "metadata": metadata}
+    if rdzv:
+        payload["node_state"] = "FAILED" if nested else "RUNNING"
+    event = torchelastic_event(json.dumps(payload))
+    assert event.data["source"] == SOURCE
+    assert json.loads(event.to_json())["type"] == str(event.type)
+
+
+def test_a_torch_key_named_source_does_not_hide_the_mark() -> None:
+    """A record whose metadata has its own "source" keeps it as torch_source."""
+    event = torchelastic_event({"name": "x", "source": "AGENT",
+                                "metadata": {"source": "mine"}})
+    assert (event.data["source"], event.data["torch_source"]) == (SOURCE, "mine")
+
+
+def test_records_from_many_threads_all_arrive() -> None:
+    """4 threads x 200 torch records (the agent and the keep-alive thread record
+    concurrently): all 800 published, in each thread's order."""
+    bridge = install_torchelastic_bridge()
+    got: list[eventbus.Event] = []
+    lock = threading.Lock()
+
+    def keep(event: eventbus.Event) -> None:
+        with lock:
+            got.append(event)
+
+    eventbus.get_default_bus().subscribe(EventType.WORKER_START, on_event=keep)
+
+    def work(t: int) -> None:
+        for i in range(200):
+            torch_events.record(_status("START", rank=t * 1000 + i), "eventbus")
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert bridge.published == 800 and bridge.failed == 0
+    for t in range(4):
+        ranks = [e.worker_id for e in got if e.worker_id // 1000 == t]
+        assert ranks == [t * 1000 + i for i in range(200)]
 
 
 def test_a_failing_subscriber_or_bus_never_reaches_torch(caplog: pytest.LogCaptureFixture) -> None:
