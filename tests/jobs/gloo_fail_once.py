@@ -31,6 +31,8 @@ def main() -> int:
     parser.add_argument("--fail-on", default="0", help="comma-separated attempts that fail")
     parser.add_argument("--fail-rank", type=int, default=1)
     parser.add_argument("--env-var", default=None, help="write this env var to <out>")
+    parser.add_argument("--hold", type=float, default=0.0,
+                        help="seconds every rank sleeps once its process group is up")
     parser.add_argument("--fail-how", choices=["exit", "raise", "sigkill"], default="exit",
                         help="exit with --exit-code, raise (torch's @record writes the "
                              "error file), or SIGKILL itself")
@@ -49,6 +51,7 @@ def main() -> int:
         value = os.environ.get(args.env_var, "<unset>")
         (out / f"attempt{attempt}_rank{rank}.env").write_text(value)
     eventbus.record(eventbus.EventType.EPOCH_START, epoch=0)
+    time.sleep(args.hold)
 
     if attempt in fail_on and rank == args.fail_rank:
         # Hand this worker's events to the agent first, then die at a known instant:
