@@ -56,6 +56,7 @@ from eventbus.events import Rendezvous
 from eventbus.events import TorchelasticRecord
 from eventbus.events import WorkerExit
 from eventbus.events import WorkerStart
+from eventbus.launcher import FAILURE_DRAIN_TIMEOUT_S
 from eventbus.launcher import AgentPlugin
 from eventbus.launcher import RendezvousInfo
 from eventbus.launcher import agent_plugin_factories
@@ -480,7 +481,7 @@ class EventAgent(LocalElasticAgent):
                     self.bus.record(EventType.WORKER_EXIT, worker_id=worker.global_rank,
                                     exit_code=0, worker_local_rank=worker.local_rank,
                                     worker_pid=worker.id if isinstance(worker.id, int)
-                                    else None)
+                                    else None, data={"attempt": attempt})
         return result
 
     def _peek_failures(self, worker_group: WorkerGroup) -> list[WorkerExit]:
@@ -521,8 +522,20 @@ class EventAgent(LocalElasticAgent):
             data=data,
         )
 
+    def _drain_plugins(self) -> None:
+        for plugin in self.plugins:
+            drain = getattr(plugin, "drain", None)
+            if not callable(drain):
+                continue
+            try:
+                drain(timeout=FAILURE_DRAIN_TIMEOUT_S)
+            except Exception:
+                logger.exception("agent plugin %s raised in drain", _name_of(plugin))
+
     def _decide(self, failures: list[WorkerExit]) -> None:
         """Publish each failure, collect the reactors' decisions, and apply them."""
+        # What the failed workers sent before they died goes first (see AgentPlugin).
+        self._drain_plugins()
         decisions: list[tuple[Decision, str]] = []
         for event in failures:
             self._reported.add((self.attempt, event.worker_id))
