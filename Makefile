@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test test-fast lint demo bench clean
+.PHONY: venv test test-slow test-all lint demo bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,11 +21,15 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check eventbus publishers subscribers
 	$(VENV)/bin/mypy
 
+# A few minutes on 2 cores: everything but the tests marked slow (real multi-attempt
+# torchrun jobs, the demo, the 10-restarts-in-a-row run). CI runs those too (.ci/run).
 test: $(STAMP) lint
-	$(PY) -m pytest -q
-
-test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
+
+test-all: test test-slow
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
