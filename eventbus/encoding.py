@@ -58,6 +58,12 @@ def dumps_line(obj: Any) -> str:
     """``obj`` (already sanitized, or plain JSON types) as one line of strict JSON."""
     text = json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            # A lone surrogate (os.fsdecode of a bad file name, a decoded "\\ud800") has no
+            # UTF-8 form, so no file or store could take the line: escape all non-ASCII.
+            return json.dumps(obj, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
         for raw, escaped in _LINE_BREAKS:
             if raw in text:
                 text = text.replace(raw, escaped)
