@@ -191,6 +191,7 @@ class Bus:
         self._foreign_seq: dict[int, int] = {}
         self._reporting = threading.local()
         self._fallback_used = False
+        _all_buses.add(self)
         for cls in list(_REGISTRY.values()):
             self._add_slot(cls)
         _on_declare.append(self._add_slot)
@@ -420,11 +421,22 @@ class Bus:
 
 _weakref_types = (weakref.ref,)
 
+#: every bus of this process, for the after-fork lock reset
+_all_buses: weakref.WeakSet[Bus] = weakref.WeakSet()
+
 _default_bus = Bus("default")
 _buses = [_default_bus]
 
+
+def _after_fork_in_child() -> None:
+    # Every bus, not only the default one: a bus an embedder made is just as likely to
+    # have its lock held by another thread at fork time.
+    for bus in list(_all_buses):
+        bus._after_fork_in_child()
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_default_bus._after_fork_in_child)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def get_default_bus() -> Bus:
