@@ -201,7 +201,7 @@ class Event:
         raw = self.to_dict()
         try:
             line = dumps_line(raw)
-        except (ValueError, TypeError, RecursionError, OverflowError):
+        except Exception:  # anything in data may raise anything (a mapping's items(), ...)
             line = dumps_line(sanitize(raw))
         else:
             if len(line) <= LIMITS.max_line_bytes // 4:
