@@ -30,9 +30,9 @@ from eventbus.context import JobContext
 from eventbus.context import _holder
 from eventbus.context import context_from_dict
 from eventbus.encoding import LIMITS
+from eventbus.encoding import bounded_line
 from eventbus.encoding import decode_json
 from eventbus.encoding import dumps_line
-from eventbus.encoding import sanitize
 from eventbus.errors import EventDecodeError
 from eventbus.errors import FieldTypeError
 from eventbus.errors import MissingFieldError
@@ -202,16 +202,11 @@ class Event:
         try:
             line = dumps_line(raw)
         except Exception:  # anything in data may raise anything (a mapping's items(), ...)
-            line = dumps_line(sanitize(raw))
-        else:
-            if len(line) <= LIMITS.max_line_bytes // 4:
-                return line
-            if len(line.encode("utf-8")) > LIMITS.max_line_bytes:
-                line = dumps_line(sanitize(raw))
-        if len(line.encode("utf-8")) > LIMITS.max_line_bytes:
-            raw["data"] = {"$truncated": "data over the event size limit"}
-            line = dumps_line(sanitize(raw))
-        return line
+            return bounded_line(raw)
+        if len(line) <= LIMITS.max_line_bytes // 4 or \
+                len(line.encode("utf-8")) <= LIMITS.max_line_bytes:
+            return line
+        return bounded_line(raw)
 
     @classmethod
     def from_json(cls, text: str | bytes | bytearray) -> Event:
