@@ -35,6 +35,7 @@ from eventbus.encoding import decode_json
 from eventbus.encoding import dumps_line
 from eventbus.errors import EventDecodeError
 from eventbus.errors import FieldTypeError
+from eventbus.errors import FieldValueError
 from eventbus.errors import MissingFieldError
 from eventbus.errors import UnknownEventTypeError
 from eventbus.errors import UnknownFieldError
@@ -235,6 +236,11 @@ class Event:
         if cls is not Event and not issubclass(target, cls):
             raise EventDecodeError(f"expected a {cls.__name__} event, got {name}")
         fields = {k: v for k, v in raw.items() if k != "type"}
+        for key, value in fields.items():
+            # to_json() writes such an int as a summary, which could not decode back
+            if type(value) is int and value.bit_length() > LIMITS.max_int_digits * 3.33:
+                raise FieldValueError(name, str(key), f"an int of more than "
+                                      f"{LIMITS.max_int_digits} digits is not accepted")
         timestamp = fields.pop("timestamp", _MISSING)
         if timestamp is _MISSING:
             raise EventDecodeError(f"{name} event has no 'timestamp'")
