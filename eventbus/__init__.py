@@ -51,7 +51,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ALL",
-    "LIMITS",
     "AgentExit",
     "AgentStart",
     "Bus",
@@ -67,6 +66,7 @@ __all__ = [
     "FieldTypeError",
     "FieldValueError",
     "JobContext",
+    "LIMITS",
     "Metric",
     "MissingFieldError",
     "Rendezvous",

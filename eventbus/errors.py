@@ -7,6 +7,8 @@ catch the builtins keep working.
 
 from __future__ import annotations
 
+import difflib
+
 __all__ = [
     "EventBusError",
     "EventDecodeError",
@@ -39,8 +41,10 @@ class UnknownFieldError(EventBusError, TypeError):
     def __init__(self, event_type: str, field: str, allowed: list[str]) -> None:
         self.event_type = event_type
         self.field = field
+        close = difflib.get_close_matches(field, allowed, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
         super().__init__(
-            f"{event_type} has no field {field!r}; its fields are {', '.join(allowed)}. "
+            f"{event_type} has no field {field!r}{hint}; its fields are {', '.join(allowed)}. "
             f"Put free-form values in data={{...}}"
         )
 

@@ -259,9 +259,13 @@ E = TypeVar("E", bound=type[Event])
 # -- coercion: the slow paths of the generated validators -----------------------------------
 
 
-def _coerce(event_type: str, name: str, kind: type, value: Any) -> Any:
+def _coerce(event_type: str, name: str, kind: type, value: Any,
+            given: Mapping[str, Any] | None = None, allowed: frozenset[str] = frozenset()) -> Any:
     """``value`` as ``kind`` when it is an unambiguous stand-in, else a FieldTypeError."""
     if value is _MISSING:
+        if given is not None:
+            # A missing field next to an unknown one is most likely a typo: name the typo.
+            _unknown_field(event_type, given, allowed)
         raise MissingFieldError(event_type, name, _KINDS[kind])
     if kind is int:
         if isinstance(value, (bool, float)):
@@ -307,8 +311,6 @@ def _coerce_data(event_type: str, value: Any) -> dict[str, Any]:
 def _unknown_field(event_type: str, given: Mapping[str, Any], allowed: frozenset[str]) -> None:
     for key in given:
         if key not in allowed:
-            if key in ("timestamp", "context"):
-                raise UnknownFieldError(event_type, key, sorted(allowed))
             raise UnknownFieldError(event_type, str(key), sorted(allowed))
 
 
@@ -341,7 +343,8 @@ def _field_lines(fields: dict[str, tuple[type, bool]], defaults: dict[str, Any],
             lines.append(f"    if {name} is not None and {name}.__class__ is not {kname}:")
         else:
             lines.append(f"    if {name}.__class__ is not {kname}:")
-        lines.append(f"        {name} = _coerce(_T, {name!r}, {kname}, {name})")
+        given = "f, _ALLOWED" if source == "dict" else "unknown, _ALLOWED"
+        lines.append(f"        {name} = _coerce(_T, {name!r}, {kname}, {name}, {given})")
     return lines
 
 
@@ -403,7 +406,10 @@ def _generate(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bo
         f"{name}=" + (f"_d_{name}" if name in defaults else "_MISSING") for name in fields
     )
     params = (params + ", ") if params else ""
-    init = [f"def __init__(self, *, {params}data=None, timestamp=None, context=None):",
+    init = [f"def __init__(self, *, {params}data=None, timestamp=None, context=None, "
+            "**unknown):",
+            "    if unknown:",
+            "        _unknown_field(_T, unknown, _ALLOWED)",
             *_field_lines(fields, defaults, "kw"),
             *data_lines,
             "    else:",

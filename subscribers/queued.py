@@ -1,0 +1,291 @@
+"""A bounded queue and a background thread between the bus and a slow sink.
+
+Files, the c10d store and anything else that may block sit behind a :class:`QueuedSink`:
+``record()`` only appends to a deque (bounded by count and by an estimate of bytes), and a
+daemon thread hands batches to the sink. When the queue is full the sink drops, by policy,
+the newest or the oldest event, and counts it per reason: nothing is lost silently.
+
+Fork: a forked child (a DataLoader worker, say) inherits the parent's queue but not its
+thread. The child starts with an empty queue (the parent still owns those events and will
+deliver them) and a fresh lock; its thread starts on the first event.
+
+Exit: every live sink is flushed by an ``atexit`` hook within its ``close_timeout``;
+:func:`flush_all` does the same on demand (the worker's SIGTERM handler calls it).
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
+from typing import Literal
+
+from eventbus.events import Event
+
+__all__ = ["Overflow", "QueuedSink", "estimate_size", "flush_all"]
+
+logger = logging.getLogger("eventbus")
+
+Overflow = Literal["drop-newest", "drop-oldest"]
+
+#: live sinks, for flush_all() and the fork/exit hooks
+_sinks: weakref.WeakSet[QueuedSink] = weakref.WeakSet()
+
+
+def estimate_size(event: Event) -> int:
+    """A cheap upper-bound-ish estimate of an event's encoded size, in bytes.
+
+    Never serialises: it looks at the top level of ``data`` only (strings and bytes by
+    length, containers by item count), which is what a bounded queue needs to stay bounded
+    when one payload is huge.
+    """
+    size = 320
+    for key, value in event.data.items():
+        size += 16 + len(key)
+        if isinstance(value, (str, bytes, bytearray)):
+            size += len(value)
+        elif isinstance(value, (dict, list, tuple, set)):
+            size += 32 * len(value)
+        else:
+            size += 16
+    return size
+
+
+class QueuedSink:
+    """Subscriber wrapper: ``bus.subscribe(ALL, on_event=QueuedSink(write_batch))``.
+
+    ``handle_batch(events)`` runs on the sink's own thread with up to ``max_batch`` events
+    at a time. If it raises, the batch counts as failed (``failed``), the error is reported
+    on the ``eventbus`` logger (rate-limited), and the sink goes on with the next batch.
+    """
+
+    def __init__(
+        self,
+        handle_batch: Callable[[Sequence[Event]], object],
+        *,
+        name: str | None = None,
+        max_events: int = 100_000,
+        max_bytes: int = 64 * 1024 * 1024,
+        overflow: Overflow = "drop-newest",
+        max_batch: int = 1_000,
+        flush_interval: float = 0.05,
+        close_timeout: float = 5.0,
+        size_of: Callable[[Event], int] = estimate_size,
+        report_interval: float = 10.0,
+    ) -> None:
+        if max_events < 1:
+            raise ValueError(f"max_events must be >= 1, got {max_events}")
+        if max_bytes < 1:
+            raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
+        if overflow not in ("drop-newest", "drop-oldest"):
+            raise ValueError(f"overflow must be 'drop-newest' or 'drop-oldest', got {overflow!r}")
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.handle_batch = handle_batch
+        self.name = name or getattr(handle_batch, "__qualname__", repr(handle_batch))
+        self.max_events = max_events
+        self.max_bytes = max_bytes
+        self.overflow: Overflow = overflow
+        self.max_batch = max_batch
+        self.flush_interval = flush_interval
+        self.close_timeout = close_timeout
+        self.size_of = size_of
+        self.report_interval = report_interval
+        self._init_state()
+        _sinks.add(self)
+
+    def _init_state(self) -> None:
+        self._queue: collections.deque[tuple[Event, int]] = collections.deque()
+        self._bytes = 0
+        self._cond = threading.Condition(threading.Lock())
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._in_flight = 0
+        self._pid = os.getpid()
+        self.enqueued = 0
+        self.handled = 0
+        self.failed = 0
+        self.dropped: dict[str, int] = {}
+        self._reported_drops = 0
+        self._last_report = 0.0
+
+    # -- the subscriber side (caller's thread) ------------------------------------------
+    def __call__(self, event: Event) -> None:
+        """Enqueue ``event``; never blocks on the sink."""
+        size = self.size_of(event)
+        with self._cond:
+            if self._closed:
+                self._drop("closed", 1)
+                return
+            if size > self.max_bytes:
+                self._drop("too large", 1)
+                return
+            queue = self._queue
+            if len(queue) >= self.max_events or self._bytes + size > self.max_bytes:
+                if self.overflow == "drop-newest":
+                    self._drop("queue full", 1)
+                    return
+                while queue and (len(queue) >= self.max_events
+                                 or self._bytes + size > self.max_bytes):
+                    _, old_size = queue.popleft()
+                    self._bytes -= old_size
+                    self._drop("queue full", 1)
+            queue.append((event, size))
+            self._bytes += size
+            self.enqueued += 1
+            if self._thread is None:
+                self._start()
+            elif len(queue) >= self.max_batch:
+                self._cond.notify()
+
+    def _drop(self, reason: str, n: int) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + n
+
+    # -- the sink side (own thread) -----------------------------------------------------
+    def _start(self) -> None:
+        thread = threading.Thread(target=self._run, name=f"eventbus-sink:{self.name}",
+                                  daemon=True)
+        self._thread = thread
+        thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if not self._queue and not self._closed:
+                    self._cond.wait(self.flush_interval)
+                if not self._queue:
+                    if self._closed:
+                        self._cond.notify_all()
+                        return
+                    self._maybe_report()
+                    continue
+                batch = []
+                for _ in range(min(self.max_batch, len(self._queue))):
+                    event, size = self._queue.popleft()
+                    self._bytes -= size
+                    batch.append(event)
+                self._in_flight = len(batch)
+            try:
+                self.handle_batch(batch)
+            except Exception:
+                with self._cond:
+                    self.failed += len(batch)
+                logger.exception("sink %s failed on a batch of %d events; they are lost",
+                                 self.name, len(batch))
+            else:
+                with self._cond:
+                    self.handled += len(batch)
+            with self._cond:
+                self._in_flight = 0
+                self._cond.notify_all()
+            self._maybe_report()
+
+    def _maybe_report(self, *, force: bool = False) -> None:
+        total = sum(self.dropped.values())
+        if total == self._reported_drops:
+            return
+        now = time.monotonic()
+        if not force and now - self._last_report < self.report_interval:
+            return
+        self._last_report = now
+        new, self._reported_drops = total - self._reported_drops, total
+        logger.warning("sink %s dropped %d events (%s so far: %s)", self.name, new, total,
+                       ", ".join(f"{k}: {v}" for k, v in sorted(self.dropped.items())))
+
+    # -- control ------------------------------------------------------------------------
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything enqueued so far is handled. False if ``timeout`` ran out."""
+        deadline = time.monotonic() + (self.close_timeout if timeout is None else timeout)
+        with self._cond:
+            if self._thread is None and self._queue:
+                self._start()
+            self._cond.notify_all()
+            while self._queue or self._in_flight:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._thread is None or not self._thread.is_alive():
+                    return not (self._queue or self._in_flight)
+                self._cond.wait(min(left, 0.05))
+            return True
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Flush within ``timeout`` (default ``close_timeout``), then stop the thread.
+
+        Events still queued when the deadline passes are counted as dropped
+        ("closed before delivery"); events arriving after close are dropped ("closed").
+        Returns True when everything was delivered.
+        """
+        done = self.flush(timeout)
+        with self._cond:
+            self._closed = True
+            if self._queue:
+                self._drop("closed before delivery", len(self._queue))
+                self._queue.clear()
+                self._bytes = 0
+            self._cond.notify_all()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(0.5 if done else 0.1)
+        self._maybe_report(force=True)
+        return done
+
+    @property
+    def pending(self) -> int:
+        """Events queued and not yet handed to the sink."""
+        return len(self._queue) + self._in_flight
+
+    def stats(self) -> dict[str, Any]:
+        """Enqueued, handled, failed, pending and dropped (per reason) counts."""
+        with self._cond:
+            return {
+                "name": self.name,
+                "enqueued": self.enqueued,
+                "handled": self.handled,
+                "failed": self.failed,
+                "pending": len(self._queue) + self._in_flight,
+                "dropped": dict(self.dropped),
+                "queued_bytes": self._bytes,
+            }
+
+    def _after_fork_in_child(self) -> None:
+        # The parent keeps (and delivers) what was queued; the child starts empty.
+        self._init_state()
+
+    def __repr__(self) -> str:
+        return f"<QueuedSink {self.name} pending={self.pending}>"
+
+
+def flush_all(timeout: float = 5.0) -> bool:
+    """Flush every open sink, sharing one deadline. True when all were flushed."""
+    deadline = time.monotonic() + timeout
+    ok = True
+    for sink in list(_sinks):
+        if sink._closed:
+            continue
+        ok = sink.flush(max(0.0, deadline - time.monotonic())) and ok
+    return ok
+
+
+def _close_all_at_exit() -> None:
+    for sink in list(_sinks):
+        if sink._pid == os.getpid() and not sink._closed:
+            try:
+                sink.close()
+            except Exception:
+                logger.exception("closing sink %s at exit failed", sink.name)
+
+
+def _after_fork_in_child() -> None:
+    for sink in list(_sinks):
+        sink._after_fork_in_child()
+
+
+atexit.register(_close_all_at_exit)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

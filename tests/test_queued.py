@@ -1,0 +1,225 @@
+"""subscribers.queued.QueuedSink: bounded, off the caller's thread, drops counted."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+import pytest
+
+import eventbus
+from eventbus import ALL
+from eventbus import Event
+from eventbus import EventType
+from subscribers.queued import QueuedSink
+from subscribers.queued import estimate_size
+from subscribers.queued import flush_all
+from tests.conftest import subprocess_env
+
+
+def test_batches_reach_the_sink_on_its_own_thread(bus: eventbus.Bus) -> None:
+    """Every event reaches handle_batch, in order, on a thread other than the caller's."""
+    got: list[int] = []
+    threads: set[str] = set()
+
+    def handle(batch: Sequence[Event]) -> None:
+        threads.add(threading.current_thread().name)
+        got.extend(e.epoch for e in batch)
+
+    sink = QueuedSink(handle, name="t")
+    bus.subscribe(ALL, on_event=sink)
+    for epoch in range(5000):
+        bus.record(EventType.EPOCH_END, epoch=epoch)
+    assert sink.flush(10)
+    assert got == list(range(5000))
+    assert threads == {"eventbus-sink:t"}
+    assert sink.stats()["handled"] == 5000
+    sink.close()
+
+
+def test_a_slow_sink_does_not_block_record(bus: eventbus.Bus) -> None:
+    """A sink sleeping 10 ms per batch never holds record() up: the queue absorbs it."""
+    release = threading.Event()
+    sink = QueuedSink(lambda batch: release.wait(10), max_events=10_000)
+    bus.subscribe(ALL, on_event=sink)
+    done = threading.Event()
+
+    def produce() -> None:
+        for epoch in range(2000):
+            bus.record(EventType.EPOCH_END, epoch=epoch)
+        done.set()
+
+    threading.Thread(target=produce).start()
+    assert done.wait(30), "record() was blocked by the sink"
+    release.set()
+    assert sink.close(10)
+    assert sink.stats()["dropped"] == {}
+
+
+@pytest.mark.parametrize("overflow", ["drop-newest", "drop-oldest"])
+def test_a_full_queue_drops_by_policy_and_counts(overflow: str) -> None:
+    """A hung sink: the queue stays at max_events, drops are counted, kept ones by policy."""
+    gate = threading.Event()
+    got: list[int] = []
+
+    def handle(batch: Sequence[Event]) -> None:
+        gate.wait(10)
+        got.extend(e.epoch for e in batch)
+
+    sink = QueuedSink(handle, max_events=100, max_batch=1, overflow=overflow)  # type: ignore[arg-type]
+    sink(eventbus.EpochEnd(epoch=-1))
+    deadline = time.monotonic() + 10
+    while sink.pending and sink.stats()["pending"] != 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)  # the thread is now stuck in handle() with epoch -1
+    for epoch in range(1000):
+        sink(eventbus.EpochEnd(epoch=epoch))
+    stats = sink.stats()
+    assert stats["pending"] <= 101
+    assert stats["dropped"]["queue full"] == 1000 - 100
+    gate.set()
+    assert sink.close(10)
+    kept = got[1:]
+    assert kept == (list(range(100)) if overflow == "drop-newest" else list(range(900, 1000)))
+
+
+def test_max_bytes_bounds_the_queue() -> None:
+    """Large payloads count against max_bytes; one over the cap alone is dropped as too large."""
+    gate = threading.Event()
+    sink = QueuedSink(lambda batch: gate.wait(10), max_bytes=100_000, max_events=10**6)
+    big = eventbus.EpochEnd(epoch=1, data={"blob": "x" * 30_000})
+    for _ in range(10):
+        sink(big)
+    sink(eventbus.EpochEnd(epoch=2, data={"blob": "x" * 200_000}))
+    stats = sink.stats()
+    assert stats["queued_bytes"] <= 100_000
+    assert stats["dropped"]["too large"] == 1
+    assert stats["dropped"]["queue full"] >= 6
+    gate.set()
+    sink.close(10)
+
+
+def test_close_keeps_its_deadline_with_a_hung_sink() -> None:
+    """close() returns within its budget even if the sink never returns; leftovers counted."""
+    sink = QueuedSink(lambda batch: time.sleep(60), max_events=1000, max_batch=10)
+    for epoch in range(500):
+        sink(eventbus.EpochEnd(epoch=epoch))
+    start = time.monotonic()
+    assert sink.close(0.3) is False
+    assert time.monotonic() - start < 5
+    stats = sink.stats()
+    assert stats["dropped"].get("closed before delivery", 0) >= 400
+    sink(eventbus.EpochEnd(epoch=1))
+    assert sink.stats()["dropped"]["closed"] == 1
+
+
+def test_a_failing_batch_is_counted_and_the_sink_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    """handle_batch raising marks that batch failed, reports it, and later batches flow."""
+    calls = []
+
+    def handle(batch: Sequence[Event]) -> None:
+        calls.append(len(batch))
+        if len(calls) == 1:
+            raise OSError("disk full")
+
+    sink = QueuedSink(handle, max_batch=10)
+    for epoch in range(10):
+        sink(eventbus.EpochEnd(epoch=epoch))
+    sink.flush(10)
+    for epoch in range(10):
+        sink(eventbus.EpochEnd(epoch=epoch))
+    assert sink.close(10)
+    stats = sink.stats()
+    assert stats["failed"] + stats["handled"] == 20 and stats["failed"] >= 1
+    assert any("disk full" in r.getText() if hasattr(r, "getText") else "disk full" in
+               str(r.exc_info) for r in caplog.records)
+
+
+def test_estimate_size_grows_with_the_payload() -> None:
+    """The size estimate reflects top-level strings and containers without serialising."""
+    small = estimate_size(eventbus.EpochEnd(epoch=1))
+    big = estimate_size(eventbus.EpochEnd(epoch=1, data={"s": "x" * 10_000}))
+    assert big >= small + 10_000
+
+
+def test_bad_options_are_refused() -> None:
+    """Nonsense options raise ValueError naming the option."""
+    with pytest.raises(ValueError, match="max_events"):
+        QueuedSink(print, max_events=0)
+    with pytest.raises(ValueError, match="overflow"):
+        QueuedSink(print, overflow="drop-all")  # type: ignore[arg-type]
+
+
+def test_flush_all_flushes_every_live_sink() -> None:
+    """flush_all() waits for every live sink to drain."""
+    got: list[Event] = []
+    sinks = [QueuedSink(got.extend) for _ in range(3)]
+    for sink in sinks:
+        sink(eventbus.EpochEnd(epoch=1))
+    assert flush_all(10)
+    assert len(got) == 3
+    for sink in sinks:
+        sink.close()
+
+
+def test_exit_flushes_queued_events(tmp_path: os.PathLike[str]) -> None:
+    """A process that exits normally (or by sys.exit) still delivers what it queued."""
+    out = os.path.join(tmp_path, "out.txt")
+    code = f"""
+import sys, time, eventbus
+from subscribers.queued import QueuedSink
+f = open({out!r}, "w")
+def write(batch):
+    time.sleep(0.001)
+    f.write("".join(f"{{e.epoch}}\\n" for e in batch)); f.flush()
+eventbus.get_default_bus().subscribe(eventbus.ALL, on_event=QueuedSink(write, max_batch=50))
+for i in range(10000):
+    eventbus.record("EPOCH_END", epoch=i)
+sys.exit(0)
+"""
+    subprocess.run([sys.executable, "-c", code], env=subprocess_env(), timeout=120, check=True)
+    with open(out) as f:
+        lines = f.read().split()
+    print(f"exit flush: lines {len(lines)}/10000")
+    assert lines == [str(i) for i in range(10000)]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_does_not_duplicate_the_parents_queue(tmp_path: os.PathLike[str]) -> None:
+    """After fork the child's sink starts empty; the parent still delivers its own events."""
+    out = os.path.join(tmp_path, "out.txt")
+    code = f"""
+import os, threading, eventbus
+from subscribers.queued import QueuedSink
+gate = threading.Event()
+def write(batch):
+    gate.wait(10)
+    with open({out!r}, "a") as f:
+        f.write("".join(f"{{os.getpid()}} {{e.epoch}}\\n" for e in batch))
+sink = QueuedSink(write)
+eventbus.get_default_bus().subscribe(eventbus.ALL, on_event=sink)
+for i in range(100):
+    eventbus.record("EPOCH_END", epoch=i)
+pid = os.fork()
+if pid == 0:
+    gate.set()
+    eventbus.record("EPOCH_END", epoch=1000)
+    sink.close(10)
+    os._exit(0)
+os.waitpid(pid, 0)
+gate.set()
+sink.close(10)
+"""
+    subprocess.run([sys.executable, "-c", code], env=subprocess_env(), timeout=120, check=True)
+    with open(out) as f:
+        rows = [line.split() for line in f if line.strip()]
+    pids = {pid for pid, _ in rows}
+    assert len(pids) == 2
+    by_pid: dict[str, list[int]] = {}
+    for pid, epoch in rows:
+        by_pid.setdefault(pid, []).append(int(epoch))
+    assert sorted(by_pid.values(), key=len) == [[1000], list(range(100))]
