@@ -154,6 +154,21 @@ class Subscription:
         return f"<Subscription {self.name} to {self.event_type!s} ({state})>"
 
 
+def _queue_stats(on_event: object) -> dict[str, Any]:
+    """``dropped`` and ``pending`` of a subscriber that queues: one with a ``pending``
+    attribute and a ``stats()`` whose ``dropped`` maps reasons to counts."""
+    stats = getattr(on_event, "stats", None)
+    if callable(stats) and hasattr(on_event, "pending"):
+        try:
+            raw = stats()
+            dropped = raw["dropped"]
+            return {"dropped": {str(k): int(v) for k, v in dropped.items()},
+                    "pending": int(raw.get("pending", 0)), "sink": dict(raw)}
+        except Exception:  # not such a subscriber after all
+            pass
+    return {"dropped": {}, "pending": 0}
+
+
 def _callable_name(fn: object) -> str:
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
     if name is None:
@@ -391,17 +406,24 @@ class Bus:
             "subscriber": sub.name,
             "event_type": str(sub.event_type),
             "active": sub.active,
+            "published": seen,
             "delivered": max(0, seen - sub._failed - filtered) if sub.active or sub.once
             else None,
             "failed": sub._failed,
             "filtered": filtered,
+            **_queue_stats(sub.on_event),
         }
 
     def stats(self) -> dict[str, Any]:
-        """Published counts per type and delivered/failed counts per active subscription.
+        """Published counts per type, and per active subscription: ``published`` (events
+        of its type since it subscribed), ``delivered``, ``failed``, ``filtered``, and for
+        a subscriber that queues (``subscribers.queued.QueuedSink``) ``dropped`` (per
+        reason), ``pending`` and its own ``sink`` stats; ``{}``/``0`` otherwise.
 
         ``delivered`` counts events handed to the subscriber without an exception since it
         subscribed (events of its type published since, less failures and filtered ones).
+        So for each subscription ``published == delivered + failed + filtered``, and for a
+        queue ``delivered == sink["handled"] + sink["failed"] + pending + dropped``.
         """
         with self._lock:
             published = {str(slot.event_cls.type): _count_value(slot.published)
