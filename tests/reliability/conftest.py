@@ -45,11 +45,11 @@ def subprocess_env(**extra: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def figure(request: pytest.FixtureRequest) -> Callable[[int, str], None]:
+def figure(request: pytest.FixtureRequest) -> Callable[[int | str, str], None]:
     """``figure(row, text)``: print ``row N: text`` and list it in the terminal summary."""
 
-    def report(row: int, text: str) -> None:
-        line = f"row {row}: {text}"
+    def report(row: int | str, text: str) -> None:
+        line = f"row {row}: {text}" if isinstance(row, int) else f"{row}: {text}"
         print(line)
         _FIGURES.append((request.node.nodeid, line))
 
