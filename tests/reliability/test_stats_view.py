@@ -70,7 +70,7 @@ def test_every_event_is_accounted_for_per_subscriber(
     after = bus.stats()["subscribers"][3]
     assert after["pending"] == 0
     assert _accounts(after)
-    figure("stats", " published == delivered + failed + filtered for 4/4 subscribers; "
+    figure("stats", "published == delivered + failed + filtered for 4/4 subscribers; "
               f"queue: {after['sink']['handled']:,} handled + {sum(after['dropped'].values()):,}"
               f" dropped {after['dropped']} == {after['delivered']:,} delivered")
     sink.close(timeout=5)
