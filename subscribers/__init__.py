@@ -3,4 +3,6 @@ the forwarder that ships a worker's events to its agent."""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from subscribers.log_handler import EventLoggingHandler
+
+__all__ = ["EventLoggingHandler"]

@@ -1,102 +1,444 @@
-"""The logging bridge: bus events -> Python logging records."""
+"""bus -> logging: events as standard ``logging`` records, one line per event.
+
+:class:`EventLoggingHandler` is a real ``logging.Handler``. Subscribed to a bus (the default
+one via :func:`eventbus.get_logging_handler`), it turns each event into a ``LogRecord``:
+
+* the message reads ``WORKER_EXIT worker_id=0 exit_code=0 data={"epoch": 10, ...}``;
+* ``record.event`` is the typed event; ``record.event_type``, ``record.event_timestamp``,
+  ``record.event_data`` and ``record.event_context`` (a dict) and every typed field (as
+  ``record.<field>``, or ``record.event_<field>`` where the name is taken by ``LogRecord``
+  itself, e.g. ``name`` or ``message``) are attributes a JSON formatter can pick up;
+* the level comes from the event: failures (``event.is_failure``) at ERROR, the rest at
+  INFO, per type or by a function when configured (:meth:`EventLoggingHandler.set_levels`);
+* ``record.created`` is the event's timestamp.
+
+Nothing is formatted unless the record passes the handler's level (and, with
+:meth:`~EventLoggingHandler.set_logger`, the logger's). Then the record goes either to the
+handler's own stream or, with ``set_logger(logger)``, through ``logger.handle()``: that
+logger's level, filters, handlers and propagation decide, as for any record of it.
+
+One event is one line: control characters (C0, DEL, C1, hence ANSI escape sequences),
+U+2028/U+2029, bidirectional overrides and lone surrogates are escaped in what this
+handler writes.
+A broken stream or a raising formatter never reaches ``record()``: it is reported the way
+``logging.Handler.handleError`` reports it (to stderr while ``logging.raiseExceptions``).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import json
 import logging
 import sys
 import threading
+from collections.abc import Callable
+from collections.abc import Mapping
 from typing import IO
 from typing import Any
+from typing import Literal
 
 from eventbus.bus import ALL
+from eventbus.bus import Bus
 from eventbus.bus import Subscription
 from eventbus.bus import get_default_bus
+from eventbus.encoding import sanitize
 from eventbus.events import Event
+from eventbus.events import event_class
 
-__all__ = ["EventLoggingHandler", "format_event", "get_default_handler"]
+__all__ = [
+    "DEFAULT_FORMAT",
+    "EventLoggingHandler",
+    "escape_line",
+    "format_event",
+    "get_default_handler",
+]
 
-_ESCAPES = {i: f"\\x{i:02x}" for i in range(32)}
-_ESCAPES.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t", 0x7F: "\\x7f",
-                 0x85: "\\x85", 0x2028: "\\u2028", 0x2029: "\\u2029"})
+#: the format of a handler that was given none: the message alone, as torch's "console"
+#: destination writes it (``set_format`` adds time, level, logger name)
+DEFAULT_FORMAT = "%(message)s"
+#: logger name of the records a handler makes while no logger is set
+RECORD_NAME = "eventbus.events"
+#: characters of ``data=...`` kept in a message
+MAX_DATA_CHARS = 4_096
+
+# -- one line ---------------------------------------------------------------------------------
+
+_ESCAPES: dict[int, str] = {i: f"\\x{i:02x}" for i in range(32)}
+_ESCAPES.update({i: f"\\x{i:02x}" for i in range(0x7F, 0xA0)})  # DEL and C1 (0x9b is CSI)
+_ESCAPES.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"})
+for _cp in (0x2028, 0x2029, *range(0x202A, 0x202F), *range(0x2066, 0x206A)):
+    # line/paragraph separators; bidi embeddings, overrides and isolates
+    _ESCAPES[_cp] = f"\\u{_cp:04x}"
+for _cp in range(0xD800, 0xE000):
+    # lone surrogates: a UTF-8 stream could not write the line at all
+    _ESCAPES[_cp] = f"\\u{_cp:04x}"
+del _cp
 
 
-def _one_line(text: str) -> str:
+def escape_line(text: str) -> str:
+    """``text`` with every character that could break or disguise a log line escaped."""
+    if text.isprintable():  # the common case: nothing to escape (str.isprintable is fast)
+        return text
     return text.translate(_ESCAPES)
 
 
-def format_event(event: Event) -> str:
-    """``WORKER_EXIT worker_id=0 exit_code=0 data={...}``: one line, control chars escaped."""
+def _quote(value: str) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _data_text(data: Mapping[str, Any], limit: int) -> str:
+    try:
+        text = json.dumps(sanitize(data), ensure_ascii=False, allow_nan=False,
+                          separators=(", ", ": "))
+    except (TypeError, ValueError, RecursionError):
+        text = _quote(f"<data that does not encode: {type(data).__name__}>")
+    if len(text) > limit:
+        text = text[:limit] + f"...[truncated {len(text) - limit} chars]"
+    return text
+
+
+def format_event(event: Event, *, max_data_chars: int = MAX_DATA_CHARS) -> str:
+    """``WORKER_EXIT worker_id=0 exit_code=0 data={"epoch": 10}``: one line, escaped.
+
+    Typed fields that are ``None`` are left out; strings are JSON-quoted; ``data`` is JSON
+    (bounded by :data:`eventbus.LIMITS` and ``max_data_chars``); ``rank=N`` closes the line
+    when the event's context has a rank.
+    """
     parts = [str(event.type)]
     for name, value in event.fields().items():
-        if value is not None:
-            parts.append(f"{name}={value!r}" if isinstance(value, str) else f"{name}={value}")
+        if value is None:
+            continue
+        parts.append(f"{name}={_quote(value)}" if isinstance(value, str) else f"{name}={value}")
     if event.data:
-        parts.append(f"data={event.data!r}")
-    return _one_line(" ".join(parts))
+        parts.append("data=" + _data_text(event.data, max_data_chars))
+    rank = event.context.rank
+    if rank is not None:
+        parts.append(f"rank={rank}")
+    return escape_line(" ".join(parts))
+
+
+# -- record attributes ------------------------------------------------------------------------
+
+#: names a LogRecord already uses (or a Formatter adds); fields with these names are set
+#: as ``event_<name>`` instead
+_RECORD_NAMES = frozenset(
+    logging.LogRecord("n", logging.INFO, "p", 0, "m", None, None).__dict__
+) | {"message", "asctime", "taskName", "event", "event_type", "event_timestamp", "event_data",
+     "event_context"}
+
+_attr_cache: dict[type[Event], tuple[tuple[str, str], ...]] = {}
+
+
+def _field_attrs(cls: type[Event]) -> tuple[tuple[str, str], ...]:
+    attrs = _attr_cache.get(cls)
+    if attrs is None:
+        attrs = tuple((name, f"event_{name}" if name in _RECORD_NAMES else name)
+                      for name in cls._fields)
+        _attr_cache[cls] = attrs
+    return attrs
+
+
+def _level_value(value: object, where: str) -> int:
+    if isinstance(value, bool):
+        raise TypeError(f"{where}: a logging level is an int or a level name, got a bool")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        level = logging.getLevelName(value.upper())
+        if isinstance(level, int):
+            return level
+        raise ValueError(f"{where}: unknown level name {value!r}; use DEBUG, INFO, WARNING, "
+                         "ERROR, CRITICAL or an int")
+    raise TypeError(f"{where}: a logging level is an int or a level name, "
+                    f"got {type(value).__name__}")
+
+
+LevelMap = Mapping[Any, int | str]
+LevelFunction = Callable[[Event], int]
 
 
 class EventLoggingHandler(logging.Handler):
-    """A ``logging.Handler`` fed by bus events; see :func:`eventbus.get_logging_handler`."""
+    """A ``logging.Handler`` that turns bus events into log records.
 
-    def __init__(self, level: int = logging.NOTSET, *, stream: IO[str] | None = None) -> None:
-        super().__init__(level)
-        self._stream: IO[str] | None = stream
+    Options (keyword-only, so ``logging.config.dictConfig`` can pass them):
+
+    * ``stream``: where lines go (default ``sys.stderr`` at the time of writing);
+    * ``fmt`` / ``datefmt``: the ``logging.Formatter`` used (default :data:`DEFAULT_FORMAT`);
+    * ``logger``: route records through this logger (a ``Logger`` or its name) instead;
+    * ``levels``, ``failure_level``, ``default_level``: see :meth:`set_levels`;
+    * ``subscribe``: ``"none"`` (default: events come from whoever calls :meth:`on_event`
+      or :meth:`attach`) or ``"default-bus"``: subscribe to every event of the default bus
+      now, and cancel that subscription on ``close()`` (so a handler built by
+      ``dictConfig`` goes away when ``dictConfig`` runs again).
+    """
+
+    def __init__(
+        self,
+        level: int | str = logging.NOTSET,
+        *,
+        stream: IO[str] | None = None,
+        fmt: str | None = None,
+        datefmt: str | None = None,
+        logger: logging.Logger | str | None = None,
+        levels: LevelMap | LevelFunction | None = None,
+        failure_level: int | str = logging.ERROR,
+        default_level: int | str = logging.INFO,
+        subscribe: Literal["none", "default-bus"] = "none",
+    ) -> None:
+        super().__init__(_level_value(level, "level"))
+        self._stream: IO[str] | None = None
         self._logger: logging.Logger | None = None
         self._subscription: Subscription | None = None
-        self.setFormatter(logging.Formatter("%(message)s"))
+        self._cancel_on_close = False
+        self._by_type: dict[str, int] = {}
+        self._level_fn: LevelFunction | None = None
+        self._failure_level = logging.ERROR
+        self._default_level = logging.INFO
+        self._inside = threading.local()
+        self._reentrant = itertools.count()
+        self._errors = itertools.count()
+        #: characters of ``data=...`` kept in a message
+        self.max_data_chars = MAX_DATA_CHARS
+        self.set_stream(stream)
+        self.set_logger(logger)
+        self.set_levels(levels, failure=failure_level, default=default_level)
+        self.set_format(fmt if fmt is not None else DEFAULT_FORMAT, datefmt=datefmt)
+        if subscribe == "default-bus":
+            self.attach()
+            self._cancel_on_close = True
+        elif subscribe != "none":
+            raise ValueError(f"subscribe={subscribe!r}: use 'none' or 'default-bus'")
 
-    def set_format(self, fmt: str) -> None:
-        """Use ``logging.Formatter(fmt)`` for the lines this handler writes."""
-        self.setFormatter(logging.Formatter(fmt))
+    # -- configuration --------------------------------------------------------------------
+    def set_format(self, fmt: str, *, datefmt: str | None = None,
+                   style: Literal["%", "{", "$"] = "%") -> None:
+        """Use ``logging.Formatter(fmt, datefmt, style)`` for the lines this handler writes."""
+        if not isinstance(fmt, str):
+            raise TypeError(f"set_format(fmt): fmt is a logging format string such as "
+                            f"'%(asctime)s %(levelname)s %(message)s', got {type(fmt).__name__}")
+        try:
+            formatter = logging.Formatter(fmt, datefmt, style)
+        except ValueError as exc:
+            raise ValueError(f"set_format(fmt={fmt!r}): {exc}") from None
+        self.setFormatter(formatter)
 
-    def set_stream(self, stream: IO[str]) -> None:
-        """Write lines to ``stream`` (default: ``sys.stderr`` at the time of writing)."""
-        self._stream = stream
+    def set_stream(self, stream: IO[str] | None) -> None:
+        """Write lines to ``stream`` (``None``: ``sys.stderr`` at the time of writing)."""
+        if stream is not None and not callable(getattr(stream, "write", None)):
+            raise TypeError(f"set_stream(stream): stream needs a write() method (a text file "
+                            f"such as sys.stdout), got {type(stream).__name__}")
+        self.acquire()
+        try:
+            self._stream = stream
+        finally:
+            self.release()
 
-    def set_logger(self, logger: logging.Logger | None) -> None:
-        """Route event records through ``logger`` and its handlers instead of the stream."""
+    @property
+    def stream(self) -> IO[str]:
+        """The stream lines go to now."""
+        return self._stream if self._stream is not None else sys.stderr
+
+    def set_logger(self, logger: logging.Logger | str | None) -> None:
+        """Route event records through ``logger`` (or the logger of that name).
+
+        Its level, filters, handlers, formatters and propagation then decide what happens to
+        each record, exactly as for the logger's own records; this handler's stream is not
+        written. ``None`` goes back to writing the stream.
+        """
+        if isinstance(logger, str):
+            logger = logging.getLogger(logger)
+        if logger is not None and not isinstance(logger, logging.Logger):
+            raise TypeError(f"set_logger(logger): logger is a logging.Logger, its name or "
+                            f"None, got {type(logger).__name__}")
         self._logger = logger
 
-    def attach(self, bus: Any = None) -> None:
+    @property
+    def logger(self) -> logging.Logger | None:
+        """The logger records go through, if :meth:`set_logger` set one."""
+        return self._logger
+
+    def set_levels(
+        self,
+        levels: LevelMap | LevelFunction | None = None,
+        *,
+        failure: int | str = logging.ERROR,
+        default: int | str = logging.INFO,
+    ) -> None:
+        """How an event's log level is chosen.
+
+        ``levels`` is ``None``; a mapping of event type (member, name or class) to level,
+        which decides for every event of that type; or a function ``(event) -> level``,
+        which decides for every event. Otherwise failures (``event.is_failure``: a non-zero
+        exit code, a failed rendezvous, an agent that did not succeed, lost events) log at
+        ``failure`` and the rest at ``default``.
+        """
+        by_type: dict[str, int] = {}
+        level_fn: LevelFunction | None = None
+        if callable(levels) and not isinstance(levels, Mapping):
+            level_fn = levels
+        elif isinstance(levels, Mapping):
+            for key, value in levels.items():
+                cls = event_class(key)
+                by_type[str(cls.type)] = _level_value(value, f"levels[{key!r}]")
+        elif levels is not None:
+            raise TypeError("set_levels(levels): a mapping {event type: level}, a function "
+                            f"(event) -> level, or None; got {type(levels).__name__}")
+        self._failure_level = _level_value(failure, "failure")
+        self._default_level = _level_value(default, "default")
+        self._by_type, self._level_fn = by_type, level_fn
+
+    def level_for(self, event: Event) -> int:
+        """The level this handler logs ``event`` at."""
+        if self._level_fn is not None:
+            return _level_value(self._level_fn(event), "levels(event)")
+        level = self._by_type.get(event.type)
+        if level is not None:
+            return level
+        return self._failure_level if event.is_failure else self._default_level
+
+    # -- subscription -----------------------------------------------------------------------
+    def attach(self, bus: Bus | None = None) -> Subscription:
         """Subscribe to every event of ``bus`` (default: the default bus). Idempotent."""
-        if self._subscription is None:
+        if self._subscription is None or not self._subscription.active:
             self._subscription = (bus or get_default_bus()).subscribe(
                 ALL, on_event=self.on_event)
+        return self._subscription
+
+    def detach(self) -> None:
+        """Stop receiving events from the bus :meth:`attach` subscribed to."""
+        if self._subscription is not None:
+            self._subscription.cancel()
+            self._subscription = None
+
+    @property
+    def attached(self) -> bool:
+        """True while subscribed to a bus."""
+        return self._subscription is not None and self._subscription.active
+
+    def close(self) -> None:
+        """Close as ``logging`` does (``dictConfig`` closes every handler when it runs).
+
+        The default handler stays subscribed (it is *the* handler of the default bus and
+        survives reconfiguration); one built with ``subscribe="default-bus"`` unsubscribes.
+        """
+        if self._cancel_on_close:
+            self.detach()
+        super().close()
+
+    # -- events in --------------------------------------------------------------------------
+    def make_record(self, event: Event, level: int, name: str = RECORD_NAME) -> logging.LogRecord:
+        """The ``LogRecord`` for ``event`` at ``level`` (formatting its message now)."""
+        record = logging.getLogRecordFactory()(
+            name, level, "eventbus", 0,
+            format_event(event, max_data_chars=self.max_data_chars), None, None)
+        created = event.timestamp
+        record.created = created
+        record.msecs = int((created - int(created)) * 1000) + 0.0
+        record.relativeCreated = (created - logging._startTime) * 1000  # type: ignore[attr-defined]
+        d = record.__dict__
+        d["event"] = event
+        d["event_type"] = str(event.type)
+        d["event_timestamp"] = created
+        d["event_data"] = event.data
+        d["event_context"] = event.context.to_dict()
+        values = event.__dict__
+        for field, attr in _field_attrs(type(event)):
+            d[attr] = values[field]
+        return record
 
     def on_event(self, event: Event) -> None:
-        """Turn ``event`` into a ``LogRecord`` and handle it."""
-        level = logging.ERROR if event.is_failure else logging.INFO
-        target = self._logger
-        name = target.name if target is not None else "eventbus.events"
-        record = logging.LogRecord(name, level, __file__, 0, format_event(event), None, None)
-        record.event = event
-        record.created = event.timestamp
-        if target is not None:
-            if target.isEnabledFor(level):
-                target.handle(record)
+        """Log ``event`` (the bus calls this). Never raises."""
+        inside = self._inside
+        if getattr(inside, "active", False):
+            # An event recorded by a handler, filter or formatter while this handler is
+            # logging: logging it would loop. Other subscribers still get it.
+            next(self._reentrant)
             return
-        if level >= self.level:
-            self.handle(record)
-
-    def emit(self, record: logging.LogRecord) -> None:
+        record: logging.LogRecord | None = None
+        inside.active = True
         try:
-            line = _one_line(self.format(record))
+            level = self.level_for(event)
+            if level < self.level:
+                return
+            target = self._logger
+            if target is None:
+                record = self.make_record(event, level)
+                self.handle(record)
+            elif target.isEnabledFor(level):
+                record = self.make_record(event, level, target.name)
+                if self.filter(record):
+                    target.handle(record)
+        except Exception:
+            self.handleError(record if record is not None else logging.LogRecord(
+                RECORD_NAME, logging.ERROR, "eventbus", 0, "<event %s>", (event.type,), None))
+        finally:
+            inside.active = False
+
+    # -- lines out --------------------------------------------------------------------------
+    def emit(self, record: logging.LogRecord) -> None:
+        """Write ``record`` as one escaped line to the stream."""
+        try:
+            line = escape_line(self.format(record)) + "\n"
             stream = self._stream if self._stream is not None else sys.stderr
-            stream.write(line + "\n")
-            stream.flush()
+            stream.write(line)
+            flush = getattr(stream, "flush", None)
+            if flush is not None:
+                flush()
         except Exception:
             self.handleError(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        """Report as ``logging.Handler.handleError`` does; never raise (stderr may be the
+        broken stream)."""
+        next(self._errors)
+        with contextlib.suppress(Exception):
+            super().handleError(record)
+
+    def stats(self) -> dict[str, int]:
+        """Errors reported by :meth:`handleError`, and re-entrant events not logged."""
+        return {"errors": int(repr(self._errors)[6:-1]),
+                "reentrant_skipped": int(repr(self._reentrant)[6:-1])}
+
+    def __repr__(self) -> str:
+        target = f"logger {self._logger.name!r}" if self._logger is not None else \
+            f"stream {getattr(self.stream, 'name', type(self.stream).__name__)!r}"
+        return (f"<EventLoggingHandler {logging.getLevelName(self.level)} -> {target}"
+                f"{' (attached)' if self.attached else ''}>")
 
 
 _default: EventLoggingHandler | None = None
 _lock = threading.Lock()
 
 
-def get_default_handler(destination: str | None = None) -> EventLoggingHandler:
-    """The one default handler, subscribed to the default bus on first call."""
+def get_default_handler(
+    destination: str | None = None,
+    *,
+    stream: IO[str] | None = None,
+    logger: logging.Logger | str | None = None,
+    levels: LevelMap | LevelFunction | None = None,
+) -> EventLoggingHandler:
+    """The one default handler, subscribed to every event of the default bus on first call.
+
+    ``destination`` is accepted for torch compatibility (``get_logging_handler("console")``)
+    and changes nothing: there is one default handler. The keyword options, when given,
+    configure it; so ``{"()": "subscribers.log_handler.get_default_handler", "stream":
+    "ext://sys.stdout"}`` in a ``dictConfig`` handlers section configures the default
+    handler (``dictConfig`` then sets its level, formatter and filters).
+    """
     global _default
+    if destination is not None and not isinstance(destination, str):
+        raise TypeError(f"destination is a string (torch's destination name) or None, got "
+                        f"{type(destination).__name__}")
     with _lock:
         if _default is None:
             _default = EventLoggingHandler()
             _default.attach()
-        return _default
+        handler = _default
+    if stream is not None:
+        handler.set_stream(stream)
+    if logger is not None:
+        handler.set_logger(logger)
+    if levels is not None:
+        handler.set_levels(levels)
+    return handler
