@@ -1,0 +1,595 @@
+"""The event agent: torch's ``LocalElasticAgent`` that publishes the job's lifecycle on a bus
+as it happens and lets reactors decide restarts.
+
+Imports torch. It hooks five methods of torch's private agent internals, pinned by
+``tests/test_launcher_internals.py`` (tested with torch 2.8 to 2.13):
+
+* ``SimpleElasticAgent.run``: ``AGENT_START`` before, ``AGENT_EXIT`` after (plugins'
+  ``before_exit`` first);
+* ``_rendezvous(worker_group)``: ``RENDEZVOUS`` with its duration; plugins'
+  ``after_rendezvous``; the context of the agent's events moves to the new attempt;
+* ``_start_workers(worker_group) -> {local_rank: pid}``: ``WORKER_START`` per worker;
+* ``_monitor_workers(worker_group) -> RunResult``: ``WORKER_EXIT`` per failed worker and
+  the reactors' decision, before torch stops the rest of the group;
+* ``_restart_workers(worker_group)``: ``WORKER_RESTART``.
+
+Why the monitor peeks: torch's process context, on the first failed worker, terminates
+the others (SIGTERM, and SIGKILL after the shutdown timeout: up to 30 s when a survivor is
+stuck in a collective) *before* it returns the failure. To publish the failure the moment
+the monitor sees it, the agent first looks at its workers itself with
+``waitid(WNOWAIT)``, which reads a child's exit status without reaping it (torch still
+reaps and reports it as usual).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from collections.abc import Iterator
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import Any
+
+from torch.distributed.elastic.agent.server.api import RunResult
+from torch.distributed.elastic.agent.server.api import WorkerGroup
+from torch.distributed.elastic.agent.server.api import WorkerState
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+from eventbus.bus import ALL
+from eventbus.bus import Bus
+from eventbus.bus import Subscription
+from eventbus.bus import get_default_bus
+from eventbus.context import set_context
+from eventbus.events import AgentExit
+from eventbus.events import Decision
+from eventbus.events import Event
+from eventbus.events import EventType
+from eventbus.events import Rendezvous
+from eventbus.events import TorchelasticRecord
+from eventbus.events import WorkerExit
+from eventbus.events import WorkerStart
+from eventbus.launcher import AgentPlugin
+from eventbus.launcher import RendezvousInfo
+from eventbus.launcher import agent_plugin_factories
+
+__all__ = [
+    "RELIABLE_RESTARTS_ENV",
+    "TORCH_RECORDS_DESTINATION",
+    "EventAgent",
+    "Reactor",
+    "event_agent",
+]
+
+logger = logging.getLogger("eventbus")
+
+#: a reactor: called with each failed worker's ``WORKER_EXIT``; ``None`` = no decision
+Reactor = Callable[[WorkerExit], "Decision | str | None"]
+
+#: torch reads it at every rendezvous; "1" gives each attempt a fresh worker store
+RELIABLE_RESTARTS_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+#: the torchelastic events destination the agent's own torch records go to
+TORCH_RECORDS_DESTINATION = "eventbus-agent"
+
+_FAILED_STATES = (WorkerState.FAILED, WorkerState.UNHEALTHY)
+
+
+def _decision_of(value: object) -> Decision | None:
+    if value is None or isinstance(value, Decision):
+        return value
+    if isinstance(value, str) and value.upper() in Decision.__members__:
+        return Decision[value.upper()]
+    raise TypeError(f"a reactor returns eventbus.Decision.RESTART, Decision.STOP or None, "
+                    f"got {value!r}")
+
+
+def _name_of(fn: object) -> str:
+    """module.qualname for functions and classes, the repr for other callables."""
+    name = getattr(fn, "__qualname__", None)
+    if name is None:
+        try:
+            return repr(fn)[:200]
+        except Exception:
+            name = type(fn).__qualname__
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    return f"{module}.{name}"
+
+
+def _peek_exit(pid: int) -> int | None:
+    """The exit code of child ``pid`` if it has exited (``-signum`` if a signal ended it),
+    without reaping it; ``None`` while it runs or when that cannot be known."""
+    waitid = getattr(os, "waitid", None)
+    if waitid is None:
+        return None
+    try:
+        info = waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except (ChildProcessError, OSError):
+        return None
+    if info is None or info.si_pid == 0:
+        return None
+    if info.si_code == os.CLD_EXITED:
+        return int(info.si_status)
+    return -int(info.si_status)
+
+
+def _signal_name(exit_code: int) -> str | None:
+    if exit_code >= 0:
+        return None
+    try:
+        return signal.Signals(-exit_code).name
+    except ValueError:
+        return f"signal {-exit_code}"
+
+
+def _failure_message(failure: ProcessFailure) -> str | None:
+    """The message of the worker's error file, when it wrote one."""
+    if failure.error_file in ("<N/A>", os.devnull) or not failure.error_file_data:
+        return None
+    message: Any = failure.message
+    if isinstance(message, dict):
+        message = message.get("message", json.dumps(message, default=str))
+    return str(message) if message else None
+
+
+def _find_tcp_store(store: Any) -> Any:
+    """The TCPStore under a chain of PrefixStores, or None."""
+    seen = 0
+    while store is not None and seen < 16:
+        if hasattr(store, "port") and hasattr(store, "host"):
+            return store
+        store = getattr(store, "underlying_store", None)
+        seen += 1
+    return None
+
+
+class _TorchRecordsRelay:
+    """Torch's own records of this agent, bridged, -> the agent's bus, never doubling it.
+
+    ``publishers.install_torchelastic_bridge`` turns torch's records into typed events on a
+    private bus; this relay republishes them on the agent's bus. The agent publishes the
+    typed lifecycle itself, as it happens, so torch's records of the same moments
+    (``torchelastic.worker.status.START``, the end-of-run ``SUCCEEDED``/``FAILED``/
+    ``TERMINATED`` per worker, the ``RENDEZVOUS`` duration, the agent's ``FAILED``) become
+    ``TORCHELASTIC`` events named as torch names them, with the bridge's typed reading in
+    ``data``: nothing of torch's is lost and nothing is published twice as a typed event.
+    """
+
+    def __init__(self) -> None:
+        self.target: Bus | None = None
+        self.relayed = 0
+
+    def __call__(self, event: Event) -> None:
+        target = self.target
+        if target is None:
+            return
+        if isinstance(event, _AGENT_OWNED):
+            data = dict(event.data)
+            name = str(data.pop("torchelastic_name", None) or event.type)
+            data["bridged_as"] = str(event.type)
+            for key, value in event.fields().items():
+                if value is not None:
+                    data.setdefault(key, value)
+            event = TorchelasticRecord(name=name, source=str(data.get("source", "torchelastic")),
+                                       data=data, timestamp=event.timestamp,
+                                       context=event.context)
+        self.relayed += 1
+        target.publish(event)
+
+
+_AGENT_OWNED = (WorkerStart, WorkerExit, Rendezvous, AgentExit)
+_relay = _TorchRecordsRelay()
+_relay_bus = Bus("torchelastic-records")
+_relay_bus.subscribe(ALL, on_event=_relay)
+
+
+def _route_torch_records(bus: Bus) -> str:
+    """Install the torchelastic bridge for the agent's records; returns its destination."""
+    from publishers.torchelastic import install_torchelastic_bridge
+
+    install_torchelastic_bridge(TORCH_RECORDS_DESTINATION, bus=_relay_bus)
+    _relay.target = bus
+    return TORCH_RECORDS_DESTINATION
+
+
+class EventAgent(LocalElasticAgent):
+    """``LocalElasticAgent`` with the bus attached.
+
+    Takes ``LocalElasticAgent``'s arguments plus, keyword-only:
+
+    * ``bus``: where the lifecycle goes (default: the process's default bus, which is
+      what ``eventbus.record``, the logging handler and the JSONL recorder use);
+    * ``reactors``: callables ``(WorkerExit) -> Decision | None`` consulted on each
+      failed worker (see :meth:`add_reactor`);
+    * ``plugins``: :class:`eventbus.launcher.AgentPlugin` instances; default: one from
+      each registered factory;
+    * ``reliable_restarts``: give each attempt a fresh worker store (sets
+      ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` unless the environment already sets it),
+      so a restarted ``init_process_group`` never meets the dead attempt's keys;
+    * ``torch_records``: route torch's own records of this agent (and the rendezvous
+      records) to the bus through the torchelastic bridge, as ``TORCHELASTIC`` events
+      (when the spec's ``event_log_handler`` is torchrun's default ``"null"``);
+    * ``plugin_exit_timeout``: the budget of each plugin's ``before_exit``.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        bus: Bus | None = None,
+        reactors: Sequence[Reactor] = (),
+        plugins: Sequence[AgentPlugin] | None = None,
+        reliable_restarts: bool = True,
+        torch_records: bool = True,
+        plugin_exit_timeout: float = 5.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.bus = bus if bus is not None else get_default_bus()
+        self.plugin_exit_timeout = plugin_exit_timeout
+        self._reactor_subs: list[Subscription] = []
+        self._collecting: threading.local = threading.local()
+        self._reported: set[tuple[int, int]] = set()  # (attempt, global rank)
+        self._stop_reason: str | None = None
+        self._restart_reason: str | None = None
+        self._failure_summary: str | None = None
+        self.reactor_errors = 0
+        self._attempt = 0
+        if reliable_restarts and os.environ.setdefault(RELIABLE_RESTARTS_ENV, "1") != "1":
+            logger.warning(
+                "%s=%s is set: restarts share the rendezvous store with the dead "
+                "attempt's process-group keys and may fail (pytorch/pytorch#135712)",
+                RELIABLE_RESTARTS_ENV, os.environ[RELIABLE_RESTARTS_ENV])
+        spec = self._worker_group.spec
+        if torch_records and spec.event_log_handler in (None, "null"):
+            spec.event_log_handler = _route_torch_records(self.bus)
+        if plugins is None:
+            plugins = []
+            for factory in agent_plugin_factories():
+                try:
+                    plugins.append(factory())
+                except Exception:
+                    logger.exception("agent plugin factory %s raised; the plugin is skipped",
+                                     _name_of(factory))
+        self.plugins: list[AgentPlugin] = list(plugins)
+        for reactor in reactors:
+            self.add_reactor(reactor)
+
+    # -- reactors ---------------------------------------------------------------------------
+    def add_reactor(self, reactor: Reactor) -> Subscription:
+        """Subscribe ``reactor`` to ``WORKER_EXIT`` on the agent's bus.
+
+        It is called with each *failed* worker's ``WORKER_EXIT`` that this agent
+        publishes, in the monitor thread, before the group is stopped. ``STOP`` from any
+        reactor fails the job at once (restarts left or not); ``RESTART`` restarts the
+        group using one of ``--max-restarts`` (none left: the job fails); ``None``
+        leaves torchrun's policy. A reactor that raises, or returns anything else, counts
+        as no decision and is reported on the ``eventbus`` logger.
+        """
+        if not callable(reactor):
+            raise TypeError(f"a reactor must be callable (event) -> Decision | None, got "
+                            f"{type(reactor).__name__}")
+        attach = getattr(reactor, "attach", None)
+        if callable(attach):
+            attach(self.bus)  # reactors that watch other events (e.g. the loss) subscribe
+        name = _name_of(reactor)
+
+        def consult(event: Event) -> None:
+            decisions = getattr(self._collecting, "decisions", None)
+            if decisions is None:  # not one of this agent's failure reports
+                return
+            try:
+                decision = _decision_of(reactor(event))  # type: ignore[arg-type]
+            except Exception:
+                self.reactor_errors += 1
+                logger.exception("reactor %s raised on %s; counted as no decision",
+                                 name, _describe(event))
+                return
+            if decision is not None:
+                decisions.append((decision, name))
+
+        sub = self.bus.subscribe(EventType.WORKER_EXIT, on_event=consult,
+                                 where=_is_failure)
+        self._reactor_subs.append(sub)
+        return sub
+
+    def _publish_failure(self, event: WorkerExit) -> list[tuple[Decision, str]]:
+        decisions: list[tuple[Decision, str]] = []
+        self._collecting.decisions = decisions
+        try:
+            self.bus.publish(event)
+        finally:
+            self._collecting.decisions = None
+        return decisions
+
+    # -- attempt bookkeeping ----------------------------------------------------------------
+    @property
+    def attempt(self) -> int:
+        """The attempt the current worker group belongs to (``TORCHELASTIC_RESTART_COUNT``
+        of its workers). Set at each rendezvous: a STOP zeroes the restarts left, which
+        must not renumber the attempt that failed."""
+        return self._attempt
+
+    def _next_attempt(self) -> int:
+        spec = self._worker_group.spec
+        return int(spec.max_restarts - self._remaining_restarts)
+
+    @property
+    def remaining_restarts(self) -> int:
+        return int(self._remaining_restarts)
+
+    def _set_context(self) -> None:
+        wg = self._worker_group
+        set_context(run_id=wg.spec.rdzv_handler.get_run_id(), restart_count=self.attempt,
+                    group_rank=wg.group_rank, role=wg.spec.role,
+                    world_size=wg.workers[0].world_size if wg.workers else None,
+                    local_world_size=wg.spec.local_world_size)
+
+    # -- the hooked internals ---------------------------------------------------------------
+    def run(self, role: str = "default") -> RunResult:
+        spec = self._worker_group.spec
+        set_context(run_id=spec.rdzv_handler.get_run_id(), restart_count=self.attempt,
+                    role=spec.role, local_world_size=spec.local_world_size)
+        self.bus.record(EventType.AGENT_START,
+                        entrypoint=spec.get_entrypoint_name(),  # type: ignore[no-untyped-call]
+                        max_restarts=spec.max_restarts, nproc_per_node=spec.local_world_size)
+        result: RunResult | None = None
+        error: BaseException | None = None
+        try:
+            result = super().run(role)
+            return result
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            self._finish(result, error)
+
+    def _finish(self, result: RunResult | None, error: BaseException | None) -> None:
+        for plugin in self.plugins:
+            try:
+                plugin.before_exit(timeout=self.plugin_exit_timeout)
+            except Exception:
+                logger.exception("agent plugin %s raised in before_exit", _name_of(plugin))
+        if result is not None and not result.is_failed():
+            state, code, reason = str(result.state.value), 0, None
+        elif result is not None:
+            state, code = "FAILED", 1
+            reason = self._stop_reason or self._failure_summary or "worker group failed"
+        else:
+            state, code = "FAILED", 1
+            reason = f"{type(error).__name__}: {error}" if error is not None else None
+        self.bus.record(EventType.AGENT_EXIT, state=state, exit_code=code, reason=reason)
+        for sub in self._reactor_subs:
+            sub.cancel()
+
+    def _rendezvous(self, worker_group: WorkerGroup) -> None:
+        started = time.perf_counter()
+        name = worker_group.spec.rdzv_handler.get_backend()
+        try:
+            super()._rendezvous(worker_group)
+        except Exception as exc:
+            self.bus.record(EventType.RENDEZVOUS, state="FAILED", name=name,
+                            duration_s=time.perf_counter() - started,
+                            message=f"{type(exc).__name__}: {exc}")
+            raise
+        duration = time.perf_counter() - started
+        self._attempt = self._next_attempt()
+        self._set_context()
+        self.bus.record(
+            EventType.RENDEZVOUS, state="SUCCEEDED", name=name, duration_s=duration,
+            data={"group_rank": worker_group.group_rank,
+                  "group_world_size": worker_group.group_world_size,
+                  "master_addr": worker_group.master_addr,
+                  "master_port": worker_group.master_port},
+        )
+        if self.plugins:
+            self._after_rendezvous(worker_group)
+
+    def rendezvous_info(self, worker_group: WorkerGroup | None = None) -> RendezvousInfo:
+        """What plugins get after a rendezvous (see :class:`RendezvousInfo`)."""
+        wg = worker_group or self._worker_group
+        handler = wg.spec.rdzv_handler
+        # The handler's own store is the long-lived one: the c10d backend's store at the
+        # rendezvous endpoint, or the static backend's store; its port is the real one
+        # even when the endpoint asked for port 0.
+        tcp = _find_tcp_store(getattr(handler, "_store", None)) or _find_tcp_store(wg.store)
+        if tcp is None:
+            raise RuntimeError(
+                f"the {handler.get_backend()} rendezvous has no TCPStore the agent can find; "
+                "agent plugins need the c10d or static rendezvous backend")
+        return RendezvousInfo(
+            store_host=str(tcp.host), store_port=int(tcp.port),
+            run_id=handler.get_run_id(), group_rank=int(wg.group_rank or 0),
+            group_world_size=int(wg.group_world_size or 1), restart_count=self.attempt,
+            local_world_size=int(wg.spec.local_world_size),
+            world_size=int(wg.workers[0].world_size) if wg.workers else 0,
+            global_ranks=tuple(w.global_rank for w in wg.workers), bus=self.bus,
+            master_addr=wg.master_addr,
+            master_port=int(wg.master_port) if wg.master_port is not None else None,
+        )
+
+    def _after_rendezvous(self, worker_group: WorkerGroup) -> None:
+        try:
+            info = self.rendezvous_info(worker_group)
+        except Exception:
+            logger.exception("agent plugins get no rendezvous info")
+            return
+        for plugin in self.plugins:
+            try:
+                env = plugin.after_rendezvous(info)
+                for key, value in (env or {}).items():
+                    if not isinstance(key, str) or not isinstance(value, str):
+                        raise TypeError(f"after_rendezvous() must return str -> str env "
+                                        f"vars, got {key!r}: {value!r}")
+                    os.environ[key] = value  # workers inherit the agent's environment
+            except Exception:
+                logger.exception("agent plugin %s raised in after_rendezvous",
+                                 _name_of(plugin))
+
+    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        pids: dict[int, Any] = super()._start_workers(worker_group)
+        for worker in worker_group.workers:
+            pid = pids.get(worker.local_rank)
+            self.bus.record(EventType.WORKER_START, worker_id=worker.global_rank,
+                            worker_local_rank=worker.local_rank,
+                            worker_pid=pid if isinstance(pid, int) else None)
+        return pids
+
+    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        # 1. Failures first, as they are: torch's wait() stops the survivors before it
+        #    reports the failure.
+        spontaneous = self._peek_failures(worker_group)
+        if spontaneous:
+            self._decide(spontaneous)
+        result: RunResult = super()._monitor_workers(worker_group)
+        attempt = self.attempt
+        if result.state in _FAILED_STATES:
+            late: list[WorkerExit] = []
+            unseen = sorted((rank, f) for rank, f in result.failures.items()
+                            if (attempt, rank) not in self._reported)
+            # Without a peek (no waitid here, or an exit in between) torch's result mixes
+            # the workers that failed with those it stopped (SIGTERM) because of them.
+            own = [rank for rank, f in unseen if f.exitcode != -int(signal.SIGTERM)]
+            for global_rank, failure in unseen:
+                stopped = bool(spontaneous) or (bool(own) and global_rank not in own)
+                event = self._exit_event(worker_group, global_rank, failure,
+                                         stopped_by_agent=stopped)
+                if stopped:
+                    self._reported.add((attempt, global_rank))
+                    self.bus.publish(event)
+                else:
+                    late.append(event)
+            if late:
+                self._decide(late)
+            if not result.failures and self._restart_reason is None:
+                self._restart_reason = f"worker group {result.state.name}"
+        elif result.state == WorkerState.SUCCEEDED:
+            for worker in worker_group.workers:
+                if (attempt, worker.global_rank) not in self._reported:
+                    self._reported.add((attempt, worker.global_rank))
+                    self.bus.record(EventType.WORKER_EXIT, worker_id=worker.global_rank,
+                                    exit_code=0, worker_local_rank=worker.local_rank,
+                                    worker_pid=worker.id if isinstance(worker.id, int)
+                                    else None)
+        return result
+
+    def _peek_failures(self, worker_group: WorkerGroup) -> list[WorkerExit]:
+        pcontext = getattr(self, "_pcontext", None)
+        if pcontext is None:
+            return []
+        attempt = self.attempt
+        found = []
+        error_files: Mapping[int, str] = getattr(pcontext, "error_files", {}) or {}
+        for local_rank, pid in sorted(pcontext.pids().items()):
+            worker = worker_group.workers[local_rank]
+            if (attempt, worker.global_rank) in self._reported or not isinstance(pid, int):
+                continue
+            code = _peek_exit(pid)
+            if code is None or code == 0:
+                continue
+            try:
+                failure = ProcessFailure(local_rank=local_rank, pid=pid, exitcode=code,
+                                         error_file=error_files.get(local_rank, "<N/A>"))
+            except Exception:  # an unreadable error file: report the exit without it
+                failure = ProcessFailure(local_rank=local_rank, pid=pid, exitcode=code,
+                                         error_file="<N/A>")
+            found.append(self._exit_event(worker_group, worker.global_rank, failure,
+                                          stopped_by_agent=False))
+        return found
+
+    def _exit_event(self, worker_group: WorkerGroup, global_rank: int,
+                    failure: ProcessFailure, *, stopped_by_agent: bool) -> WorkerExit:
+        data: dict[str, Any] = {"attempt": self.attempt}
+        if stopped_by_agent:
+            data["stopped_by_agent"] = True
+        if failure.error_file not in ("<N/A>", os.devnull):
+            data["error_file"] = failure.error_file
+        return WorkerExit(
+            worker_id=global_rank, exit_code=int(failure.exitcode),
+            worker_local_rank=int(failure.local_rank), worker_pid=int(failure.pid),
+            signal=_signal_name(int(failure.exitcode)), message=_failure_message(failure),
+            data=data,
+        )
+
+    def _decide(self, failures: list[WorkerExit]) -> None:
+        """Publish each failure, collect the reactors' decisions, and apply them."""
+        decisions: list[tuple[Decision, str]] = []
+        for event in failures:
+            self._reported.add((self.attempt, event.worker_id))
+            decisions.extend(self._publish_failure(event))
+        summary = _describe(failures[0])
+        self._failure_summary = summary
+        stops = [name for decision, name in decisions if decision is Decision.STOP]
+        restarts = [name for decision, name in decisions if decision is Decision.RESTART]
+        if stops:
+            self._stop_reason = f"{summary}; STOP from {', '.join(stops)}"
+            logger.error("eventbus: %s: stopping the job (restarts left: %d)",
+                         self._stop_reason, self._remaining_restarts)
+            # torch's monitor loop stops and fails the group when no restart is left.
+            self._remaining_restarts = 0
+        elif restarts:
+            if self._remaining_restarts > 0:
+                self._restart_reason = f"{summary}; RESTART from {', '.join(restarts)}"
+            else:
+                logger.error("eventbus: %s: RESTART from %s, but no restart is left "
+                             "(--max-restarts); the job fails", summary, ", ".join(restarts))
+        else:
+            self._restart_reason = summary
+
+    def _restart_workers(self, worker_group: WorkerGroup) -> None:
+        reason = self._restart_reason or "membership change: new nodes are waiting"
+        self._restart_reason = None
+        attempt = self._next_attempt()
+        set_context(restart_count=attempt)
+        self.bus.record(EventType.WORKER_RESTART, attempt=attempt,
+                        restarts_left=self.remaining_restarts, reason=reason)
+        super()._restart_workers(worker_group)
+
+
+def _is_failure(event: Event) -> bool:
+    return isinstance(event, WorkerExit) and event.exit_code != 0
+
+
+def _describe(event: Event) -> str:
+    if isinstance(event, WorkerExit):
+        how = f"signal {event.signal}" if event.signal else f"exit code {event.exit_code}"
+        text = f"rank {event.worker_id} failed ({how})"
+        if event.message:
+            text += f": {event.message.splitlines()[0][:200]}"
+        return text
+    return str(event.type)
+
+
+@contextlib.contextmanager
+def event_agent(**options: Any) -> Iterator[list[EventAgent]]:
+    """While active, torch's launch path (``elastic_launch``, ``launch_agent``,
+    ``torch.distributed.run.run``) builds an :class:`EventAgent` with ``options`` (see
+    its docstring) instead of a ``LocalElasticAgent``. Yields the list of agents built.
+
+    The Python API for a launcher of your own::
+
+        with event_agent(reactors=[NonRetriableExitCodes({3})]):
+            elastic_launch(config, entrypoint)(*args)
+    """
+    from torch.distributed.launcher import api as launcher_api
+
+    built: list[EventAgent] = []
+
+    class _Agent(EventAgent):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs, **options)
+            built.append(self)
+
+    _Agent.__name__ = _Agent.__qualname__ = "EventAgent"
+    # launch_agent() builds the agent by this module-level name.
+    original = launcher_api.LocalElasticAgent  # type: ignore[attr-defined]
+    launcher_api.LocalElasticAgent = _Agent  # type: ignore[attr-defined]
+    try:
+        yield built
+    finally:
+        launcher_api.LocalElasticAgent = original  # type: ignore[attr-defined]

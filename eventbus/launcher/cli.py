@@ -1,0 +1,140 @@
+"""``eventbus run [--events-jsonl PATH] [--reactor MODULE:ATTR]... [--log-events]
+<torchrun options> SCRIPT [ARGS]``.
+
+torchrun's own argument parser (``torch.distributed.run.get_args_parser``) with three
+more options, and torchrun's own launch path (``torch.distributed.run.run``) with the
+agent swapped for :class:`eventbus.launcher.agent.EventAgent`. Exit code: 0 when the job
+succeeded, 1 when it failed, as torchrun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from eventbus.bus import ALL
+from eventbus.bus import get_default_bus
+from eventbus.launcher import BUILTIN_PLUGIN_MODULES
+
+__all__ = ["build_parser", "load_reactor", "main"]
+
+logger = logging.getLogger("eventbus")
+
+#: how long the JSONL recorder may take to write what is still queued at the end
+RECORDER_CLOSE_TIMEOUT_S = 10.0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """torchrun's parser with the eventbus options added."""
+    from torch.distributed.run import get_args_parser
+
+    parser = get_args_parser()
+    parser.prog = "eventbus run"
+    parser.description = ("torchrun with the event bus attached: every torchrun option works "
+                          "unchanged; the options below add events, reactors and logging.")
+    group = parser.add_argument_group("eventbus")
+    group.add_argument(
+        "--events-jsonl", metavar="PATH", default=None,
+        help="append every event that reaches the agent's bus to PATH, one JSON line each")
+    group.add_argument(
+        "--reactor", metavar="MODULE:ATTR", action="append", default=[],
+        help="a callable (event) -> Decision | None consulted on each failed worker's "
+             "WORKER_EXIT (a class is instantiated without arguments); repeatable")
+    group.add_argument(
+        "--log-events", action="store_true",
+        help="log every event on the agent's console (eventbus.get_logging_handler())")
+    return parser
+
+
+def load_reactor(spec: str) -> Any:
+    """The reactor named by ``MODULE:ATTR`` (``ATTR`` may be dotted; a class is
+    instantiated without arguments). Raises ``ValueError`` naming the problem."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"--reactor {spec!r}: expected MODULE:ATTR, e.g. "
+                         "--reactor my_reactors:stop_on_oom")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` does, for the console script
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"--reactor {spec!r}: cannot import module {module_name!r} ({exc}); "
+                         "is it on PYTHONPATH?") from exc
+    for part in attr.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise ValueError(f"--reactor {spec!r}: module {module_name!r} has no attribute "
+                             f"{attr!r}") from None
+    if isinstance(target, type):
+        try:
+            target = target()
+        except TypeError as exc:
+            raise ValueError(f"--reactor {spec!r}: the class cannot be built without "
+                             f"arguments ({exc}); point at an instance instead") from exc
+    if not callable(target):
+        raise ValueError(f"--reactor {spec!r}: {type(target).__name__} is not callable; a "
+                         "reactor is a callable (event) -> Decision | None")
+    return target
+
+
+def _import_builtin_plugins() -> None:
+    for name in BUILTIN_PLUGIN_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            logger.debug("agent plugin module %s is not available", name)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the job; returns the exit code (0 success, 1 failure)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.multiprocessing.errors import record
+    from torch.distributed.run import run as torchrun_run
+
+    from eventbus.launcher.agent import event_agent
+
+    parser = build_parser()
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        reactors = [load_reactor(spec) for spec in args.reactor]
+    except ValueError as exc:
+        parser.error(str(exc))
+    bus = get_default_bus()
+    recorder = None
+    subscriptions = []
+    if args.events_jsonl:
+        from subscribers.jsonl import JsonlRecorder
+
+        try:
+            recorder = JsonlRecorder(args.events_jsonl)
+        except OSError as exc:
+            parser.error(f"--events-jsonl {args.events_jsonl!r}: {exc}")
+        subscriptions.append(bus.subscribe(ALL, on_event=recorder))
+    if args.log_events:
+        import eventbus
+
+        handler = eventbus.get_logging_handler()
+        if handler.level == logging.NOTSET:
+            handler.setLevel(logging.INFO)
+    _import_builtin_plugins()
+    try:
+        with event_agent(bus=bus, reactors=reactors):
+            # torchrun's own error handling: the failure table and the root cause's error
+            # file copied to the launcher's TORCHELASTIC_ERROR_FILE.
+            record(torchrun_run)(args)
+    except ChildFailedError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    finally:
+        for sub in subscriptions:
+            sub.cancel()
+        if recorder is not None and not recorder.close(timeout=RECORDER_CLOSE_TIMEOUT_S):
+            print(f"eventbus: {args.events_jsonl}: not every event was written "
+                  f"({recorder.stats()})", file=sys.stderr)
+    return 0

@@ -1,0 +1,231 @@
+"""The JSON Lines recorder, and a reader that survives what a crash leaves behind.
+
+Writing: :class:`JsonlRecorder` is a bus subscriber
+(``bus.subscribe(eventbus.ALL, on_event=recorder)``) that appends one ``event.to_json()``
+line per event. ``record()`` only enqueues (a bounded :class:`subscribers.queued.QueuedSink`
+whose drops are counted per reason); a background thread writes each batch with one
+``write()`` on an ``O_APPEND`` descriptor, so complete lines are never interleaved with
+another writer's and a crash can tear at most the line being written.
+
+Crash safety: after ``kill -9`` the file may end in a torn line (no ``\\n``). The next
+writer that opens the file first ends that line, so its own lines start fresh; readers
+skip and count the torn line (:func:`read_jsonl`).
+
+Reading: :func:`read_jsonl` yields each complete line's dict (or typed event) and counts
+what it skipped: ``torn`` (a line cut short by a crash) and ``foreign`` (a complete line
+that is not an event).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from typing import Literal
+
+from eventbus.encoding import decode_json
+from eventbus.events import Event
+from subscribers.queued import Overflow
+from subscribers.queued import QueuedSink
+
+__all__ = ["JsonlRead", "JsonlRecorder", "read_jsonl"]
+
+Fsync = Literal["never", "batch", "close"]
+
+_LINE_PREFIX = b'{"type":'
+
+
+class JsonlRecorder:
+    """Append every event it is given to ``path`` as one JSON line, off the caller's thread.
+
+    Options (keyword-only): ``max_events`` and ``max_bytes`` bound the queue;
+    ``overflow`` says which event a full queue drops (counted in :meth:`stats`);
+    ``fsync``: ``"never"`` (the OS writes back), ``"batch"`` (after every batch: survives a
+    machine crash, costs a disk flush per batch) or ``"close"``; ``flush_interval``: the
+    writer's maximal idle wait; ``close_timeout``: the default budget of :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_events: int = 100_000,
+        max_bytes: int = 64 * 1024 * 1024,
+        overflow: Overflow = "drop-newest",
+        fsync: Fsync = "never",
+        flush_interval: float = 0.05,
+        close_timeout: float = 5.0,
+    ) -> None:
+        if fsync not in ("never", "batch", "close"):
+            raise ValueError(f"fsync must be 'never', 'batch' or 'close', got {fsync!r}")
+        self.path = Path(path)
+        self.fsync: Fsync = fsync
+        self._fd: int | None = None
+        self._fd_pid = 0
+        self._fd_lock = threading.Lock()
+        self.lines_written = 0
+        self.encode_errors = 0
+        # Open (and end a torn last line) now, so a bad path fails here, not in the thread.
+        self._open()
+        self._sink = QueuedSink(self._write_batch, name=f"jsonl:{self.path}",
+                                max_events=max_events, max_bytes=max_bytes,
+                                overflow=overflow, flush_interval=flush_interval,
+                                close_timeout=close_timeout)
+
+    # -- subscriber side --------------------------------------------------------------------
+    def __call__(self, event: Event) -> None:
+        """Enqueue ``event`` (never blocks on the disk)."""
+        self._sink(event)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every event enqueued so far is written; False if ``timeout`` ran out."""
+        return self._sink.flush(timeout)
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Write what is queued within ``timeout``, then close the file. Events still queued
+        at the deadline, or arriving later, are counted as dropped. True if all were written."""
+        done = self._sink.close(timeout)
+        with self._fd_lock:
+            if self._fd is not None and self._fd_pid == os.getpid():
+                if self.fsync in ("batch", "close"):
+                    with contextlib.suppress(OSError):
+                        os.fsync(self._fd)
+                os.close(self._fd)
+            self._fd = None
+        return done
+
+    def stats(self) -> dict[str, Any]:
+        """The queue's counts (enqueued, handled, failed, pending, dropped per reason) and
+        the lines written by this process."""
+        out = self._sink.stats()
+        out["lines_written"] = self.lines_written
+        out["encode_errors"] = self.encode_errors
+        return out
+
+    # -- writer side ------------------------------------------------------------------------
+    def _open(self) -> int:
+        with self._fd_lock:
+            if self._fd is not None and self._fd_pid == os.getpid():
+                return self._fd
+            # A forked child writes through its own descriptor (same file, O_APPEND).
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+                         0o644)
+            try:
+                size = os.fstat(fd).st_size
+                if size:
+                    with open(self.path, "rb") as f:
+                        f.seek(size - 1)
+                        if f.read(1) != b"\n":
+                            _write_all(fd, b"\n")  # end the torn line of a crashed writer
+            except BaseException:
+                os.close(fd)
+                raise
+            self._fd, self._fd_pid = fd, os.getpid()
+            return fd
+
+    def _write_batch(self, events: Sequence[Event]) -> None:
+        lines = []
+        for event in events:
+            try:
+                lines.append(event.to_json())
+            except Exception:  # to_json sanitises; this is a last resort, counted
+                self.encode_errors += 1
+        if not lines:
+            return
+        fd = self._open()
+        _write_all(fd, ("\n".join(lines) + "\n").encode("utf-8"))
+        self.lines_written += len(lines)
+        if self.fsync == "batch":
+            os.fsync(fd)
+
+    def __repr__(self) -> str:
+        return f"<JsonlRecorder {str(self.path)!r} written={self.lines_written}>"
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+class JsonlRead:
+    """What :func:`read_jsonl` returns: iterate it for records; after (or during) the
+    iteration, ``lines``, ``records``, ``torn`` and ``foreign`` count what was seen."""
+
+    def __init__(self, path: str | os.PathLike[str], decode: Literal["dict", "event"]) -> None:
+        if decode not in ("dict", "event"):
+            raise ValueError(f"decode must be 'dict' or 'event', got {decode!r}")
+        self.path = Path(path)
+        self.decode = decode
+        #: lines seen (complete or not)
+        self.lines = 0
+        #: records yielded
+        self.records = 0
+        #: lines cut short by a crashed writer (skipped)
+        self.torn = 0
+        #: complete lines that are not events of this project (skipped)
+        self.foreign = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        with open(self.path, "rb") as f:
+            for raw in f:
+                self.lines += 1
+                complete = raw.endswith(b"\n")
+                text = raw.rstrip(b"\r\n")
+                if not text.strip():
+                    self.lines -= 1
+                    continue
+                try:
+                    value = decode_json(text)
+                except (ValueError, TypeError):
+                    # A line that does not parse and starts like ours (or is last and
+                    # unterminated) was cut short by a crash.
+                    if not complete or text.startswith(_LINE_PREFIX):
+                        self.torn += 1
+                    else:
+                        self.foreign += 1
+                    continue
+                try:
+                    value = self._as_record(value)
+                except (ValueError, TypeError):
+                    self.foreign += 1
+                    continue
+                self.records += 1
+                yield value
+
+    def _as_record(self, value: Any) -> Any:
+        if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+            raise ValueError("not an event object")
+        if self.decode == "event":
+            return Event.from_dict(value)
+        return value
+
+    @property
+    def skipped(self) -> int:
+        """torn + foreign."""
+        return self.torn + self.foreign
+
+    def __repr__(self) -> str:
+        return (f"<JsonlRead {str(self.path)!r} records={self.records} torn={self.torn} "
+                f"foreign={self.foreign}>")
+
+
+def read_jsonl(path: str | os.PathLike[str], *,
+               decode: Literal["dict", "event"] = "dict") -> JsonlRead:
+    """Read an events JSONL file, tolerating what crashes and strangers leave.
+
+    Iterate the result for each record: the event's dict (``decode="dict"``, NaN and
+    infinities restored) or the typed, validated event (``decode="event"``). Torn lines
+    (cut by ``kill -9``) and foreign lines (not events) are skipped and counted on the
+    result (``torn``, ``foreign``)::
+
+        read = read_jsonl("events.jsonl")
+        exits = [r for r in read if r["type"] == "WORKER_EXIT"]
+        print(read.torn, read.foreign)
+    """
+    return JsonlRead(path, decode)

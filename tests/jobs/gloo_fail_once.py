@@ -1,0 +1,60 @@
+"""A 2-worker gloo job: rank 1 exits with ``--exit-code`` on the attempts in ``--fail-on``.
+
+``--env-var NAME`` writes the worker's ``$NAME`` to ``<out>/attempt<A>_rank<R>.env``.
+
+Every rank writes ``<out>/attempt<A>_rank<R>.started`` once its process group is up; the
+failing rank writes ``time.time()`` to ``<out>/attempt<A>_rank<R>.exit`` just before it
+exits, so tests can compare the agent's WORKER_EXIT timestamp with the real exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import eventbus
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--exit-code", type=int, default=3)
+    parser.add_argument("--fail-on", default="0", help="comma-separated attempts that fail")
+    parser.add_argument("--fail-rank", type=int, default=1)
+    parser.add_argument("--env-var", default=None, help="write this env var to <out>")
+    args = parser.parse_args()
+    out = Path(args.out)
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    fail_on = {int(a) for a in args.fail_on.split(",") if a}
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == dist.get_world_size(), t
+    (out / f"attempt{attempt}_rank{rank}.started").write_text(str(os.getpid()))
+    if args.env_var:
+        value = os.environ.get(args.env_var, "<unset>")
+        (out / f"attempt{attempt}_rank{rank}.env").write_text(value)
+    eventbus.record(eventbus.EventType.EPOCH_START, epoch=0)
+
+    if attempt in fail_on and rank == args.fail_rank:
+        (out / f"attempt{attempt}_rank{rank}.exit").write_text(repr(time.time()))
+        sys.stdout.flush()
+        os._exit(args.exit_code)
+
+    dist.barrier()  # the survivor waits here for a peer that may be gone
+    dist.all_reduce(t)
+    eventbus.record(eventbus.EventType.EPOCH_END, epoch=0)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

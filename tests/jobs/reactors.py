@@ -1,0 +1,21 @@
+"""Reactors the end-to-end tests name with ``--reactor tests.jobs.reactors:ATTR``."""
+
+from __future__ import annotations
+
+from eventbus import Decision
+from eventbus import WorkerExit
+from subscribers.reactors import NonRetriableExitCodes
+
+
+def always_restart(event: WorkerExit) -> Decision:
+    """Restart on every failure (while --max-restarts allows)."""
+    return Decision.RESTART
+
+
+#: exit code 3 means "this will never work": stop at once
+exit_3_is_fatal = NonRetriableExitCodes({3})
+
+
+def broken(event: WorkerExit) -> Decision:
+    """A reactor with a bug: it raises, which must count as no decision."""
+    raise RuntimeError("reactor bug")

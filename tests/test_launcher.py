@@ -1,0 +1,149 @@
+"""End-to-end: real `python -m eventbus run --standalone` jobs on CPU with gloo.
+
+The job (tests/jobs/gloo_fail_once.py): 2 workers, init_process_group("gloo"), an
+all_reduce, then rank 1 exits with code 3 on attempt 0.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.launcher_helpers import JobRun
+from tests.launcher_helpers import run_command
+from tests.launcher_helpers import run_job
+
+REACTORS = "tests.jobs.reactors"
+
+
+def _exit_time(run: JobRun, attempt: int, rank: int) -> float:
+    return float((run.out / f"attempt{attempt}_rank{rank}.exit").read_text())
+
+
+def _started(run: JobRun, attempt: int) -> set[int]:
+    return {int(p.name.split("_rank")[1].split(".")[0])
+            for p in run.out.glob(f"attempt{attempt}_rank*.started")}
+
+
+def _assert_restart_succeeded(run: JobRun, *, restarts_left: int = 1) -> None:
+    assert run.returncode == 0, run.describe()
+    assert _started(run, 0) == {0, 1} and _started(run, 1) == {0, 1}, run.describe()
+    exits = run.of("WORKER_EXIT", worker_id=1, exit_code=3)
+    assert len(exits) == 1, run.describe()
+    assert exits[0]["context"]["restart_count"] == 0
+    restarts = run.of("WORKER_RESTART")
+    assert [(r["attempt"], r["restarts_left"]) for r in restarts] == [(1, restarts_left)], \
+        run.describe()
+    for attempt in (0, 1):
+        starts = run.of("WORKER_START", restart_count=attempt)
+        assert sorted(s["worker_id"] for s in starts) == [0, 1], run.describe()
+    assert [e["state"] for e in run.of("AGENT_EXIT")] == ["SUCCEEDED"]
+
+
+def test_reactor_restart_recovers_the_job(tmp_path: Path) -> None:
+    """RESTART from a reactor: the job exits 0, with the failure recorded within 1 s of the
+    worker's exit, one WORKER_RESTART and WORKER_START for both ranks of both attempts."""
+    run = run_job(tmp_path, eventbus_args=["--reactor", f"{REACTORS}:always_restart",
+                                           "--log-events"],
+                  torchrun_args=["--max-restarts", "2"])
+    _assert_restart_succeeded(run)
+    exit_event = run.of("WORKER_EXIT", worker_id=1, exit_code=3)[0]
+    detected_after = exit_event["timestamp"] - _exit_time(run, 0, 1)
+    print(f"WORKER_EXIT published {detected_after * 1000:.0f} ms after the worker's exit")
+    assert 0 <= detected_after < 1.0, detected_after
+    assert exit_event["worker_local_rank"] == 1 and exit_event["worker_pid"] > 0
+    assert exit_event["signal"] is None
+    # The reason names the failure and the reactor that decided.
+    reason = run.of("WORKER_RESTART")[0]["reason"]
+    assert "rank 1" in reason and "always_restart" in reason
+    # Order on the bus: the failure, then the restart, then the new attempt's workers.
+    kinds = [(e["type"], e["context"]["restart_count"]) for e in run.events
+             if e["type"] in ("WORKER_EXIT", "WORKER_RESTART", "WORKER_START", "RENDEZVOUS",
+                              "AGENT_START")]
+    assert kinds[0] == ("AGENT_START", 0)
+    first_exit = kinds.index(("WORKER_EXIT", 0))
+    assert kinds.index(("WORKER_RESTART", 1)) > first_exit
+    assert kinds.index(("WORKER_START", 1)) > kinds.index(("WORKER_RESTART", 1))
+    assert len(run.of("RENDEZVOUS", state="SUCCEEDED")) == 2
+    assert all(e["duration_s"] >= 0 for e in run.of("RENDEZVOUS"))
+    # Torch's own records are kept, as TORCHELASTIC events, never as doubled typed ones.
+    names = {e["name"] for e in run.of("TORCHELASTIC")}
+    assert "torchelastic.worker.status.SUCCEEDED" in names
+    assert len(run.of("WORKER_START")) == 4
+    assert run.torn == 0 and run.foreign == 0
+    # --log-events: the agent's console shows the failure as one line.
+    assert "WORKER_EXIT worker_id=1 exit_code=3" in run.stderr
+
+
+def test_non_retriable_exit_code_stops_at_once(tmp_path: Path) -> None:
+    """STOP from a reactor fails the job with restarts left, and no second attempt runs."""
+    run = run_job(tmp_path, eventbus_args=["--reactor", f"{REACTORS}:exit_3_is_fatal"],
+                  torchrun_args=["--max-restarts", "2"])
+    assert run.returncode == 1, run.describe()
+    assert _started(run, 1) == set(), run.describe()
+    assert run.of("WORKER_RESTART") == []
+    assert len(run.of("WORKER_EXIT", worker_id=1, exit_code=3)) == 1
+    assert {e["restart_count"] for e in
+            (s["context"] for s in run.of("WORKER_START"))} == {0}
+    agent_exit = run.of("AGENT_EXIT")
+    assert [e["state"] for e in agent_exit] == ["FAILED"], run.describe()
+    assert "STOP from NonRetriableExitCodes([3]" in agent_exit[0]["reason"]
+    # The other worker was stopped by the agent, and says so.
+    stopped = [e for e in run.of("WORKER_EXIT", worker_id=0) if e["exit_code"] != 0]
+    assert all(e["data"].get("stopped_by_agent") for e in stopped)
+
+
+def test_no_reactor_and_no_restarts_fails_with_the_exit_code(tmp_path: Path) -> None:
+    """Without reactors and with --max-restarts 0 the job fails, the failure recorded."""
+    run = run_job(tmp_path, torchrun_args=["--max-restarts", "0"])
+    assert run.returncode == 1, run.describe()
+    exits = run.of("WORKER_EXIT", worker_id=1)
+    assert [e["exit_code"] for e in exits] == [3], run.describe()
+    assert run.of("WORKER_RESTART") == []
+    assert [e["state"] for e in run.of("AGENT_EXIT")] == ["FAILED"]
+    # torchrun's own failure table still reaches the console.
+    assert "exitcode  : 3" in run.stderr
+
+
+def test_raising_reactor_counts_as_no_decision(tmp_path: Path) -> None:
+    """A reactor that raises is reported and leaves torchrun's policy (restart) in force."""
+    run = run_job(tmp_path, eventbus_args=["--reactor", f"{REACTORS}:broken"],
+                  torchrun_args=["--max-restarts", "1"])
+    _assert_restart_succeeded(run, restarts_left=0)
+    assert "reactor tests.jobs.reactors.broken raised" in run.stderr
+    assert "RuntimeError: reactor bug" in run.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(10 * 300)
+def test_restart_is_reliable_ten_times_in_a_row(tmp_path: Path) -> None:
+    """The restart case, 10 times in a row: 10 of 10 succeed (plain torchrun: ~1 in 6)."""
+    results = []
+    for i in range(10):
+        run = run_job(tmp_path / f"run{i}", eventbus_args=[
+            "--reactor", f"{REACTORS}:always_restart"], torchrun_args=["--max-restarts", "2"])
+        results.append(run)
+        _assert_restart_succeeded(run)
+    print(f"restarts succeeded: {len(results)}/10")
+
+
+def test_help_shows_torchrun_and_eventbus_options(tmp_path: Path) -> None:
+    """`eventbus run --help` is torchrun's parser plus the eventbus options."""
+    done = run_command([sys.executable, "-m", "eventbus", "run", "--help"], cwd=tmp_path,
+                       timeout=120)
+    assert done.returncode == 0, done.stderr
+    for option in ("--events-jsonl", "--reactor", "--log-events", "--nproc-per-node",
+                   "--max-restarts", "--rdzv-backend", "--standalone", "--monitor-interval"):
+        assert option in done.stdout
+
+
+def test_bad_reactor_is_a_clear_usage_error(tmp_path: Path) -> None:
+    """--reactor that does not resolve fails before any worker starts, naming the option."""
+    done = run_command([sys.executable, "-m", "eventbus", "run", "--reactor",
+                        "tests.jobs.reactors:nope", "--standalone", "x.py"], cwd=tmp_path,
+                       timeout=120)
+    assert done.returncode == 2
+    assert "--reactor 'tests.jobs.reactors:nope'" in done.stderr
+    assert "has no attribute" in done.stderr
