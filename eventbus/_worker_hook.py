@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 __all__ = ["WORKER_ENV", "attach_worker_forwarder"]
@@ -12,7 +13,19 @@ WORKER_ENV = "EVENTBUS_AGENT_STORE"
 
 
 def attach_worker_forwarder() -> None:
-    """Attach the forwarder when this process is a worker of ``eventbus run``."""
+    """Attach the forwarder when this process is a worker of ``eventbus run``.
+
+    Without ``EVENTBUS_AGENT_STORE`` this is one dict lookup. With it, the forwarder (and
+    torch) are imported and every event of the default bus is shipped to the agent. A
+    failure here never breaks ``import eventbus``: it is reported on the ``eventbus``
+    logger and the worker's events stay local.
+    """
     if not os.environ.get(WORKER_ENV):
         return
-    # Implemented by subscribers.store_forwarder (the store transport).
+    try:
+        from subscribers.store_forwarder import attach_from_env
+
+        attach_from_env()
+    except Exception:
+        logging.getLogger("eventbus").exception(
+            "eventbus: attaching the store forwarder failed; this worker's events stay local")

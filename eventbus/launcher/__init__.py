@@ -117,7 +117,7 @@ PluginFactory = Callable[[], AgentPlugin]
 
 #: modules the launcher imports before building the agent; each registers its plugin
 #: factories at import time (a module that is not installed is skipped)
-BUILTIN_PLUGIN_MODULES: tuple[str, ...] = ()
+BUILTIN_PLUGIN_MODULES: tuple[str, ...] = ("publishers.store_receiver",)
 
 _factories: list[PluginFactory] = []
 _lock = threading.Lock()

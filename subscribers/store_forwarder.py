@@ -1,0 +1,524 @@
+"""Ship a process's events to its agent through the job's c10d store.
+
+In a worker started by ``eventbus run``, ``import eventbus`` attaches a
+:class:`StoreForwarder` to the default bus (see :func:`attach_from_env`): every event goes
+into a bounded :class:`~subscribers.queued.QueuedSink`, whose thread encodes batches and
+``queue_push``-es them to a key of the long-lived rendezvous store namespaced by run id,
+attempt and rank. The agent's :mod:`publishers.store_receiver` pops them and republishes
+them on its bus. The agents of the other nodes use the same forwarder (``kind="n"``) to
+ship a filtered view of their bus to group rank 0.
+
+The wire format (one ``queue_push`` value, UTF-8 JSON, never pickle)::
+
+    {"v": 1, "src": "<sender id>", "kind": "w" | "n", "rank": <rank or group rank>,
+     "seq": <sequence number of the first event>, "drop": {"<reason>": <count>, ...},
+     "ctx": [<JobContext dict>, ...],
+     "ev": [["<type>", {<typed fields>, "timestamp": t, "data": {...}, "context": <ctx index>}],
+            ...],
+     "end": true | false}
+
+Every sender (one process, or one agent for the job-wide view) numbers its events 0, 1, 2,
+... in the order it pushes them; ``drop`` carries the sender's cumulative counts of events
+it dropped before they got a number (full queue, closed forwarder). The receiver turns a
+jump in the numbers into an ``EVENTS_LOST`` "gap", a step back into "duplicate", and a
+growing ``drop`` count into "dropped by sender", so that for every sender
+``recorded = delivered + reported lost``. ``end`` marks the sender's last push.
+
+What can be lost, and how it shows:
+
+* the store is down or unreachable: pushes fail (the first push after the server died even
+  returns OK); the batch is counted, logged (rate-limited) on the ``eventbus`` logger, and
+  the forwarder reconnects at most every ``reconnect_interval`` seconds. If anything
+  arrives later, the receiver reports the gap, which counts the silently lost push too;
+* the process is SIGKILLed (or calls ``os._exit``): what is still queued, at most the
+  last ``flush_interval`` of events plus one in-flight batch, is lost, and nothing follows
+  it to reveal the gap; the receiver reports the sender as "closed without end".
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any
+from typing import Literal
+
+from eventbus.bus import ALL
+from eventbus.bus import Bus
+from eventbus.bus import Subscription
+from eventbus.bus import get_default_bus
+from eventbus.context import JobContext
+from eventbus.encoding import LIMITS
+from eventbus.encoding import sanitize
+from eventbus.events import Event
+from subscribers.queued import Overflow
+from subscribers.queued import QueuedSink
+
+__all__ = [
+    "ENV_PREFIX",
+    "ENV_STORE",
+    "MAX_PUSH_BYTES",
+    "WIRE_VERSION",
+    "BatchEncoder",
+    "SenderKind",
+    "StoreForwarder",
+    "attach_from_env",
+    "connect_store",
+    "install_exit_hooks",
+    "namespace",
+    "node_key",
+    "worker_key",
+]
+
+logger = logging.getLogger("eventbus")
+
+#: ``host:port`` of the long-lived c10d store; set by the launcher's plugin for workers
+ENV_STORE = "EVENTBUS_AGENT_STORE"
+#: key namespace of the attempt the worker belongs to (see :func:`namespace`)
+ENV_PREFIX = "EVENTBUS_STORE_PREFIX"
+#: version of the wire format above
+WIRE_VERSION = 1
+#: a push carries at most this many bytes (the store accepts 8 MiB values; stay well below)
+MAX_PUSH_BYTES = 4 * 1024 * 1024
+
+SenderKind = Literal["w", "n"]
+
+
+def namespace(run_id: str, attempt: int) -> str:
+    """The key prefix of one attempt of one job: the store keeps queues across attempts."""
+    return f"eventbus/{run_id}/{attempt}"
+
+
+def worker_key(prefix: str, rank: int) -> str:
+    """The queue a worker of global rank ``rank`` pushes to (its node's agent pops it)."""
+    return f"{prefix}/w{rank}"
+
+
+def node_key(prefix: str, group_rank: int) -> str:
+    """The queue the agent of ``group_rank`` pushes its job-wide view to (group rank 0 pops)."""
+    return f"{prefix}/n{group_rank}"
+
+
+def connect_store(host: str, port: int, *, timeout: float) -> Any:
+    """A new client of the TCPStore at ``host:port`` (raises when it cannot connect in time).
+
+    ``timeout`` bounds the connect and every later operation of the client.
+    """
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    return TCPStore(host, port, is_master=False, wait_for_workers=False,
+                    timeout=datetime.timedelta(seconds=timeout))
+
+
+# -- encoding --------------------------------------------------------------------------
+
+
+_DUMPS = json.JSONEncoder(allow_nan=False, separators=(",", ":"), check_circular=False).encode
+
+
+def _entry(event: Event, contexts: dict[int, int], ctx_list: list[JobContext]) -> list[Any]:
+    d = event.__dict__.copy()
+    ctx = d["context"]
+    index = contexts.get(id(ctx))
+    if index is None:
+        index = contexts[id(ctx)] = len(ctx_list)
+        ctx_list.append(ctx)
+    d["context"] = index
+    return [str(type(event).type), d]
+
+
+def _safe_entry_text(entry: list[Any]) -> str:
+    """One event entry as JSON within the per-event limit, whatever its payload holds."""
+    try:
+        text = _DUMPS(entry)
+    except (ValueError, TypeError, RecursionError, OverflowError):
+        text = _DUMPS(sanitize(entry))
+    if len(text) > LIMITS.max_line_bytes:
+        name, d = entry
+        d = dict(d)
+        d["data"] = {"$truncated": "data over the event size limit"}
+        text = _DUMPS(sanitize([name, d]))
+    return text
+
+
+class BatchEncoder:
+    """Numbers one sender's events and encodes them into pushes of the wire format.
+
+    Not thread-safe: one encoder belongs to one sending thread.
+    """
+
+    def __init__(self, *, kind: SenderKind, rank: int, sender: str | None = None,
+                 max_push_bytes: int = MAX_PUSH_BYTES) -> None:
+        self.kind = kind
+        self.rank = rank
+        self.sender = sender or new_sender_id(kind, rank)
+        self.max_push_bytes = max_push_bytes
+        #: sequence number of the next event
+        self.seq = 0
+
+    def encode(self, events: Sequence[Event], *, dropped: dict[str, int] | None = None,
+               end: bool = False) -> list[tuple[bytes, int]]:
+        """The pushes (value, number of events) that carry ``events``, numbered in order."""
+        contexts: dict[int, int] = {}
+        ctx_list: list[JobContext] = []
+        entries = [_entry(e, contexts, ctx_list) for e in events]
+        head = {
+            "v": WIRE_VERSION, "src": self.sender, "kind": self.kind, "rank": self.rank,
+            "seq": self.seq, "drop": dropped or {},
+            "ctx": [c.to_dict() for c in ctx_list], "end": end, "ev": entries,
+        }
+        text: str | None
+        try:
+            text = _DUMPS(head)
+        except (ValueError, TypeError, RecursionError, OverflowError):
+            text = None
+        if text is not None and len(text) <= min(self.max_push_bytes, LIMITS.max_line_bytes):
+            self.seq += len(entries)
+            return [(text.encode("utf-8"), len(entries))]
+        # Slow path: something is not plain JSON, or the batch is large. Encode event by
+        # event (sanitizing and truncating what needs it) and split into pushes.
+        parts = [_safe_entry_text(entry) for entry in entries]
+        pushes: list[tuple[bytes, int]] = []
+        start = 0
+        while True:
+            size = 0
+            stop = start
+            while stop < len(parts) and (stop == start or
+                                         size + len(parts[stop]) + 1 < self.max_push_bytes - 4096):
+                size += len(parts[stop]) + 1
+                stop += 1
+            last = stop >= len(parts)
+            head["seq"] = self.seq
+            head["end"] = end and last
+            head["ev"] = []
+            prefix = _DUMPS(head)
+            assert prefix.endswith("[]}")
+            value = prefix[:-3] + "[" + ",".join(parts[start:stop]) + "]}"
+            pushes.append((value.encode("utf-8"), stop - start))
+            self.seq += stop - start
+            start = stop
+            if last:
+                return pushes
+
+
+def new_sender_id(kind: SenderKind, rank: int) -> str:
+    """A sender id unique across processes, hosts, attempts and pid reuse."""
+    return f"{kind}{rank}:{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+# -- the forwarder -----------------------------------------------------------------------
+
+
+class StoreForwarder:
+    """Subscriber that ships every event of ``bus`` (or those ``where`` selects) to a queue
+    of a c10d store, in numbered batches, from a background thread.
+
+    ``record()`` only appends to the bounded queue; connecting, encoding and pushing happen
+    on the queue's thread. A forked child starts empty, with a new sender id and numbering,
+    and opens its own store client on its first push.
+    """
+
+    def __init__(
+        self,
+        *,
+        host: str,
+        port: int,
+        key: str,
+        rank: int,
+        kind: SenderKind = "w",
+        bus: Bus | None = None,
+        where: Callable[[Event], object] | None = None,
+        connect_timeout: float = 10.0,
+        reconnect_interval: float = 2.0,
+        max_events: int = 200_000,
+        max_bytes: int = 64 * 1024 * 1024,
+        overflow: Overflow = "drop-newest",
+        max_batch: int = 4_000,
+        flush_interval: float = 0.02,
+        close_timeout: float = 10.0,
+        report_interval: float = 10.0,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.key = key
+        self.rank = rank
+        self.kind: SenderKind = kind
+        self.bus = bus if bus is not None else get_default_bus()
+        self.connect_timeout = connect_timeout
+        self.reconnect_interval = reconnect_interval
+        self.close_timeout = close_timeout
+        self.report_interval = report_interval
+        self.sink = QueuedSink(self._push_batch, name=f"store-forwarder:{key}",
+                               max_events=max_events, max_bytes=max_bytes, overflow=overflow,
+                               max_batch=max_batch, flush_interval=flush_interval,
+                               close_timeout=close_timeout, report_interval=report_interval)
+        self._reset()
+        self.subscription: Subscription | None = self.bus.subscribe(
+            ALL, on_event=self.sink, where=where)
+        _forwarders.add(self)
+
+    def _reset(self) -> None:
+        # Called at construction and in a forked child: a new sender with its own numbering
+        # and its own store client (the parent's socket is not ours to use).
+        self.encoder = BatchEncoder(kind=self.kind, rank=self.rank)
+        self._client: Any = None
+        self._client_lock = threading.Lock()
+        self._next_connect = 0.0
+        self._pid = os.getpid()
+        self._ended = False
+        self._pushed_events = 0
+        self._pushes = 0
+        self.lost: dict[str, int] = {}
+        self._reported_lost = 0
+        self._last_report = -self.report_interval
+
+    @property
+    def sender(self) -> str:
+        """This process's sender id (it changes in a forked child)."""
+        return self.encoder.sender
+
+    # -- the queue's thread -------------------------------------------------------------
+    def _connect(self) -> Any:
+        if self._client is not None:
+            return self._client
+        now = time.monotonic()
+        if now < self._next_connect:
+            return None
+        self._next_connect = now + self.reconnect_interval
+        try:
+            self._client = connect_store(self.host, self.port, timeout=self.connect_timeout)
+        except Exception as exc:
+            self._note_loss(0, f"cannot connect to the store at {self.host}:{self.port}: "
+                               f"{exc}")
+            return None
+        return self._client
+
+    def _push_batch(self, events: Sequence[Event], *, end: bool = False) -> None:
+        with self._client_lock:
+            if self._ended:
+                self._note_loss(len(events), "forwarder already ended")
+                return
+            dropped = dict(self.sink.dropped)
+            try:
+                pushes = self.encoder.encode(events, dropped=dropped, end=end)
+            except Exception as exc:  # never expected; do not let the thread die
+                self.encoder.seq += len(events)
+                self._note_loss(len(events), f"encoding failed: {exc!r}")
+                return
+            for value, n in pushes:
+                client = self._connect()
+                if client is None:
+                    self._note_loss(n, "store unreachable")
+                    continue
+                try:
+                    client.queue_push(self.key, value)
+                except Exception as exc:
+                    self._client = None
+                    self._note_loss(n, f"queue_push failed: {exc}")
+                else:
+                    self._pushes += 1
+                    self._pushed_events += n
+            if end:
+                self._ended = True
+
+    def _note_loss(self, n: int, reason: str) -> None:
+        if n:
+            self.lost[reason] = self.lost.get(reason, 0) + n
+        total = sum(self.lost.values())
+        now = time.monotonic()
+        if now - self._last_report < self.report_interval:
+            return
+        self._last_report = now
+        new, self._reported_lost = total - self._reported_lost, total
+        logger.warning("store forwarder %s -> %s: %s; %d events lost since the last report "
+                       "(%d in all); the receiver reports the gap if the store comes back",
+                       self.sender, self.key, reason, new, total)
+
+    # -- control ------------------------------------------------------------------------
+    def flush(self, timeout: float | None = None) -> bool:
+        """Push everything queued so far; False if ``timeout`` ran out first."""
+        return self.sink.flush(self.close_timeout if timeout is None else timeout)
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Flush, stop the queue's thread, push the end marker. Idempotent.
+
+        Returns True when everything recorded before the call was pushed.
+        """
+        deadline = time.monotonic() + (self.close_timeout if timeout is None else timeout)
+        if self.subscription is not None:
+            self.subscription.cancel()
+            self.subscription = None
+        done = self.sink.close(max(0.0, deadline - time.monotonic()))
+        if not self._ended and self._pid == os.getpid():
+            self._push_batch([], end=True)
+        return done and not self.lost
+
+    def stats(self) -> dict[str, Any]:
+        """The queue's counts plus pushes, pushed events, lost events (per reason)."""
+        out = self.sink.stats()
+        out.update(sender=self.sender, key=self.key, pushes=self._pushes,
+                   pushed=self._pushed_events, lost=dict(self.lost), next_seq=self.encoder.seq)
+        return out
+
+    def _after_fork_in_child(self) -> None:
+        self._reset()
+
+    def __repr__(self) -> str:
+        return f"<StoreForwarder {self.sender} -> {self.host}:{self.port} {self.key}>"
+
+
+_forwarders: weakref.WeakSet[StoreForwarder] = weakref.WeakSet()
+#: the forwarder attached by attach_from_env() in this process, if any
+_worker_forwarder: StoreForwarder | None = None
+
+
+def _after_fork_in_child() -> None:
+    for fwd in list(_forwarders):
+        fwd._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# -- exit hooks (workers) ----------------------------------------------------------------
+
+_previous_sigterm: Any = None
+_hooks_installed = False
+
+
+def _close_worker_forwarder(timeout: float | None = None) -> None:
+    fwd = _worker_forwarder
+    if fwd is not None and fwd._pid == os.getpid():
+        try:
+            fwd.close(timeout)
+        except Exception:
+            logger.exception("closing the store forwarder failed")
+
+
+def _lock_free(fwd: StoreForwarder) -> bool:
+    # The SIGTERM handler runs in the main thread between two bytecodes, possibly inside
+    # QueuedSink.__call__ with its lock held: flushing inline would then deadlock. The
+    # queue's own thread holds the lock only for a few pops, so a short wait tells which.
+    lock = fwd.sink._cond
+    if lock.acquire(timeout=0.2):
+        lock.release()
+        return True
+    return False
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    fwd = _worker_forwarder
+    previous = _previous_sigterm
+    chained = callable(previous)
+    if fwd is not None and fwd._pid == os.getpid():
+        if _lock_free(fwd):
+            if chained:
+                fwd.flush()
+            else:
+                _close_worker_forwarder()
+        elif not chained:
+            # Finish on a helper thread once the interrupted frame released the lock;
+            # the helper ends the process the way SIGTERM would have.
+            threading.Thread(target=_close_and_die, args=(signum, previous),
+                             name="eventbus-sigterm", daemon=True).start()
+            return
+    if chained:
+        previous(signum, frame)
+        return
+    _die(signum, previous)
+
+
+def _close_and_die(signum: int, previous: Any) -> None:
+    _close_worker_forwarder()
+    _die(signum, previous)
+
+
+def _die(signum: int, previous: Any) -> None:
+    if previous == signal.SIG_IGN:
+        return
+    # The default action: end the process by the signal, as if no handler were installed.
+    with contextlib.suppress(Exception):
+        signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    time.sleep(1.0)
+    os._exit(128 + signum)
+
+
+def _register_mp_finalizer(_: object = None) -> None:
+    # multiprocessing children (DataLoader workers) leave through os._exit after running
+    # multiprocessing's own finalizers, never through atexit. Their finalizer registry
+    # is cleared at the child's start, then the after-fork callbacks run: register there.
+    import multiprocessing.util
+
+    multiprocessing.util.Finalize(None, _close_worker_forwarder, exitpriority=100)
+
+
+def install_exit_hooks() -> None:
+    """Flush and end the worker's forwarder on normal exit, ``sys.exit``, SIGTERM (chaining
+    the handler installed before) and the exit of a multiprocessing child. Idempotent."""
+    global _hooks_installed, _previous_sigterm
+    if _hooks_installed:
+        return
+    _hooks_installed = True
+    atexit.register(_close_worker_forwarder)
+    if threading.current_thread() is threading.main_thread():
+        try:
+            _previous_sigterm = signal.getsignal(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, _on_sigterm)
+        except (ValueError, OSError):  # not allowed here (embedded interpreter)
+            logger.warning("eventbus: cannot install a SIGTERM handler; events queued when "
+                           "the agent stops this worker may be lost")
+    if "multiprocessing" in sys.modules:
+        import multiprocessing.util
+
+        multiprocessing.util.register_after_fork(_register_mp_finalizer,
+                                                 _register_mp_finalizer)
+
+
+def attach_from_env(environ: dict[str, str] | None = None) -> StoreForwarder | None:
+    """Attach the worker forwarder described by the launcher's environment variables.
+
+    ``EVENTBUS_AGENT_STORE=host:port`` and ``EVENTBUS_STORE_PREFIX`` (the attempt's key
+    namespace); the worker's rank comes from ``RANK``. Returns the forwarder, or None (with
+    a warning) when the variables are unusable. Calling it again returns the same one.
+    """
+    global _worker_forwarder
+    if _worker_forwarder is not None:
+        return _worker_forwarder
+    env = os.environ if environ is None else environ
+    address = env.get(ENV_STORE, "")
+    prefix = env.get(ENV_PREFIX, "")
+    host, _, port_text = address.rpartition(":")
+    try:
+        port = int(port_text)
+        rank = int(env.get("RANK", ""))
+    except ValueError:
+        port = rank = -1
+    if not host or port <= 0 or rank < 0 or not prefix:
+        logger.warning("eventbus: %s=%r, %s=%r, RANK=%r do not describe a store to forward "
+                       "to (expected host:port, a key prefix and an int rank); this worker's "
+                       "events stay in this process", ENV_STORE, address, ENV_PREFIX, prefix,
+                       env.get("RANK"))
+        return None
+    # Import torch now, in the importing thread: the queue's thread must not race the
+    # training script's own `import torch`.
+    import torch.distributed  # noqa: F401
+
+    _worker_forwarder = StoreForwarder(host=host, port=port, key=worker_key(prefix, rank),
+                                       rank=rank, kind="w")
+    install_exit_hooks()
+    return _worker_forwarder

@@ -1,0 +1,427 @@
+"""The store transport in one process: forwarder -> real TCPStore -> receiver.
+
+Pins the wire format, batching, per-sender numbering with gap/duplicate/drop reports,
+decode validation and limits (RELIABILITY row 19), non-blocking pops on the receiver's own
+client (row 21), and the two-level fan-in of the agent plugin.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import json
+import math
+import os
+import pickle
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import eventbus
+from eventbus import ALL
+from eventbus import EventType
+from eventbus.launcher import RendezvousInfo
+from eventbus.launcher import agent_plugin_factories
+from publishers.store_receiver import StoreReceiver
+from publishers.store_receiver import StoreTransport
+from publishers.store_receiver import job_event_filter
+from subscribers.store_forwarder import ENV_PREFIX
+from subscribers.store_forwarder import ENV_STORE
+from subscribers.store_forwarder import BatchEncoder
+from subscribers.store_forwarder import StoreForwarder
+from subscribers.store_forwarder import namespace
+from subscribers.store_forwarder import node_key
+from subscribers.store_forwarder import worker_key
+
+torch_dist = pytest.importorskip("torch.distributed")
+
+KEY = worker_key("eventbus/test/0", 0)
+
+
+@pytest.fixture
+def store() -> Iterator[Any]:
+    """A real TCPStore server on a free port."""
+    server = torch_dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                                 timeout=datetime.timedelta(seconds=10))
+    yield server
+
+
+def _bus_with_log(name: str) -> tuple[eventbus.Bus, list[eventbus.Event]]:
+    bus = eventbus.Bus(name)
+    got: list[eventbus.Event] = []
+    bus.subscribe(ALL, on_event=got.append)
+    return bus, got
+
+
+def _ctx(rank: int = 0) -> eventbus.JobContext:
+    return eventbus.JobContext(rank=rank, group_rank=0, run_id="test", restart_count=0,
+                               hostname="h", pid=1)
+
+
+def _receiver(store: Any, bus: eventbus.Bus, key: str = KEY, rank: int = 0) -> StoreReceiver:
+    rx = StoreReceiver(bus=bus, host="127.0.0.1", port=store.port, connect_timeout=10)
+    rx.watch(key, kind="w", rank=rank)
+    return rx
+
+
+def _lost(events: list[eventbus.Event], prefix: str) -> int:
+    return sum(e.count for e in events
+               if e.type == EventType.EVENTS_LOST and e.reason.startswith(prefix))
+
+
+def test_round_trip_keeps_every_event_in_order_and_batches_pushes(store: Any) -> None:
+    """10,000 events of mixed types (NaN, tensors, unicode) arrive typed, in order, equal,
+    carried by far fewer pushes than events."""
+    torch = pytest.importorskip("torch")
+    src = eventbus.Bus("src")
+    dst, got = _bus_with_log("dst")
+    fwd = StoreForwarder(host="127.0.0.1", port=store.port, key=KEY, rank=0, bus=src)
+    sent: list[eventbus.Event] = []
+    src.subscribe(ALL, on_event=sent.append)
+    for i in range(10_000):
+        if i % 3 == 0:
+            src.record(EventType.EPOCH_END, epoch=i, data={"loss": math.nan, "t": torch.ones(3)})
+        elif i % 3 == 1:
+            src.record(EventType.CHECKPOINT_SAVED, path=f"/ckpt/\u2028{i}", step=i)
+        else:
+            src.record(EventType.WORKER_EXIT, worker_id=0, exit_code=i % 5, signal=None)
+    assert fwd.close(5.0)
+    rx = _receiver(store, dst)
+    assert rx.drain(timeout=10)
+    assert len(got) == 10_000
+    assert [e.to_json() for e in got] == [e.to_json() for e in sent]
+    assert math.isnan(got[0].data["loss"])
+    assert got[0].data["t"]["$tensor"]["shape"] == [3]
+    assert got[1].path == "/ckpt/\u20281"
+    assert fwd.stats()["pushes"] < 10_000 / 100
+    assert rx.stats()["rejected"] == {} and rx.stats()["lost"] == {}
+
+
+def test_round_trip_dicts_equal(store: Any) -> None:
+    """Decoded events have the same to_dict() as the recorded ones, context included."""
+    src = eventbus.Bus("src")
+    dst, got = _bus_with_log("dst")
+    sent: list[eventbus.Event] = []
+    src.subscribe(ALL, on_event=sent.append)
+    fwd = StoreForwarder(host="127.0.0.1", port=store.port, key=KEY, rank=0, bus=src)
+    eventbus.set_context(rank=0)
+    try:
+        for i in range(100):
+            src.record(EventType.METRIC, step=i, data={"loss": 1.0 / (i + 1), "s": "x" * i})
+    finally:
+        eventbus.refresh_context()
+    fwd.close(5.0)
+    rx = _receiver(store, dst)
+    rx.drain(timeout=5)
+    assert [e.to_dict() for e in got] == [e.to_dict() for e in sent]
+
+
+def test_sequence_gap_and_duplicates_are_reported_not_hidden(store: Any) -> None:
+    """A jump in a sender's numbering is one EVENTS_LOST 'gap' of its size; a repeated push
+    is one 'duplicate' report and its events are delivered once."""
+    dst, got = _bus_with_log("dst")
+    enc = BatchEncoder(kind="w", rank=0, sender="w0:test")
+    events = [eventbus.EpochEnd(epoch=i, context=_ctx()) for i in range(30)]
+    (first, _), = enc.encode(events[:10])
+    enc.encode(events[10:20])  # numbered, never pushed: lost
+    (third, _), = enc.encode(events[20:])
+    for value in (first, third, third):
+        store.queue_push(KEY, value)
+    rx = _receiver(store, dst)
+    rx.drain(timeout=5)
+    epochs = [e.epoch for e in got if e.type == EventType.EPOCH_END]
+    assert epochs == [*range(10), *range(20, 30)]
+    assert _lost(got, "gap") == 10
+    assert _lost(got, "duplicate") == 10
+    assert rx.stats()["lost"] == {"gap": 10, "duplicate": 10}
+
+
+def test_sender_side_drops_are_reported_so_recorded_equals_delivered_plus_lost(
+        store: Any) -> None:
+    """Events the forwarder's full queue dropped arrive as 'dropped by sender' reports:
+    recorded = delivered + reported (RELIABILITY row 12's equation)."""
+    src = eventbus.Bus("src")
+    dst, got = _bus_with_log("dst")
+    fwd = StoreForwarder(host="127.0.0.1", port=store.port, key=KEY, rank=0, bus=src,
+                         max_events=100)
+    with fwd._client_lock:  # the queue's thread blocks on its first push: the queue fills
+        for i in range(1_000):
+            src.record(EventType.EPOCH_END, epoch=i)
+        time.sleep(0.1)
+    fwd.close(5.0)
+    dropped = sum(fwd.stats()["dropped"].values())
+    assert dropped > 0
+    rx = _receiver(store, dst)
+    rx.drain(timeout=5)
+    delivered = sum(1 for e in got if e.type == EventType.EPOCH_END)
+    assert delivered + _lost(got, "dropped by sender") == 1_000
+    assert _lost(got, "dropped by sender") == dropped
+
+
+def _valid(seq: int, rank: int = 0, sender: str = "w0:valid") -> bytes:
+    enc = BatchEncoder(kind="w", rank=rank, sender=sender)
+    enc.seq = seq
+    ((value, _),) = enc.encode([eventbus.EpochEnd(epoch=seq, context=_ctx(rank))])
+    return value
+
+
+_senders = itertools.count()
+
+
+def _batch(**overrides: Any) -> bytes:
+    ctx = _ctx().to_dict()
+    batch: dict[str, Any] = {"v": 1, "src": f"w0:hostile{next(_senders)}", "kind": "w",
+                             "rank": 0, "seq": 0, "drop": {}, "ctx": [ctx], "end": False,
+                             "ev": [["EPOCH_END", {"epoch": 1, "timestamp": 1.0, "data": {},
+                                                   "context": 0}]]}
+    batch.update(overrides)
+    return json.dumps(batch).encode()
+
+
+class _Boom:
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, ("touch " + str(_Boom.marker),))
+
+    marker = Path("/nonexistent")
+
+
+def test_hostile_values_are_rejected_per_reason_and_valid_ones_all_delivered(
+        store: Any, tmp_path: Path) -> None:
+    """Garbage, invalid UTF-8, a pickle, unknown types, wrong field types, spoofed ranks,
+    deep nesting and a 16 MiB value are counted per reason; the receiver keeps running,
+    delivers every valid event, and never unpickles (row 19)."""
+    _Boom.marker = tmp_path / "unpickled"
+    dst, got = _bus_with_log("dst")
+    hostile: list[bytes] = [
+        b"\x00\x01garbage",
+        b"\xff\xfe\xfa not utf-8",
+        pickle.dumps(_Boom()),
+        b"[" * 100_000 + b"]" * 100_000,
+        b"x" * (7 * 1024 * 1024),
+        b'{"v": 1, "src": "w0:h", "kind": "w", "rank": 0, "seq": NaN}',
+        _batch(v=99),
+        _batch(src=""),
+        _batch(seq=-1),
+        _batch(rank=1),  # claims another rank's queue
+        _batch(ev=[["NO_SUCH_TYPE", {"timestamp": 1.0, "context": 0}]]),
+        _batch(ev=[["EPOCH_END", {"epoch": "one", "timestamp": 1.0, "context": 0}]]),
+        _batch(ev=[["EPOCH_END", {"epoch": 1, "bogus": 2, "timestamp": 1.0, "context": 0}]]),
+        _batch(ev=[["EPOCH_END", {"epoch": 1, "timestamp": "noon", "context": 0}]]),
+        _batch(ev=[["EPOCH_END", {"epoch": 1, "timestamp": 1.0, "context": 7}]]),
+        _batch(ev=[["EPOCH_END", {"epoch": 1, "timestamp": 1.0, "data": [], "context": 0}]]),
+        _batch(ev=[{"not": "a list"}]),
+        _batch(ctx=[{**_ctx().to_dict(), "rank": 5}]),  # spoofed rank in the context
+        _batch(ctx=[{"rank": "zero"}]),
+        _batch(drop={"x": -1}),
+    ]
+    for i, value in enumerate(hostile):
+        store.queue_push(KEY, _valid(i))
+        store.queue_push(KEY, value)
+    # 16 MiB: the store server refuses it (and drops that client); the receiver never sees it
+    other = torch_dist.TCPStore("127.0.0.1", store.port, is_master=False,
+                                timeout=datetime.timedelta(seconds=10))
+    with pytest.raises(RuntimeError):
+        other.queue_push(KEY, b"x" * (16 * 1024 * 1024))
+    store.queue_push(KEY, _valid(len(hostile)))
+    rx = _receiver(store, dst)
+    rx.drain(timeout=30)
+    rx.close()
+    epochs = [e.epoch for e in got if e.type == EventType.EPOCH_END]
+    assert epochs == list(range(len(hostile) + 1)), "valid events: 100% delivered, in order"
+    rejected = rx.stats()["rejected"]
+    assert rejected["not UTF-8"] >= 2  # invalid UTF-8 and the pickle
+    assert rejected["not JSON"] >= 2  # garbage, deep nesting, NaN
+    assert rejected["value too large"] == 1
+    assert rejected["spoofed sender"] == 1
+    assert rejected["spoofed rank"] == 1
+    assert rejected["unknown event type"] == 1
+    assert rejected["bad event: fields"] == 2
+    assert rejected["bad context"] == 1
+    assert sum(rejected.values()) == len(hostile)
+    assert _lost(got, "rejected") == sum(rejected.values())
+    assert not _Boom.marker.exists()
+
+
+def test_receiver_pops_only_without_blocking_on_its_own_client(store: Any) -> None:
+    """Every queue_pop the receiver makes is non-blocking, on a client it made itself
+    (row 21: a blocking pop stalls every other call on its client)."""
+    calls: list[dict[str, Any]] = []
+
+    class Spy:
+        def __init__(self, real: Any) -> None:
+            self.real = real
+
+        def queue_pop(self, key: str, **kw: Any) -> Any:
+            calls.append(kw)
+            return self.real.queue_pop(key, **kw)
+
+    dst, _ = _bus_with_log("dst")
+    rx = _receiver(store, dst)
+    assert rx.client is not store
+    rx.client = Spy(rx.client)
+    rx.start()
+    time.sleep(0.2)
+    rx.stop()
+    assert calls and all(kw == {"block": False} for kw in calls)
+
+
+def test_forked_child_sends_as_a_new_sender_and_never_duplicates_the_parent_queue(
+        store: Any) -> None:
+    """After fork (with the bus lock held by another thread) the child numbers its own
+    events from 0 under a new sender id, on its own client; the parent's queued events are
+    pushed once, by the parent (row 11)."""
+    src = eventbus.get_default_bus()
+    dst, got = _bus_with_log("dst")
+    fwd = StoreForwarder(host="127.0.0.1", port=store.port, key=KEY, rank=0, bus=src)
+    try:
+        eventbus.set_context(rank=0)
+        parent_sender = fwd.sender
+        children = []
+        hold = threading.Event()
+        release = threading.Event()
+
+        def holder() -> None:
+            with src._lock:
+                hold.set()
+                release.wait(10)
+
+        with fwd._client_lock:  # keep the parent's events queued across the forks
+            for i in range(100):
+                eventbus.record(EventType.EPOCH_END, epoch=i)
+            thread = threading.Thread(target=holder)
+            thread.start()
+            hold.wait(5)
+            for n in range(5):
+                pid = os.fork()
+                if pid == 0:  # the child
+                    code = 1
+                    try:
+                        assert fwd.sender != parent_sender and fwd.sink.pending == 0
+                        for i in range(50):
+                            eventbus.record(EventType.EPOCH_START, epoch=1000 * (n + 1) + i)
+                        code = 0 if fwd.close(10.0) else 2
+                    finally:
+                        os._exit(code)
+                children.append(pid)
+            release.set()
+            thread.join()
+        codes = [os.waitpid(pid, 0)[1] for pid in children]
+        assert codes == [0] * 5
+        assert fwd.close(5.0)
+    finally:
+        eventbus.refresh_context()
+        fwd.close(1.0)
+    rx = _receiver(store, dst)
+    rx.drain(timeout=10)
+    parents = [e.epoch for e in got if e.type == EventType.EPOCH_END]
+    assert parents == list(range(100))
+    by_pid: dict[int, list[int]] = {}
+    for e in got:
+        if e.type == EventType.EPOCH_START:
+            by_pid.setdefault(e.pid, []).append(e.epoch)
+    assert sorted(by_pid) == sorted(children)
+    for epochs in by_pid.values():
+        assert len(epochs) == 50 and epochs == sorted(epochs)
+    senders = rx.stats()["senders"]
+    assert len(senders) == 6 and all(s["ended"] for s in senders.values())
+    assert rx.stats()["lost"] == {}
+
+
+def test_job_event_filter_defaults_to_builtins_and_takes_exclusions() -> None:
+    """Default: every built-in type; '-METRIC' keeps per-step metrics on the node;
+    an unknown name is refused by name."""
+    epoch = eventbus.EpochEnd(epoch=1)
+    metric = eventbus.Metric(step=1)
+    default = job_event_filter("builtin")
+    assert default(epoch) and default(metric)
+    no_metric = job_event_filter("-METRIC")
+    assert no_metric(epoch) and not no_metric(metric)
+    only = job_event_filter("EPOCH_END")
+    assert only(epoch) and not only(metric)
+    with pytest.raises(ValueError, match="NOPE"):
+        job_event_filter("-NOPE")
+
+
+def test_the_plugin_is_registered_for_the_launcher() -> None:
+    """`eventbus run` builds a StoreTransport in every agent."""
+    assert StoreTransport in agent_plugin_factories()
+
+
+def _info(store: Any, bus: eventbus.Bus, *, group_rank: int, attempt: int = 0,
+          nodes: int = 2, per_node: int = 2) -> RendezvousInfo:
+    return RendezvousInfo(
+        store_host="127.0.0.1", store_port=store.port, run_id="job", group_rank=group_rank,
+        group_world_size=nodes, restart_count=attempt, local_world_size=per_node,
+        world_size=nodes * per_node,
+        global_ranks=tuple(range(group_rank * per_node, (group_rank + 1) * per_node)), bus=bus)
+
+
+def test_two_level_fan_in_brings_every_node_to_group_rank_0(store: Any) -> None:
+    """Workers -> their node's agent -> group rank 0: group rank 0's bus holds both nodes'
+    worker events (minus what the node's filter keeps local); node 1's bus holds its own;
+    the exit handshake loses nothing."""
+    bus0, got0 = _bus_with_log("agent0")
+    bus1, got1 = _bus_with_log("agent1")
+    agent0 = StoreTransport(linger=1.0)
+    agent1 = StoreTransport(job_events="-METRIC", linger=1.0)
+    env0 = agent0.after_rendezvous(_info(store, bus0, group_rank=0))
+    env1 = agent1.after_rendezvous(_info(store, bus1, group_rank=1))
+    assert env0 == {ENV_STORE: f"127.0.0.1:{store.port}", ENV_PREFIX: namespace("job", 0)}
+    workers = []
+    for rank in range(4):
+        wbus = eventbus.Bus(f"w{rank}")
+        env = env0 if rank < 2 else env1
+        workers.append(StoreForwarder(host="127.0.0.1", port=store.port,
+                                      key=worker_key(env[ENV_PREFIX], rank), rank=rank,
+                                      bus=wbus))
+        ctx = eventbus.JobContext(rank=rank, group_rank=rank // 2, run_id="job",
+                                  restart_count=0)
+        for i in range(500):
+            wbus.publish(eventbus.EpochEnd(epoch=i, context=ctx))
+            wbus.publish(eventbus.Metric(step=i, context=ctx))
+    for fwd in workers:
+        assert fwd.close(5.0)
+    exits = [threading.Thread(target=a.before_exit, kwargs={"timeout": 20.0})
+             for a in (agent0, agent1)]
+    for t in exits:
+        t.start()
+    for t in exits:
+        t.join(30)
+
+    def count(events: list[eventbus.Event], kind: EventType) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for e in events:
+            if e.type == kind:
+                out[e.rank] = out.get(e.rank, 0) + 1
+        return out
+
+    assert count(got0, EventType.EPOCH_END) == {0: 500, 1: 500, 2: 500, 3: 500}
+    assert count(got0, EventType.METRIC) == {0: 500, 1: 500}
+    assert count(got1, EventType.EPOCH_END) == {2: 500, 3: 500}
+    assert count(got1, EventType.METRIC) == {2: 500, 3: 500}
+    assert not [e for e in got0 + got1 if e.type == EventType.EVENTS_LOST]
+    assert agent0.job_receiver is not None
+    assert node_key(namespace("job", 0), 1) in agent0._node_ends
+
+
+def test_queues_of_a_finished_attempt_are_still_drained_after_a_restart(store: Any) -> None:
+    """Events of attempt 0 pushed after the agent moved to attempt 1 still arrive, marked
+    with their attempt."""
+    bus, got = _bus_with_log("agent")
+    agent = StoreTransport(linger=5.0)
+    agent.after_rendezvous(_info(store, bus, group_rank=0, nodes=1))
+    agent.after_rendezvous(_info(store, bus, group_rank=0, nodes=1, attempt=1))
+    late = StoreForwarder(host="127.0.0.1", port=store.port,
+                          key=worker_key(namespace("job", 0), 1), rank=1,
+                          bus=eventbus.Bus("late"))
+    ctx = eventbus.JobContext(rank=1, restart_count=0)
+    for i in range(10):
+        late.bus.publish(eventbus.EpochEnd(epoch=i, context=ctx))
+    late.close(5.0)
+    agent.before_exit(timeout=10.0)
+    assert [(e.epoch, e.restart_count) for e in got if e.type == EventType.EPOCH_END] == \
+        [(i, 0) for i in range(10)]

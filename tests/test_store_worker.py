@@ -1,0 +1,309 @@
+"""The worker side in real child processes: `import eventbus` attaches the forwarder from
+the launcher's environment, and exits of every kind flush it (RELIABILITY rows 12-14, 20).
+
+Each test runs a child python with ``EVENTBUS_AGENT_STORE``/``EVENTBUS_STORE_PREFIX``/
+``RANK`` set, against a real TCPStore, and drains the queue with a real StoreReceiver.
+"""
+
+from __future__ import annotations
+
+import datetime
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import eventbus
+from eventbus import ALL
+from eventbus import EventType
+from publishers.store_receiver import StoreReceiver
+from subscribers.store_forwarder import ENV_PREFIX
+from subscribers.store_forwarder import ENV_STORE
+from subscribers.store_forwarder import worker_key
+from tests.conftest import subprocess_env
+
+torch_dist = pytest.importorskip("torch.distributed")
+
+PREFIX = "eventbus/worker-test/0"
+RANK = 3
+KEY = worker_key(PREFIX, RANK)
+
+# The child: records `n` EPOCH_END events with data {"i": i}, then ends as `mode` says.
+CHILD = textwrap.dedent("""
+    import os, signal, sys, time
+    mode, n, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    if mode == "sigterm-chained":
+        def mine(signum, frame):
+            open(out + ".handler", "w").write("ran")
+            sys.exit(7)
+        signal.signal(signal.SIGTERM, mine)  # installed before `import eventbus`
+    import eventbus
+    from eventbus import EventType
+    assert ("torch" in sys.modules) == bool(os.environ.get("EVENTBUS_AGENT_STORE"))
+    for i in range(n):
+        eventbus.record(EventType.EPOCH_END, epoch=0, data={"i": i})
+    if mode == "exit":
+        pass
+    elif mode == "sys-exit":
+        sys.exit(3)
+    elif mode == "raise":
+        raise RuntimeError("training failed")
+    elif mode.startswith("sigterm"):
+        open(out + ".ready", "w").write(str(n))
+        i = n
+        while True:  # keep recording until the agent's SIGTERM
+            eventbus.record(EventType.EPOCH_END, epoch=1, data={"i": i})
+            i += 1
+            if i % 100 == 0:
+                time.sleep(0.001)
+    elif mode == "store-down":
+        # pace the events so that the store dies mid-stream; report the slowest record()
+        worst = 0.0
+        for i in range(n, n + 20_000):
+            t = time.perf_counter()
+            eventbus.record(EventType.EPOCH_END, epoch=1, data={"i": i})
+            worst = max(worst, time.perf_counter() - t)
+            if i % 200 == 0:
+                time.sleep(0.02)
+                if i == n + 4_000:
+                    open(out + ".ready", "w").write("1")
+        print("worst-record-s", worst, flush=True)
+    elif mode == "no-env":
+        pass
+""")
+
+
+@pytest.fixture
+def store() -> Iterator[Any]:
+    """A real TCPStore server on a free port."""
+    server = torch_dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                                 timeout=datetime.timedelta(seconds=10))
+    yield server
+
+
+def _env(port: int, **extra: str) -> dict[str, str]:
+    return subprocess_env(**{ENV_STORE: f"127.0.0.1:{port}", ENV_PREFIX: PREFIX,
+                             "RANK": str(RANK), **extra})
+
+
+def _child(tmp_path: Path, mode: str, n: int, env: dict[str, str]) -> subprocess.Popen[str]:
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    return subprocess.Popen([sys.executable, str(script), mode, str(n),
+                             str(tmp_path / "out")], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _drain(port: int, *, until_end: bool = True,
+           timeout: float = 30.0) -> tuple[list[eventbus.Event], StoreReceiver]:
+    bus = eventbus.Bus("agent")
+    got: list[eventbus.Event] = []
+    bus.subscribe(ALL, on_event=got.append)
+    rx = StoreReceiver(bus=bus, host="127.0.0.1", port=port, connect_timeout=10)
+    rx.watch(KEY, kind="w", rank=RANK)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rx.drain_once()
+        senders = rx.stats()["senders"]
+        if senders and (not until_end or all(s["ended"] for s in senders.values())):
+            rx.drain(timeout=5)
+            break
+        time.sleep(0.02)
+    rx.close()
+    return got, rx
+
+
+def _indices(events: list[eventbus.Event]) -> list[int]:
+    return [e.data["i"] for e in events if e.type == EventType.EPOCH_END]
+
+
+def _wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"child ended early: {proc.communicate()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"{path} never appeared")
+        time.sleep(0.02)
+
+
+def test_import_eventbus_stays_torch_free_without_the_launcher_env(tmp_path: Path) -> None:
+    """Without EVENTBUS_AGENT_STORE, `import eventbus` attaches nothing and imports no
+    torch (the child asserts it)."""
+    env = subprocess_env()
+    env.pop(ENV_STORE, None)
+    proc = _child(tmp_path, "no-env", 10, env)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("mode", "code", "n"),
+                         [("exit", 0, 10_000), ("sys-exit", 3, 2_000), ("raise", 1, 2_000)])
+def test_every_event_arrives_when_the_worker_exits(store: Any, tmp_path: Path, mode: str,
+                                                   code: int, n: int) -> None:
+    """Every event recorded by a worker that exits normally (10,000), by sys.exit or by an
+    exception reaches the agent, numbered without gaps, with the end marker (row 13)."""
+    proc = _child(tmp_path, mode, n, _env(store.port))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err
+    got, rx = _drain(store.port)
+    assert _indices(got) == list(range(n))
+    assert rx.stats()["lost"] == {} and rx.stats()["rejected"] == {}
+    (sender,) = rx.stats()["senders"].values()
+    assert sender["ended"] and sender["next_seq"] == n
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sigterm", "sigterm-chained"])
+def test_sigterm_flushes_and_chains_the_scripts_handler(store: Any, tmp_path: Path,
+                                                        mode: str) -> None:
+    """The agent's SIGTERM mid-stream: every event recorded before it arrives, contiguous,
+    with the end marker; with no handler of its own the worker still dies by SIGTERM, with
+    one the script's handler still runs (row 14)."""
+    proc = _child(tmp_path, mode, 2_000, _env(store.port))
+    _wait_for(tmp_path / "out.ready", proc)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    if mode == "sigterm":
+        assert proc.returncode == -signal.SIGTERM, err
+    else:
+        assert proc.returncode == 7, err
+        assert (tmp_path / "out.handler").read_text() == "ran"
+    got, rx = _drain(store.port)
+    indices = _indices(got)
+    assert len(indices) > 2_000
+    assert indices == list(range(len(indices))), "contiguous, nothing doubled"
+    (sender,) = rx.stats()["senders"].values()
+    assert sender["ended"] and sender["next_seq"] == len(indices)
+    assert rx.stats()["lost"] == {}
+
+
+DATALOADER = textwrap.dedent("""
+    import sys
+    import torch
+    import eventbus
+    from eventbus import EventType
+
+    class Data(torch.utils.data.Dataset):
+        def __len__(self):
+            return 400
+        def __getitem__(self, i):
+            eventbus.record(EventType.METRIC, step=i, data={"i": i})
+            return i
+
+    if __name__ == "__main__":
+        for i in range(100):
+            eventbus.record(EventType.EPOCH_START, epoch=i)
+        loader = torch.utils.data.DataLoader(Data(), batch_size=10, num_workers=4,
+                                             multiprocessing_context="fork")
+        seen = sorted(int(x) for batch in loader for x in batch)
+        assert seen == list(range(400)), seen
+""")
+
+
+@pytest.mark.slow
+def test_dataloader_workers_forward_their_own_events(store: Any, tmp_path: Path) -> None:
+    """DataLoader workers (fork, num_workers=4) recording in __getitem__: every event
+    arrives once, from a sender per worker process; none of the parent's is doubled
+    (row 12: published = delivered + reported lost, here lost 0)."""
+    script = tmp_path / "loader.py"
+    script.write_text(DATALOADER)
+    proc = subprocess.run([sys.executable, str(script)], env=_env(store.port), check=False,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    got, rx = _drain(store.port)
+    steps = sorted(e.step for e in got if e.type == EventType.METRIC)
+    assert steps == list(range(400))
+    epochs = [e.epoch for e in got if e.type == EventType.EPOCH_START]
+    assert epochs == list(range(100))
+    pids = {e.pid for e in got if e.type == EventType.METRIC}
+    assert len(pids) == 4
+    assert len(rx.stats()["senders"]) == 5
+    assert rx.stats()["lost"] == {}
+
+
+SERVER = textwrap.dedent("""
+    import datetime, sys, time
+    from torch.distributed import TCPStore
+    s = TCPStore("127.0.0.1", int(sys.argv[1]), is_master=True, wait_for_workers=False,
+                 timeout=datetime.timedelta(seconds=30))
+    print("up", flush=True)
+    time.sleep(3600)
+""")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _server(tmp_path: Path, port: int) -> subprocess.Popen[str]:
+    script = tmp_path / "server.py"
+    script.write_text(SERVER)
+    proc = subprocess.Popen([sys.executable, str(script), str(port)], env=subprocess_env(),
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "up"
+    return proc
+
+
+@pytest.mark.slow
+def test_store_going_away_never_blocks_record_and_the_gap_equals_the_loss(
+        tmp_path: Path) -> None:
+    """The store server is killed mid-stream and a new one comes up on its port: the
+    worker's record() never raises or hangs, the worker reports the loss, and the gap the
+    receiver finds by sequence numbers equals the events that never arrived (row 20)."""
+    port = _free_port()
+    server = _server(tmp_path, port)
+    bus = eventbus.Bus("agent")
+    got: list[eventbus.Event] = []
+    bus.subscribe(ALL, on_event=got.append)
+    rx = StoreReceiver(bus=bus, host="127.0.0.1", port=port, connect_timeout=10,
+                       reconnect_interval=0.2)
+    rx.watch(KEY, kind="w", rank=RANK)
+    rx.start()
+    worker = None
+    second = None
+    try:
+        worker = _child(tmp_path, "store-down", 0,
+                        _env(port))
+        _wait_for(tmp_path / "out.ready", worker)
+        server.kill()
+        server.wait(10)
+        time.sleep(1.0)
+        second = _server(tmp_path, port)
+        _out, err = worker.communicate(timeout=180)
+        assert worker.returncode == 0, err
+        assert "events lost" in err
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            senders = rx.stats()["senders"]
+            if senders and all(s["ended"] for s in senders.values()):
+                break
+            time.sleep(0.05)
+        rx.stop()
+        rx.drain(timeout=10)
+    finally:
+        rx.close()
+        for proc in (worker, server, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    recorded = 20_000
+    delivered = len(_indices(got))
+    gaps = sum(e.count for e in got if e.type == EventType.EVENTS_LOST)
+    assert 0 < delivered < recorded
+    assert delivered + gaps == recorded, (delivered, gaps, rx.stats()["lost"])
+    assert rx.stats()["lost"].keys() <= {"gap", "dropped by sender"}
