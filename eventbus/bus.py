@@ -155,15 +155,16 @@ class Subscription:
 
 
 def _queue_stats(on_event: object) -> dict[str, Any]:
-    """``dropped`` and ``pending`` of a subscriber that queues: one with a ``pending``
-    attribute and a ``stats()`` whose ``dropped`` maps reasons to counts."""
+    """``dropped`` and ``pending`` of a subscriber that queues: one whose ``stats()``
+    returns a mapping with ``dropped`` (reason -> count) and ``pending`` (QueuedSink,
+    JsonlRecorder, ...)."""
     stats = getattr(on_event, "stats", None)
-    if callable(stats) and hasattr(on_event, "pending"):
+    if callable(stats) and not isinstance(on_event, Subscription):
         try:
             raw = stats()
             dropped = raw["dropped"]
             return {"dropped": {str(k): int(v) for k, v in dropped.items()},
-                    "pending": int(raw.get("pending", 0)), "sink": dict(raw)}
+                    "pending": int(raw["pending"]), "sink": dict(raw)}
         except Exception:  # not such a subscriber after all
             pass
     return {"dropped": {}, "pending": 0}
