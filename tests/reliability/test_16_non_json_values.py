@@ -194,3 +194,32 @@ def test_record_without_subscribers_accepts_the_same_values(bus: Bus) -> None:
     payloads are accepted (and nothing is encoded)."""
     for name, value in _values().items():
         bus.record("METRIC", step=0, data={name: value})
+
+
+def test_jsonl_recorder_writes_every_hostile_value_as_a_valid_line(
+    tmp_path: Any, figure: Callable[[int, str], None],
+) -> None:
+    """Through the JSONL recorder (real file, its own thread): one strict-JSON line per
+    event, none invalid, NaN back as NaN through read_jsonl."""
+    from subscribers.jsonl import JsonlRecorder
+    from subscribers.jsonl import read_jsonl
+
+    bus = Bus("row16-jsonl")
+    path = tmp_path / "values.jsonl"
+    recorder = JsonlRecorder(path)
+    bus.subscribe("METRIC", on_event=recorder)
+    values = _values()
+    for name, value in values.items():
+        bus.record("METRIC", step=0, data={name: value})
+    bus.record("METRIC", step=1, data=values)
+    assert recorder.close(timeout=30)
+    raw_lines = path.read_bytes().split(b"\n")
+    assert raw_lines[-1] == b""
+    lines = [line.decode("utf-8") for line in raw_lines[:-1]]
+    invalid = [line[:80] for line in lines if _check_line(line) is not None]
+    assert len(lines) == len(values) + 1
+    assert invalid == []
+    events = list(read_jsonl(path, decode="event"))
+    assert math.isnan(next(e for e in events if "nan" in e.data).data["nan"])
+    assert math.isnan(next(e for e in events if "tensor_0d_nan" in e.data).data["tensor_0d_nan"])
+    figure(16, f"JSONL recorder: invalid lines {len(invalid)} of {len(lines)}")

@@ -11,6 +11,7 @@ import json
 import logging
 import re
 from collections.abc import Callable
+from pathlib import Path
 
 import eventbus
 from eventbus import Bus
@@ -89,3 +90,23 @@ def test_one_log_line_per_event_through_a_user_logger(bus: Bus) -> None:
     finally:
         user.removeHandler(plain)
     assert len(stream.getvalue().splitlines()) == n
+
+
+def test_one_jsonl_line_per_event(tmp_path: Path, figure: Callable[[int, str], None]) -> None:
+    """Through the JSONL recorder: the file has exactly one line per event (split on
+    b"\\n", the way line-based tools read it) and each decodes to its event."""
+    from subscribers.jsonl import JsonlRecorder
+    from subscribers.jsonl import read_jsonl
+
+    bus = Bus("row18-jsonl")
+    path = tmp_path / "events.jsonl"
+    recorder = JsonlRecorder(path)
+    bus.subscribe(eventbus.ALL, on_event=recorder)
+    n = _record_all(bus)
+    assert recorder.close(timeout=30)
+    raw = path.read_bytes()
+    assert raw.count(b"\n") == n
+    assert len(raw.decode("utf-8").splitlines()) == n
+    read = read_jsonl(path, decode="event")
+    assert len(list(read)) == n and read.skipped == 0
+    figure(18, f"JSONL lines {len(raw.splitlines())} == events {n}")
