@@ -78,6 +78,20 @@ def _model(program: list[tuple[Any, ...]]) -> list[tuple[int, str, int]]:
     return out
 
 
+def _where(tid: int, kind: str, mod: int | None) -> Callable[[Event], bool] | None:
+    """The thread's own events (not needed for its own type), divisible by ``mod``."""
+    if mod is None and kind == "own":
+        return None
+
+    def where(event: Event) -> bool:
+        if event.data.get("t") != tid:
+            return False
+        value = event.fields()["step" if event.type == "METRIC" else "v"]
+        return mod is None or value % mod == 0
+
+    return where
+
+
 def _run(bus: Bus, tid: int, program: list[tuple[Any, ...]], start: threading.Barrier,
          log: list[tuple[int, str, int]], subs: list[eventbus.Subscription]) -> None:
     own = _OWN[tid]
@@ -93,12 +107,7 @@ def _run(bus: Bus, tid: int, program: list[tuple[Any, ...]], start: threading.Ba
     for op in program:
         if op[0] == "sub":
             _, kind, once, mod = op
-            mine: Callable[[Event], bool] = lambda e, tid=tid: e.data.get("t") == tid
-            if mod is None:
-                where = None if kind == "own" else mine
-            else:
-                where = (lambda e, mod=mod, mine=mine:
-                         mine(e) and e.fields()["step" if e.type == "METRIC" else "v"] % mod == 0)
+            where = _where(tid, kind, mod)
             target: Any = {"own": own, "METRIC": "METRIC", "ALL": eventbus.ALL}[kind]
             subs.append(bus.subscribe(target, on_event=on_event(len(subs)), once=once,
                                       where=where))

@@ -1,8 +1,8 @@
-"""Shared pieces of the fault and bad-input matrix (shared/RELIABILITY.md).
+"""Fixtures of the fault and bad-input matrix (shared/RELIABILITY.md).
 
-Each row's test prints its figure (``row N: ...``) and hands it to :func:`figure`, which
-also lists every figure in pytest's terminal summary, so ``pytest tests/reliability``
-shows the matrix without ``-s``.
+Each row's test prints its figure (``row N: ...``) through :func:`figure`, which also lists
+every figure in pytest's terminal summary, so ``pytest tests/reliability`` shows the
+matrix without ``-s``. Helpers the row modules import live in matrix.py.
 
 Large loads run at a CI size by default; ``EVENTBUS_FULL_MATRIX=1`` runs the sizes of the
 matrix (1e6 events, 100 MiB payloads).
@@ -10,40 +10,21 @@ matrix (1e6 events, 100 MiB payloads).
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Callable
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+from matrix import FULL
+from matrix import STORE_SERVER
+from matrix import subprocess_env
 
 import eventbus.bus as bus_module
 from eventbus import Bus
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-#: run the matrix at its full sizes
-FULL = os.environ.get("EVENTBUS_FULL_MATRIX", "") not in ("", "0")
-
 _FIGURES: list[tuple[str, str]] = []
-
-
-def full_or(ci: int, full: int) -> int:
-    """``full`` under EVENTBUS_FULL_MATRIX=1, else ``ci``."""
-    return full if FULL else ci
-
-
-def subprocess_env(**extra: str) -> dict[str, str]:
-    """The environment for a child python that imports the tree under test."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])]
-    )
-    env.update(extra)
-    return env
 
 
 @pytest.fixture
@@ -84,28 +65,6 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(f"{line}    [{nodeid.split('::')[-1]}]")
 
 
-# -- the c10d store rows (11, 12, 14, 17, 19, 20, 21) ----------------------------------------
-
-STORE_SERVER = r"""
-import datetime, sys, time
-from torch.distributed import TCPStore
-store = TCPStore("127.0.0.1", int(sys.argv[1]), is_master=True, wait_for_workers=False,
-                 timeout=datetime.timedelta(seconds=30))
-print("up", flush=True)
-time.sleep(3600)
-"""
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture
 def store() -> Iterator[Any]:
     """A real TCPStore server (libuv, the default) on a free port, in this process."""
@@ -136,21 +95,3 @@ def store_process() -> Iterator[Callable[[int], subprocess.Popen[str]]]:
         if proc.poll() is None:
             proc.kill()
         proc.wait(10)
-
-
-def drain_until_ended(receiver: Any, *, senders: int = 1, timeout: float = 60.0) -> bool:
-    """Drain ``receiver`` until ``senders`` senders sent their end marker (True) or the
-    timeout passed (False); then drain what is left."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    ended = False
-    while time.monotonic() < deadline:
-        receiver.drain_once()
-        seen = receiver.stats()["senders"]
-        if len(seen) >= senders and all(s["ended"] for s in seen.values()):
-            ended = True
-            break
-        time.sleep(0.02)
-    receiver.drain(timeout=10)
-    return ended

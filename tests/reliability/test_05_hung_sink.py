@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 
 import pytest
-from conftest import full_or
-from conftest import subprocess_env
+from matrix import full_or
+from matrix import subprocess_env
 
 N = full_or(200_000, 1_000_000)
 MAX_EVENTS = 10_000
@@ -33,8 +33,8 @@ forever = threading.Event()
 def hung(batch):
     forever.wait()
 
-sink = QueuedSink(hung, name="hung", max_events=%(max_events)d, max_bytes=64 << 20,
-                  overflow=overflow, close_timeout=%(budget)s)
+sink = QueuedSink(hung, name="hung", max_events=MAX_EVENTS, max_bytes=64 << 20,
+                  overflow=overflow, close_timeout=BUDGET)
 bus.subscribe("METRIC", on_event=sink)
 
 def rss_mib():
@@ -49,19 +49,20 @@ out["rss_peak"] = rss_mib()
 out["before_close"] = sink.stats()
 if mode == "close":
     t0 = time.monotonic()
-    out["close_ok"] = sink.close(timeout=%(budget)s)
+    out["close_ok"] = sink.close(timeout=BUDGET)
     out["close_s"] = time.monotonic() - t0
     out["after_close"] = sink.stats()
     bus.record("METRIC", step=n)  # after close: counted, not lost silently
     out["after_late"] = sink.stats()
 out["exiting_at"] = time.time()
 print(json.dumps(out), flush=True)
-""" % {"max_events": MAX_EVENTS, "budget": BUDGET_S}
+""".replace("MAX_EVENTS", str(MAX_EVENTS)).replace("BUDGET", str(BUDGET_S))
 
 
 def _run(overflow: str, mode: str) -> tuple[dict[str, object], float]:
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(N), overflow, mode],
-                          env=subprocess_env(), capture_output=True, text=True, timeout=300)
+                          env=subprocess_env(), check=False, capture_output=True, text=True,
+                          timeout=300)
     ended = time.time()
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.splitlines()[-1]), ended

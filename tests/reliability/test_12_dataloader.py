@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import drain_until_ended
-from conftest import subprocess_env
+from matrix import drain_until_ended
+from matrix import subprocess_env
 
 import eventbus
 from eventbus import EventType
@@ -63,7 +63,7 @@ def test_dataloader_workers_published_equals_delivered_plus_dropped(
     env = subprocess_env(**{ENV_STORE: f"127.0.0.1:{store.port}", ENV_PREFIX: prefix,
                             "RANK": "0"})
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(ITEMS), str(EPOCHS),
-                           str(MAIN_EVENTS)], env=env, capture_output=True, text=True,
+                           str(MAIN_EVENTS)], env=env, check=False, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import drain_until_ended
-from conftest import subprocess_env
+from matrix import drain_until_ended
+from matrix import subprocess_env
 
 import eventbus
 from eventbus import EventType

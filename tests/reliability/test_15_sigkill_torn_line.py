@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from conftest import subprocess_env
+from matrix import subprocess_env
 
 import eventbus
 from subscribers.jsonl import JsonlRecorder

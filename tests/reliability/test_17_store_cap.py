@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import full_or
+from matrix import full_or
 
 import eventbus
 from eventbus import EventType

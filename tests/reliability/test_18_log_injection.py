@@ -68,7 +68,8 @@ def test_one_log_line_per_event(bus: Bus, figure: Callable[[int, str], None]) ->
     assert not any(ord(c) < 0x20 and c != "\n" for c in out)
     # every line is one record of ours: it starts with its own timestamp and level (the
     # forged record inside a payload stays inside its line)
-    stamp = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} - eventbus\.events - (INFO|ERROR) - ")
+    stamp = re.compile(
+        r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} - eventbus\.events - (INFO|ERROR) - ")
     assert all(stamp.match(line) for line in lines)
     figure(18, f"log lines {len(lines)} == events {n}")
 

@@ -56,7 +56,8 @@ def _hostile() -> dict[str, bytes]:
         "JSON but not an object": b"[1, 2, 3]",
         "NaN literal": b'{"v": 1, "src": "w0:x", "kind": "w", "rank": 0, "seq": NaN}',
         "deep nesting": b"[" * 200_000 + b"]" * 200_000,
-        "data not an object (a deep list)": _batch(1, ev=[[ev, {"epoch": 1, "timestamp": 1.0, "context": 0,
+        "data not an object (a deep list)": _batch(1, ev=[[ev, {
+            "epoch": 1, "timestamp": 1.0, "context": 0,
                                          "data": json.loads("[" * 500 + "]" * 500)}]]),
         "unknown wire version": _batch(2, v=99),
         "unknown type": _batch(3, ev=[["NO_SUCH_TYPE", {"timestamp": 1.0, "context": 0}]]),

@@ -9,11 +9,10 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
-from conftest import free_port
-from conftest import subprocess_env
+from matrix import free_port
+from matrix import subprocess_env
 
 import eventbus
 from eventbus import EventType
