@@ -25,9 +25,11 @@ def test_torchrun_restart_loses_and_doubles_nothing(
     """WORKER_EXIT(worker_id=1, exit_code=3, attempt 0) within 1 s of the exit; one
     WORKER_RESTART decided by the reactor; both ranks' 2,000 METRIC events of both
     attempts, and rank 0's stream until the agent stopped it, exactly once and without a
-    hole, each marked with its attempt (also those drained after the restart); attempt 1 ends with EPOCH_END
-    from both ranks; the JSONL has no torn or foreign line and no EVENTS_LOST."""
-    run = run_job(tmp_path, eventbus_args=["--reactor", "tests.jobs.reactors:always_restart"],
+    hole, each marked with its attempt (also those drained after the restart); attempt 1
+    ends with EPOCH_END from both ranks; the JSONL has no torn or foreign line and no
+    EVENTS_LOST."""
+    run = run_job(tmp_path,
+                  eventbus_args=["--reactor", "tests.jobs.reactors:always_restart"],
                   torchrun_args=["--max-restarts", "1"], job=str(JOB))
     assert run.returncode == 0, run.describe()
 
