@@ -8,6 +8,7 @@ The store receiver's fuzz (which needs subscribers' store transport) is at the e
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import pickle
@@ -223,3 +224,108 @@ def test_seeded_mutation_storm() -> None:
             accepted += 1
             _accepted_round_trips(event)
     assert accepted > 0  # some mutations land in data values and stay valid
+
+
+# -- the store receiver ------------------------------------------------------------------
+
+_RECEIVER_STATE: dict[str, Any] = {}
+
+
+def _receiver() -> tuple[Any, list[Event]]:
+    """One StoreReceiver (on a real TCPStore) for all examples; handle_value is what is
+    fuzzed, so the store itself is never touched per example."""
+    if "rx" not in _RECEIVER_STATE:
+        import datetime
+
+        dist = pytest.importorskip("torch.distributed")
+        from publishers.store_receiver import StoreReceiver
+
+        server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                               timeout=datetime.timedelta(seconds=10))
+        bus = eventbus.Bus("fuzz-receiver")
+        got: list[Event] = []
+        bus.subscribe(eventbus.ALL, on_event=got.append)
+        _RECEIVER_STATE.update(server=server, got=got,
+                               rx=StoreReceiver(bus=bus, client=server))
+    return _RECEIVER_STATE["rx"], _RECEIVER_STATE["got"]
+
+
+def _valid_batches() -> list[bytes]:
+    from subscribers.store_forwarder import BatchEncoder
+
+    ctx = eventbus.JobContext(rank=0, run_id="fuzz", restart_count=0)
+    bus = eventbus.Bus("fuzz-batches")
+    got: list[Event] = []
+    bus.subscribe(eventbus.ALL, on_event=got.append)
+    bus.record("METRIC", step=1, data={"loss": math.nan, "s": "a\nb"})
+    bus.record("WORKER_EXIT", worker_id=0, exit_code=1, message="x")
+    events = [type(e)(**e.fields(), data=e.data, timestamp=e.timestamp, context=ctx)
+              for e in got]
+    enc = BatchEncoder(kind="w", rank=0, sender="w0:fuzz")
+    return [value for value, _ in enc.encode(events, dropped={"queue full": 1})]
+
+
+def _handle(value: bytes) -> None:
+    """handle_value never raises; what it does not deliver, it counts."""
+    rx, got = _receiver()
+    before_rejected = sum(rx.stats()["rejected"].values())
+    before_got = len(got)
+    log = logging.getLogger("eventbus")
+    level, log.level = log.level, logging.ERROR  # gap/duplicate warnings by the thousand
+    try:
+        delivered = rx.handle_value("fuzz/w0", value, kind="w", rank=0)
+    finally:
+        log.level = level
+    after = rx.stats()
+    assert delivered >= 0
+    assert delivered > 0 or sum(after["rejected"].values()) > before_rejected or \
+        b'"ev":[]' in value.replace(b" ", b"") or len(got) >= before_got
+    for event in got[before_got:]:
+        if event.type == "EVENTS_LOST":
+            continue
+        assert event.rank in (None, 0), "an event from another rank's queue got through"
+        _accepted_round_trips(event)
+
+
+@pytest.mark.timeout(240)
+@_SETTINGS
+@given(st.binary(max_size=300))
+def test_receiver_random_bytes(value: bytes) -> None:
+    """Arbitrary bytes popped from a worker queue: never an exception, never a hang."""
+    _handle(value)
+
+
+@pytest.mark.timeout(240)
+@_SETTINGS
+@given(st.sampled_from(_valid_batches()), st.data())
+def test_receiver_mutated_batches(value: bytes, data: st.DataObject) -> None:
+    """Real batches with their header and event fields replaced, removed or added, or
+    with bytes flipped, inserted or cut: never an exception; accepted events are valid
+    and from the queue's own rank."""
+    if data.draw(st.booleans()):
+        raw = json.loads(value)
+        for _ in range(data.draw(st.integers(1, 4))):
+            target = raw
+            if isinstance(raw.get("ev"), list) and raw["ev"] and data.draw(st.booleans()):
+                entry = raw["ev"][0]
+                target = entry[1] if isinstance(entry, list) and len(entry) == 2 and \
+                    isinstance(entry[1], dict) else raw
+            keys = sorted(target)
+            action = data.draw(st.sampled_from(["replace", "delete", "add"]))
+            if action == "replace" and keys:
+                target[data.draw(st.sampled_from(keys))] = data.draw(_json_value)
+            elif action == "delete" and keys:
+                target.pop(data.draw(st.sampled_from(keys)))
+            else:
+                target[data.draw(st.text(max_size=8))] = data.draw(_json_value)
+        mutated = json.dumps(raw).encode()
+    else:
+        buf = bytearray(value)
+        for _ in range(data.draw(st.integers(1, 8))):
+            pos = data.draw(st.integers(0, len(buf)))
+            if data.draw(st.booleans()) and pos < len(buf):
+                buf[pos] ^= 1 << data.draw(st.integers(0, 7))
+            else:
+                buf[pos:pos] = data.draw(st.binary(min_size=1, max_size=4))
+        mutated = bytes(buf)
+    _handle(mutated)
