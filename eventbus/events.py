@@ -4,7 +4,9 @@ Every event class is an attrs frozen class whose ``__init__`` is generated from 
 declarations (the way attrs generates its own), so that validation is a handful of
 ``type(x) is int`` checks and building an event sets one ``__dict__``. ``record()`` calls
 the generated ``_build`` (validate + construct) or, when nobody listens, ``_check``
-(validate only): validation never depends on who listens.
+(validate only): validation never depends on who listens. Both work on ``record()``'s own
+``**fields`` dict, which becomes the event's ``__dict__`` (see ``_generate``); read fields
+with ``getattr``/``fields()``, as optional fields not given live on the class.
 """
 
 from __future__ import annotations
@@ -123,6 +125,8 @@ class Event:
     # The generated validators (see _generate); set on every concrete class.
     _check: ClassVar[Callable[[dict[str, Any]], None]]
     _build: ClassVar[Callable[[dict[str, Any]], Event]]
+    #: the generated source of the three, for the curious and for debugging
+    _source: ClassVar[str] = ""
 
     timestamp: float
     data: dict[str, Any]
@@ -184,17 +188,16 @@ class Event:
     # -- encoding ---------------------------------------------------------------------------
     def fields(self) -> dict[str, Any]:
         """The typed fields of this event, name -> value."""
-        d = self.__dict__
-        return {name: d[name] for name in type(self)._fields}
+        # getattr, not __dict__: an optional field not given reads its class-level default
+        return {name: getattr(self, name) for name in type(self)._fields}
 
     def to_dict(self) -> dict[str, Any]:
         """The event as a dict: type, timestamp, typed fields, data, context."""
-        d = self.__dict__
-        out: dict[str, Any] = {"type": str(self.type), "timestamp": d["timestamp"]}
+        out: dict[str, Any] = {"type": str(self.type), "timestamp": self.timestamp}
         for name in type(self)._fields:
-            out[name] = d[name]
-        out["data"] = d["data"]
-        out["context"] = d["context"].to_dict()
+            out[name] = getattr(self, name)
+        out["data"] = self.data
+        out["context"] = self.context.to_dict()
         return out
 
     def to_json(self) -> str:
@@ -328,90 +331,169 @@ def _bad_context(event_type: str, value: Any) -> JobContext:
 
 
 # -- code generation -----------------------------------------------------------------------
+#
+# record() hands the generated functions its own ``**fields`` dict ``f``: a fresh dict that
+# nobody else holds. ``_check(f)`` validates it (no subscriber: nothing is built);
+# ``_build(f)`` validates it and then turns it into the event's ``__dict__``, adding only
+# ``timestamp`` and ``context`` (and a copy of ``data``). Optional fields that were not given
+# stay out of the dict: their defaults are class attributes, so ``event.signal`` still reads
+# ``None``. The common call (required fields, maybe ``data``) costs one ``len()`` to prove
+# that no other name was given; anything else goes to ``_check_rest``, which is plain Python.
 
 
-def _field_lines(fields: dict[str, tuple[type, bool]], defaults: dict[str, Any],
-                 source: str) -> list[str]:
-    """Validation lines for each typed field; ``source`` is 'dict' or 'kw'."""
-    lines = []
-    for name, (kind, optional) in fields.items():
-        kname = _kind_name(kind)
-        if source == "dict":
-            default = f"_d_{name}" if name in defaults else "_MISSING"
-            lines.append(f"    {name} = f.get({name!r}, {default})")
-        if optional:
-            lines.append(f"    if {name} is not None and {name}.__class__ is not {kname}:")
-        else:
-            lines.append(f"    if {name}.__class__ is not {kname}:")
-        given = "f, _ALLOWED" if source == "dict" else "unknown, _ALLOWED"
-        lines.append(f"        {name} = _coerce(_T, {name!r}, {kname}, {name}, {given})")
-    return lines
+def _check_rest(event_type: str, f: dict[str, Any], optional: dict[str, tuple[type, bool]],
+                allowed: frozenset[str]) -> None:
+    """The slow path: ``f`` has names besides the required ones and ``data``.
+
+    Unknown names raise first (they are the likeliest typo); then each optional field given
+    is checked and, if it is an unambiguous stand-in (a numpy int, a Path), coerced in place.
+    """
+    _unknown_field(event_type, f, allowed)
+    for name, (kind, nullable) in optional.items():
+        value = f.get(name, _MISSING)
+        if value is _MISSING or value.__class__ is kind or (nullable and value is None):
+            continue
+        f[name] = _coerce(event_type, name, kind, value)
 
 
-def _kind_name(kind: type) -> str:
-    return kind.__name__
+def _missing(event_type: str, f: dict[str, Any], required: dict[str, type],
+             allowed: frozenset[str]) -> None:
+    """A required field is not in ``f``: name a typo if there is one, else the missing field."""
+    _unknown_field(event_type, f, allowed)
+    for name, kind in required.items():
+        if name not in f:
+            raise MissingFieldError(event_type, name, _KINDS[kind])
 
 
 def _generate(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bool]],
               defaults: dict[str, Any]) -> None:
+    """Compile ``_check``, ``_build`` and ``__init__`` for one event class.
+
+    For ``WorkerExit`` (required ``worker_id``, ``exit_code``), ``_build`` reads::
+
+        def _build(f):
+            try:
+                worker_id = f['worker_id']
+                exit_code = f['exit_code']
+            except KeyError:
+                _missing(_T, f, _REQUIRED, _ALLOWED)
+            if worker_id.__class__ is not int:
+                f['worker_id'] = _coerce(_T, 'worker_id', int, worker_id)
+            if exit_code.__class__ is not int:
+                f['exit_code'] = _coerce(_T, 'exit_code', int, exit_code)
+            others = len(f) - 2
+            data = f.get('data')
+            if data is None:
+                f['data'] = {}
+            else:
+                others -= 1
+                f['data'] = data.copy() if data.__class__ is dict else _coerce_data(_T, data)
+            if others:
+                _check_rest(_T, f, _OPTIONAL, _ALLOWED)
+            f['timestamp'] = _time()
+            f['context'] = _holder.value
+            self = _new(_cls)
+            _set_dict(self, f)
+            return self
+
+    Print ``cls._source`` for any class to see its own.
+    """
     allowed = frozenset([*fields, "data"])
-    n_required = sum(1 for name in fields if name not in defaults)
+    required = {name: kind for name, (kind, _) in fields.items() if name not in defaults}
+    optional = {name: spec for name, spec in fields.items() if name in defaults}
     env: dict[str, Any] = {
         "_T": type_name,
+        "_REQUIRED": required,
+        "_OPTIONAL": optional,
+        "_ALLOWED": allowed,
         "_MISSING": _MISSING,
         "_coerce": _coerce,
         "_coerce_data": _coerce_data,
+        "_check_rest": _check_rest,
+        "_missing": _missing,
         "_unknown_field": _unknown_field,
         "_bad_timestamp": _bad_timestamp,
         "_bad_context": _bad_context,
-        "_ALLOWED": allowed,
         "_holder": _holder,
         "_time": time.time,
         "_new": object.__new__,
-        "_set": object.__setattr__,
+        # The __dict__ descriptor's own setter: a frozen class refuses setattr, and this
+        # is cheaper than object.__setattr__(self, "__dict__", ...).
+        "_set_dict": Event.__dict__["__dict__"].__set__,
         "_JobContext": JobContext,
         "_cls": cls,
         "int": int, "float": float, "str": str, "bool": bool, "dict": dict,
     }
     for name, value in defaults.items():
         env[f"_d_{name}"] = value
-    store = ", ".join(f"{name!r}: {name}" for name in fields)
-    store = (store + ", ") if store else ""
-    data_lines = [
-        "    if data is None:",
-        "        data = {}",
-        "    elif data.__class__ is not dict:",
-        "        data = _coerce_data(_T, data)",
-    ]
-    unknown = [
-        f"    if len(f) > {n_required} and not _ALLOWED.issuperset(f):",
-        "        _unknown_field(_T, f, _ALLOWED)",
-    ]
-    check = ["def _check(f):", *_field_lines(fields, defaults, "dict"),
+
+    def read_required() -> list[str]:
+        if not required:
+            return []
+        return ["    try:",
+                *(f"        {name} = f[{name!r}]" for name in required),
+                "    except KeyError:",
+                "        _missing(_T, f, _REQUIRED, _ALLOWED)"]
+
+    def check_required(store: bool) -> list[str]:
+        lines = []
+        for name, kind in required.items():
+            target = f"f[{name!r}] = " if store else ""
+            lines += [f"    if {name}.__class__ is not {kind.__name__}:",
+                      f"        {target}_coerce(_T, {name!r}, {kind.__name__}, {name})"]
+        return lines
+
+    rest = ["    if others:",
+            "        _check_rest(_T, f, _OPTIONAL, _ALLOWED)"]
+    check = ["def _check(f):",
+             *read_required(),
+             *check_required(store=False),
+             f"    others = len(f) - {len(required)}",
              "    data = f.get('data')",
-             "    if data is not None and data.__class__ is not dict:",
-             "        _coerce_data(_T, data)",
-             *unknown]
-    build = ["def _build(f):", *_field_lines(fields, defaults, "dict"),
+             "    if data is not None:",
+             "        others -= 1",
+             "        if data.__class__ is not dict:",
+             "            _coerce_data(_T, data)",
+             *rest]
+    build = ["def _build(f):",
+             *read_required(),
+             *check_required(store=True),
+             f"    others = len(f) - {len(required)}",
              "    data = f.get('data')",
-             *data_lines,
+             "    if data is None:",
+             "        f['data'] = {}",
              "    else:",
-             "        data = data.copy()",
-             *unknown,
+             "        others -= 1",
+             "        f['data'] = data.copy() if data.__class__ is dict else "
+             "_coerce_data(_T, data)",
+             *rest,
+             "    f['timestamp'] = _time()",
+             "    f['context'] = _holder.value",
              "    self = _new(_cls)",
-             f"    _set(self, '__dict__', {{{store}'timestamp': _time(), 'data': data, "
-             "'context': _holder.value})",
+             "    _set_dict(self, f)",
              "    return self"]
+
+    # __init__: direct construction and decoding (from_dict), keyword binding, every field.
     params = ", ".join(
         f"{name}=" + (f"_d_{name}" if name in defaults else "_MISSING") for name in fields
     )
     params = (params + ", ") if params else ""
+    kw_checks = []
+    for name, (kind, nullable) in fields.items():
+        test = f"{name} is not None and " if nullable else ""
+        kw_checks += [f"    if {test}{name}.__class__ is not {kind.__name__}:",
+                      f"        {name} = _coerce(_T, {name!r}, {kind.__name__}, {name}, "
+                      "unknown, _ALLOWED)"]
+    store = "".join(f"{name!r}: {name}, " for name in fields)
     init = [f"def __init__(self, *, {params}data=None, timestamp=None, context=None, "
             "**unknown):",
             "    if unknown:",
             "        _unknown_field(_T, unknown, _ALLOWED)",
-            *_field_lines(fields, defaults, "kw"),
-            *data_lines,
+            *kw_checks,
+            "    if data is None:",
+            "        data = {}",
+            "    elif data.__class__ is not dict:",
+            "        data = _coerce_data(_T, data)",
             "    else:",
             "        data = data.copy()",
             "    if timestamp is None:",
@@ -422,15 +504,19 @@ def _generate(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bo
             "        context = _holder.value",
             "    elif context.__class__ is not _JobContext:",
             "        context = _bad_context(_T, context)",
-            f"    _set(self, '__dict__', {{{store}'timestamp': timestamp, 'data': data, "
+            f"    _set_dict(self, {{{store}'timestamp': timestamp, 'data': data, "
             "'context': context})"]
     source = "\n".join([*check, "", *build, "", *init]) + "\n"
     code = compile(source, f"<eventbus generated {type_name}>", "exec")
     exec(code, env)
+    cls._source = source
     cls._check = staticmethod(env["_check"])
     cls._build = staticmethod(env["_build"])
     env["__init__"].__qualname__ = f"{cls.__qualname__}.__init__"
     cls.__init__ = env["__init__"]  # type: ignore[method-assign]
+    # Defaults live on the class, so an event built without an optional field reads it.
+    for name, value in defaults.items():
+        setattr(cls, name, value)
 
 
 def _field_kind(type_name: str, name: str, hint: Any) -> tuple[type, bool]:

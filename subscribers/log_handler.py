@@ -342,9 +342,10 @@ class EventLoggingHandler(logging.Handler):
         d["event_timestamp"] = created
         d["event_data"] = event.data
         d["event_context"] = event.context.to_dict()
-        values = event.__dict__
         for field, attr in _field_attrs(type(event)):
-            d[attr] = values[field]
+            # getattr, not event.__dict__: an optional field that record() was not given
+            # is not in the instance dict; it reads the class-level default.
+            d[attr] = getattr(event, field)
         return record
 
     def on_event(self, event: Event) -> None:

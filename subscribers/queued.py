@@ -39,22 +39,29 @@ Overflow = Literal["drop-newest", "drop-oldest"]
 _sinks: weakref.WeakSet[QueuedSink] = weakref.WeakSet()
 
 
+#: the estimate for an event with an empty ``data``
+_BASE_SIZE = 320
+
+
 def estimate_size(event: Event) -> int:
-    """A cheap upper-bound-ish estimate of an event's encoded size, in bytes.
+    """A cheap estimate of an event's encoded size, in bytes.
 
     Never serialises: it looks at the top level of ``data`` only (strings and bytes by
     length, containers by item count), which is what a bounded queue needs to stay bounded
-    when one payload is huge.
+    when one payload is huge. Numbers cost nothing beyond the per-key allowance.
     """
-    size = 320
-    for key, value in event.data.items():
-        size += 16 + len(key)
-        if isinstance(value, (str, bytes, bytearray)):
+    data = event.data
+    if not data:
+        return _BASE_SIZE
+    size = _BASE_SIZE + 48 * len(data)
+    for value in data.values():
+        cls = value.__class__
+        if cls is int or cls is float or cls is bool or value is None:
+            continue
+        if cls is str or cls is bytes or isinstance(value, (str, bytes, bytearray)):
             size += len(value)
-        elif isinstance(value, (dict, list, tuple, set)):
+        elif isinstance(value, (dict, list, tuple, set, frozenset)):
             size += 32 * len(value)
-        else:
-            size += 16
     return size
 
 
@@ -97,6 +104,7 @@ class QueuedSink:
         self.flush_interval = flush_interval
         self.close_timeout = close_timeout
         self.size_of = size_of
+        self._default_size = size_of is estimate_size
         self.report_interval = report_interval
         self._init_state()
         _sinks.add(self)
@@ -104,7 +112,10 @@ class QueuedSink:
     def _init_state(self) -> None:
         self._queue: collections.deque[tuple[Event, int]] = collections.deque()
         self._bytes = 0
-        self._cond = threading.Condition(threading.Lock())
+        # The producers take the plain lock (its C-level context manager is cheaper than
+        # the Condition's); the sink thread waits on a Condition over the same lock.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self._closed = False
         self._in_flight = 0
@@ -119,31 +130,47 @@ class QueuedSink:
     # -- the subscriber side (caller's thread) ------------------------------------------
     def __call__(self, event: Event) -> None:
         """Enqueue ``event``; never blocks on the sink."""
-        size = self.size_of(event)
-        with self._cond:
-            if self._closed:
-                self._drop("closed", 1)
-                return
-            if size > self.max_bytes:
-                self._drop("too large", 1)
-                return
+        # The hot path: one size estimate (free for an empty payload), one plain lock,
+        # one append. Everything unusual (closed, full, too large) is _enqueue_slow's.
+        if self._default_size:
+            size = estimate_size(event) if event.data else _BASE_SIZE
+        else:
+            size = self.size_of(event)
+        with self._lock:
             queue = self._queue
-            if len(queue) >= self.max_events or self._bytes + size > self.max_bytes:
-                if self.overflow == "drop-newest":
-                    self._drop("queue full", 1)
-                    return
-                while queue and (len(queue) >= self.max_events
-                                 or self._bytes + size > self.max_bytes):
-                    _, old_size = queue.popleft()
-                    self._bytes -= old_size
-                    self._drop("queue full", 1)
-            queue.append((event, size))
-            self._bytes += size
-            self.enqueued += 1
-            if self._thread is None:
-                self._start()
-            elif len(queue) >= self.max_batch:
-                self._cond.notify()
+            if (len(queue) < self.max_events and self._bytes + size <= self.max_bytes
+                    and not self._closed):
+                queue.append((event, size))
+                self._bytes += size
+                self.enqueued += 1
+                if self._thread is None:
+                    self._start()
+                elif len(queue) == self.max_batch:
+                    self._cond.notify()
+                return
+            self._enqueue_slow(event, size)
+
+    def _enqueue_slow(self, event: Event, size: int) -> None:
+        # Called with the lock held.
+        if self._closed:
+            self._drop("closed", 1)
+            return
+        if size > self.max_bytes:
+            self._drop("too large", 1)
+            return
+        if self.overflow == "drop-newest":
+            self._drop("queue full", 1)
+            return
+        queue = self._queue
+        while queue and (len(queue) >= self.max_events or self._bytes + size > self.max_bytes):
+            _, old_size = queue.popleft()
+            self._bytes -= old_size
+            self._drop("queue full", 1)
+        queue.append((event, size))
+        self._bytes += size
+        self.enqueued += 1
+        if self._thread is None:
+            self._start()
 
     def _drop(self, reason: str, n: int) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + n

@@ -30,9 +30,10 @@ What can be lost, and how it shows:
   returns OK); the batch is counted, logged (rate-limited) on the ``eventbus`` logger, and
   the forwarder reconnects at most every ``reconnect_interval`` seconds. If anything
   arrives later, the receiver reports the gap, which counts the silently lost push too;
-* the process is SIGKILLed (or calls ``os._exit``): what is still queued, at most the
-  last ``flush_interval`` of events plus one in-flight batch, is lost, and nothing follows
-  it to reveal the gap; the receiver reports the sender as "closed without end".
+* the process is SIGKILLed: what is still queued, at most the last ``flush_interval`` of
+  events plus one in-flight batch, is lost, and nothing follows it to reveal the gap; the
+  agent logs that the sender never sent its end marker. (``os._exit`` in a worker flushes
+  first, within :data:`OS_EXIT_FLUSH_TIMEOUT`.)
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 from typing import Literal
+from typing import NoReturn
 
 from eventbus.bus import ALL
 from eventbus.bus import Bus
@@ -71,6 +73,7 @@ __all__ = [
     "ENV_PREFIX",
     "ENV_STORE",
     "MAX_PUSH_BYTES",
+    "OS_EXIT_FLUSH_TIMEOUT",
     "WIRE_VERSION",
     "BatchEncoder",
     "SenderKind",
@@ -306,7 +309,8 @@ class StoreForwarder:
             return None
         return self._client
 
-    def _push_batch(self, events: Sequence[Event], *, end: bool = False) -> None:
+    def _push_batch(self, events: Sequence[Event], *, end: bool = False,
+                    connect: bool = True) -> None:
         with self._client_lock:
             if self._ended:
                 self._note_loss(len(events), "forwarder already ended")
@@ -319,7 +323,7 @@ class StoreForwarder:
                 self._note_loss(len(events), f"encoding failed: {exc!r}")
                 return
             for value, n in pushes:
-                client = self._connect()
+                client = self._connect() if connect else self._client
                 if client is None:
                     self._note_loss(n, "store unreachable")
                     continue
@@ -362,8 +366,13 @@ class StoreForwarder:
             self.subscription.cancel()
             self.subscription = None
         done = self.sink.close(max(0.0, deadline - time.monotonic()))
-        if not self._ended and self._pid == os.getpid():
-            self._push_batch([], end=True)
+        # A process that never sent anything (a forked child that recorded nothing) has
+        # nothing to end: no connection just for the marker.
+        sent = self.encoder.seq > 0 or any(self.sink.dropped.values())
+        if not self._ended and self._pid == os.getpid() and sent:
+            # Only on a live client: a store that could not be reached so far must not
+            # hold an exiting process for another connect timeout.
+            self._push_batch([], end=True, connect=False)
         return done and not self.lost
 
     def stats(self) -> dict[str, Any]:
@@ -455,7 +464,7 @@ def _die(signum: int, previous: Any) -> None:
         signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
     time.sleep(1.0)
-    os._exit(128 + signum)
+    _real_os_exit(128 + signum)
 
 
 def _register_mp_finalizer(_: object = None) -> None:
@@ -467,14 +476,30 @@ def _register_mp_finalizer(_: object = None) -> None:
     multiprocessing.util.Finalize(None, _close_worker_forwarder, exitpriority=100)
 
 
+_real_os_exit = os._exit
+#: the budget of the flush in os._exit (the process asked to end at once)
+OS_EXIT_FLUSH_TIMEOUT = 2.0
+
+
+def _os_exit_flushing(status: int) -> NoReturn:
+    """``os._exit`` that first pushes what the worker's forwarder still holds."""
+    with contextlib.suppress(BaseException):
+        _close_worker_forwarder(OS_EXIT_FLUSH_TIMEOUT)
+    _real_os_exit(status)
+
+
 def install_exit_hooks() -> None:
     """Flush and end the worker's forwarder on normal exit, ``sys.exit``, SIGTERM (chaining
-    the handler installed before) and the exit of a multiprocessing child. Idempotent."""
+    the handler installed before), ``os._exit`` (within :data:`OS_EXIT_FLUSH_TIMEOUT`) and
+    the exit of a multiprocessing child. Idempotent."""
     global _hooks_installed, _previous_sigterm
     if _hooks_installed:
         return
     _hooks_installed = True
     atexit.register(_close_worker_forwarder)
+    # Failing workers often leave by os._exit (to skip teardown that would hang); it
+    # runs no atexit hook, so without this their last ~20 ms of events would be lost.
+    os._exit = _os_exit_flushing
     if threading.current_thread() is threading.main_thread():
         try:
             _previous_sigterm = signal.getsignal(signal.SIGTERM)

@@ -269,68 +269,6 @@ def test_receiver_pops_only_without_blocking_on_its_own_client(store: Any) -> No
     assert calls and all(kw == {"block": False} for kw in calls)
 
 
-def test_forked_child_sends_as_a_new_sender_and_never_duplicates_the_parent_queue(
-        store: Any) -> None:
-    """After fork (with the bus lock held by another thread) the child numbers its own
-    events from 0 under a new sender id, on its own client; the parent's queued events are
-    pushed once, by the parent (row 11)."""
-    src = eventbus.get_default_bus()
-    dst, got = _bus_with_log("dst")
-    fwd = StoreForwarder(host="127.0.0.1", port=store.port, key=KEY, rank=0, bus=src)
-    try:
-        eventbus.set_context(rank=0)
-        parent_sender = fwd.sender
-        children = []
-        hold = threading.Event()
-        release = threading.Event()
-
-        def holder() -> None:
-            with src._lock:
-                hold.set()
-                release.wait(10)
-
-        with fwd._client_lock:  # keep the parent's events queued across the forks
-            for i in range(100):
-                eventbus.record(EventType.EPOCH_END, epoch=i)
-            thread = threading.Thread(target=holder)
-            thread.start()
-            hold.wait(5)
-            for n in range(5):
-                pid = os.fork()
-                if pid == 0:  # the child
-                    code = 1
-                    try:
-                        assert fwd.sender != parent_sender and fwd.sink.pending == 0
-                        for i in range(50):
-                            eventbus.record(EventType.EPOCH_START, epoch=1000 * (n + 1) + i)
-                        code = 0 if fwd.close(10.0) else 2
-                    finally:
-                        os._exit(code)
-                children.append(pid)
-            release.set()
-            thread.join()
-        codes = [os.waitpid(pid, 0)[1] for pid in children]
-        assert codes == [0] * 5
-        assert fwd.close(5.0)
-    finally:
-        eventbus.refresh_context()
-        fwd.close(1.0)
-    rx = _receiver(store, dst)
-    rx.drain(timeout=10)
-    parents = [e.epoch for e in got if e.type == EventType.EPOCH_END]
-    assert parents == list(range(100))
-    by_pid: dict[int, list[int]] = {}
-    for e in got:
-        if e.type == EventType.EPOCH_START:
-            by_pid.setdefault(e.pid, []).append(e.epoch)
-    assert sorted(by_pid) == sorted(children)
-    for epochs in by_pid.values():
-        assert len(epochs) == 50 and epochs == sorted(epochs)
-    senders = rx.stats()["senders"]
-    assert len(senders) == 6 and all(s["ended"] for s in senders.values())
-    assert rx.stats()["lost"] == {}
-
-
 def test_job_event_filter_defaults_to_builtins_and_takes_exclusions() -> None:
     """Default: every built-in type; '-METRIC' keeps per-step metrics on the node;
     an unknown name is refused by name."""
@@ -425,3 +363,27 @@ def test_queues_of_a_finished_attempt_are_still_drained_after_a_restart(store: A
     agent.before_exit(timeout=10.0)
     assert [(e.epoch, e.restart_count) for e in got if e.type == EventType.EPOCH_END] == \
         [(i, 0) for i in range(10)]
+
+
+def test_values_left_in_the_store_at_exit_are_reported(store: Any) -> None:
+    """What the exit budget could not drain is reported as 'left in the store', with the
+    number of pushes still queued, never dropped silently."""
+    dst, got = _bus_with_log("dst")
+    enc = BatchEncoder(kind="w", rank=0)
+    for i in range(3):
+        ((value, _),) = enc.encode([eventbus.EpochEnd(epoch=i, context=_ctx())])
+        store.queue_push(KEY, value)
+    rx = _receiver(store, dst)
+    assert rx.report_leftovers() == 3
+    assert _lost(got, "left in the store") == 3
+    rx.drain(timeout=5)
+    assert rx.report_leftovers() == 0
+
+
+def test_a_typo_in_the_job_filter_keeps_the_default_instead_of_disabling_the_transport(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """EVENTBUS_JOB_EVENTS naming an unknown type is reported and the default (every
+    built-in type) applies: the plugin is still built."""
+    transport = StoreTransport(job_events="-METRICS")
+    assert transport.job_filter(eventbus.Metric(step=1))
+    assert "METRICS" in caplog.text

@@ -55,6 +55,8 @@ CHILD = textwrap.dedent("""
         sys.exit(3)
     elif mode == "raise":
         raise RuntimeError("training failed")
+    elif mode == "os-exit":
+        os._exit(3)
     elif mode.startswith("sigterm"):
         open(out + ".ready", "w").write(str(n))
         i = n
@@ -147,11 +149,13 @@ def test_import_eventbus_stays_torch_free_without_the_launcher_env(tmp_path: Pat
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("mode", "code", "n"),
-                         [("exit", 0, 10_000), ("sys-exit", 3, 2_000), ("raise", 1, 2_000)])
+                         [("exit", 0, 10_000), ("sys-exit", 3, 2_000), ("raise", 1, 2_000),
+                          ("os-exit", 3, 2_000)])
 def test_every_event_arrives_when_the_worker_exits(store: Any, tmp_path: Path, mode: str,
                                                    code: int, n: int) -> None:
-    """Every event recorded by a worker that exits normally (10,000), by sys.exit or by an
-    exception reaches the agent, numbered without gaps, with the end marker (row 13)."""
+    """Every event recorded by a worker that exits normally (10,000), by sys.exit, by an
+    exception or by os._exit reaches the agent, numbered without gaps, with the end marker
+    (row 13)."""
     proc = _child(tmp_path, mode, n, _env(store.port))
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == code, err
@@ -307,3 +311,85 @@ def test_store_going_away_never_blocks_record_and_the_gap_equals_the_loss(
     assert 0 < delivered < recorded
     assert delivered + gaps == recorded, (delivered, gaps, rx.stats()["lost"])
     assert rx.stats()["lost"].keys() <= {"gap", "dropped by sender"}
+
+
+FORKS = textwrap.dedent("""
+    import os, sys, threading, time
+    import eventbus
+    from eventbus import EventType
+    import subscribers.store_forwarder as sf
+
+    fwd = sf._worker_forwarder
+    bus = eventbus.get_default_bus()
+    parent_sender = fwd.sender
+    hold, release = threading.Event(), threading.Event()
+
+    def holder():
+        with bus._lock:
+            hold.set()
+            release.wait(30)
+
+    children = []
+    with fwd._client_lock:  # the parent's events stay queued across the forks
+        for i in range(100):
+            eventbus.record(EventType.EPOCH_END, epoch=0, data={"i": i})
+        thread = threading.Thread(target=holder)
+        thread.start()
+        hold.wait(10)
+        for n in range(5):
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    assert fwd.sender != parent_sender and fwd.sink.pending == 0
+                    for i in range(50):
+                        eventbus.record(EventType.EPOCH_START, epoch=1000 * (n + 1) + i)
+                    code = 0 if fwd.close(20.0) else 2
+                finally:
+                    os._exit(code)
+            children.append(pid)
+        release.set()
+        thread.join()
+    codes = []
+    deadline = time.monotonic() + 60
+    for pid in children:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                codes.append(os.waitstatus_to_exitcode(status))
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                codes.append("hung")
+                break
+            time.sleep(0.01)
+    print(" ".join(str(p) for p in children), flush=True)
+    assert codes == [0] * 5, codes
+""")
+
+
+@pytest.mark.slow
+def test_forked_children_send_as_new_senders_and_never_duplicate_the_parent_queue(
+        store: Any, tmp_path: Path) -> None:
+    """Forks taken while another thread holds the bus lock and the parent's forwarder has
+    100 events queued: each child numbers its own events from 0 under a new sender id on
+    its own client, and the parent's queued events arrive once, from the parent (row 11)."""
+    script = tmp_path / "forks.py"
+    script.write_text(FORKS)
+    proc = subprocess.run([sys.executable, str(script)], env=_env(store.port), check=False,
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    children = {int(p) for p in proc.stdout.split()}
+    got, rx = _drain(store.port)
+    assert _indices(got) == list(range(100))
+    by_pid: dict[int, list[int]] = {}
+    for e in got:
+        if e.type == EventType.EPOCH_START:
+            by_pid.setdefault(e.pid, []).append(e.epoch)
+    assert set(by_pid) == children
+    for epochs in by_pid.values():
+        assert len(epochs) == 50 and epochs == sorted(epochs)
+    senders = rx.stats()["senders"]
+    assert len(senders) == 6 and all(s["ended"] for s in senders.values())
+    assert rx.stats()["lost"] == {}

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 import eventbus
+from subscribers.queued import flush_all
 
 
 def main() -> int:
@@ -45,8 +46,11 @@ def main() -> int:
     eventbus.record(eventbus.EventType.EPOCH_START, epoch=0)
 
     if attempt in fail_on and rank == args.fail_rank:
+        # Hand this worker's events to the agent first, then die at a known instant:
+        # sys.exit would spend 1-4 s more in torch's interpreter teardown, blurring the
+        # exit time the tests compare the agent's WORKER_EXIT timestamp with.
+        flush_all(5.0)
         (out / f"attempt{attempt}_rank{rank}.exit").write_text(repr(time.time()))
-        sys.stdout.flush()
         os._exit(args.exit_code)
 
     dist.barrier()  # the survivor waits here for a peer that may be gone

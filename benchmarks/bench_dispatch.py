@@ -1,0 +1,166 @@
+"""``record()`` against a direct call and the signal libraries, at 0, 1 and 10 subscribers.
+
+Every peer delivers the same payload, ``worker_id=0, exit_code=0, data=d``, to no-op
+receivers of the matching signature. eventbus additionally validates the fields and builds
+an immutable event (the others pass the arguments along as they are); torch's own
+``torch.distributed.elastic.events.record()`` builds its ``Event`` and serialises it to
+JSON even for the "null" destination, and has no subscribers.
+
+``record()`` is timed as users write it, ``bus.record(EventType.WORKER_EXIT, ...)``, on a
+private bus per subscriber count. On Python 3.11 the ``EventType.WORKER_EXIT`` lookup alone
+costs more than a direct call: ``enum.EnumType`` defines ``__getattr__``, which sends
+every attribute read on an enum class through a slow Python-level hook (3.12 removed it).
+The ``hoisted`` rows take the member from a local name, as a loop that records the same
+type many times may; the targets are judged on the rows as written.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+from benchmarks._timing import Case
+from benchmarks._timing import measure
+
+__all__ = ["SUBSCRIBER_COUNTS", "TARGETS", "run"]
+
+SUBSCRIBER_COUNTS = (0, 1, 10)
+
+#: PERFORMANCE.md's targets: (what, eventbus row, peer row, limit on eventbus / peer)
+TARGETS = [
+    ("record() at 0 subscribers <= 3x a direct call", "eventbus record()", 0,
+     "direct call", 0, 3.0),
+    ("record() at 1 subscriber <= 0.6x blinker send", "eventbus record()", 1,
+     "blinker Signal.send", 1, 0.6),
+    ("record() at 10 subscribers <= 1.0x psygnal emit_fast", "eventbus record()", 10,
+     "psygnal emit_fast", 10, 1.0),
+    ("record() at 1 subscriber >= 20x faster than torch record()", "eventbus record()", 1,
+     "torch events.record()", 0, 1 / 20),
+]
+
+
+def _noop_event(event: Any) -> None:
+    pass
+
+
+def _noop_kwargs(worker_id: int, exit_code: int, data: dict[str, Any]) -> None:
+    pass
+
+
+def _noop_blinker(sender: Any, **kwargs: Any) -> None:
+    pass
+
+
+def _cases() -> dict[tuple[str, int], Case]:
+    import blinker
+    import psygnal
+    import pyee
+    from torch.distributed.elastic.events import api as torch_event_api
+    from torch.distributed.elastic.events import record as torch_record
+
+    import eventbus
+    from eventbus import EventType
+
+    data = {"epoch": 10, "loss": 0.01}
+    payload = "worker_id=0, exit_code=0, data=d"
+    cases: dict[tuple[str, int], Case] = {}
+
+    def add(row: str, subs: int, stmt: str, **namespace: Any) -> None:
+        cases[(row, subs)] = Case(f"{row} [{subs}]", stmt, {"d": data, **namespace})
+
+    for n in SUBSCRIBER_COUNTS:
+        # the limit: the receivers called directly, in a loop once there are several
+        handlers = tuple(_make_noop(_noop_kwargs) for _ in range(max(n, 1)))
+        if n <= 1:
+            add("direct call", n, f"h({payload})", h=handlers[0])
+        else:
+            add("direct call", n, f"for h in hs: h({payload})", hs=handlers)
+
+        bus = eventbus.Bus(f"bench{n}")
+        for _ in range(n):
+            bus.subscribe(EventType.WORKER_EXIT, on_event=_make_noop(_noop_event))
+        add("eventbus record()", n, f"bus.record(EventType.WORKER_EXIT, {payload})",
+            bus=bus, EventType=EventType)
+        add("eventbus record(), hoisted type", n, f"bus.record(W, {payload})",
+            bus=bus, W=EventType.WORKER_EXIT)
+
+        signal = blinker.Signal()
+        for _ in range(n):
+            signal.connect(_make_noop(_noop_blinker), weak=False)
+        add("blinker Signal.send", n, f"signal.send(None, {payload})", signal=signal)
+
+        class Emitter:
+            worker_exit = psygnal.Signal(int, int, dict)
+
+        emitter = Emitter()
+        for _ in range(n):
+            emitter.worker_exit.connect(_make_noop(_noop_kwargs))
+        add("psygnal emit_fast", n, "sig.emit_fast(0, 0, d)", sig=emitter.worker_exit)
+        add("psygnal emit", n, "sig.emit(0, 0, d)", sig=emitter.worker_exit)
+
+        ee = pyee.EventEmitter()
+        for _ in range(n):
+            ee.on("worker_exit", _make_noop(_noop_kwargs))
+        add("pyee emit", n, f"ee.emit('worker_exit', {payload})", ee=ee)
+
+    # The default bus through the module-level function, nobody subscribed (the usual
+    # state of a worker without the launcher).
+    add("eventbus.record(), default bus", 0,
+        f"record(EventType.WORKER_EXIT, {payload})",
+        record=eventbus.record, EventType=EventType)
+    add("torch events.record()", 0,
+        "record(Event(name='WORKER_EXIT', source=WORKER, "
+        "metadata={'worker_id': 0, 'exit_code': 0, **d}), 'null')",
+        record=torch_record, Event=torch_event_api.Event,
+        WORKER=torch_event_api.EventSource.WORKER)
+    return cases
+
+
+def _make_noop(template: Any) -> Any:
+    """A distinct copy of a no-op receiver: real subscribers are distinct functions, and
+    some libraries de-duplicate connections of the same callable."""
+    return types.FunctionType(template.__code__, template.__globals__, template.__name__)
+
+
+def _breakdown_cases() -> list[Case]:
+    """Where a record() at one subscriber spends its time, step by step."""
+    import eventbus
+    from eventbus import EventType
+    from eventbus import WorkerExit
+
+    def collect(event_type: Any, /, **fields: Any) -> None:
+        pass
+
+    ns = {"d": {"epoch": 10, "loss": 0.01}, "EventType": EventType,
+          "W": EventType.WORKER_EXIT, "collect": collect, "check": WorkerExit._check,
+          "build": WorkerExit._build, "eventbus": eventbus}
+    return [
+        Case("empty statement (timing loop)", "pass", ns),
+        Case("EventType.WORKER_EXIT lookup", "EventType.WORKER_EXIT", ns),
+        Case("call collecting **fields", "collect(W, worker_id=0, exit_code=0, data=d)", ns),
+        Case("dict of the fields", "{'worker_id': 0, 'exit_code': 0, 'data': d}", ns),
+        Case("validate (dict + _check)", "check({'worker_id': 0, 'exit_code': 0, 'data': d})",
+             ns),
+        Case("validate + build (dict + _build)",
+             "build({'worker_id': 0, 'exit_code': 0, 'data': d})", ns),
+    ]
+
+
+def run(*, quick: bool = False) -> dict[str, Any]:
+    """Median ns per call of every peer at every subscriber count, and the target ratios."""
+    # Many short rounds: on a shared machine a burst of noise then spoils a few samples
+    # of every case rather than all samples of one.
+    repeats = 3 if quick else 61
+    target_s = 0.0005 if quick else 0.003
+    cases = _cases()
+    ns = measure(list(cases.values()), repeats=repeats, target_s=target_s)
+    table: dict[str, dict[int, float]] = {}
+    for (row, subs), case in cases.items():
+        table.setdefault(row, {})[subs] = ns[case.name]
+    targets = []
+    for what, row, subs, peer, peer_subs, limit in TARGETS:
+        ratio = table[row][subs] / table[peer][peer_subs]
+        targets.append({"target": what, "ratio": ratio, "limit": limit,
+                        "met": ratio <= limit})
+    breakdown = measure(_breakdown_cases(), repeats=repeats, target_s=target_s)
+    return {"ns": table, "targets": targets, "breakdown": breakdown, "repeats": repeats}

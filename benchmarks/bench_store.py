@@ -1,0 +1,274 @@
+"""Worker -> agent through the job's c10d store, in a real ``eventbus run`` job (CPU).
+
+    python benchmarks/bench_store.py [--quick] [--json]
+
+One ``eventbus run --standalone`` job per row (1 and 4 workers), its agent in a
+subprocess of this one with a probe plugin on the agent's bus. Each worker:
+
+1. floods: records ``METRIC`` events as fast as it can; the probe counts what reaches the
+   agent's bus and the latency from the event's timestamp (taken in ``record()``) to its
+   delivery on the agent. events/s is arrivals over the span from first to last arrival;
+2. times ``record()`` in interleaved rounds: with the forwarder attached, with no
+   subscriber at all, and with one no-op subscriber (building the event is what any
+   subscriber costs). Two clocks: the recording thread's CPU time (what the caller pays)
+   and the whole process's CPU time (adds the forwarder thread's encoding and pushing).
+
+Figures are medians over rounds; ratios are taken within one worker's run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["run"]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+WORKER = textwrap.dedent("""
+    import json, os, statistics, sys, time
+    import eventbus
+    from eventbus import ALL, EventType
+    import subscribers.store_forwarder as sf
+
+    out, flood, block, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    rank = int(os.environ["RANK"])
+    fwd = sf._worker_forwarder
+    assert fwd is not None, "the forwarder is not attached"
+    bus = eventbus.get_default_bus()
+    record = eventbus.record
+    METRIC = EventType.METRIC
+    d = {"loss": 0.25}
+
+    t0 = time.perf_counter()
+    for i in range(flood):
+        record(METRIC, step=i, data=d)
+    flood_s = time.perf_counter() - t0
+    fwd.flush(60)
+
+    def timed(n):
+        c0, p0 = time.thread_time(), time.process_time()
+        for i in range(n):
+            record(METRIC, step=-1, data=d)
+        return ((time.thread_time() - c0) / n * 1e9, (time.process_time() - p0) / n * 1e9)
+
+    samples = {"forwarder": [], "none": [], "noop": []}
+    for r in range(rounds):
+        fwd.subscription.cancel()
+        samples["none"].append(timed(block))
+        sub = bus.subscribe(ALL, on_event=lambda e: None)
+        samples["noop"].append(timed(block))
+        sub.cancel()
+        fwd.subscription = bus.subscribe(ALL, on_event=fwd.sink)
+        samples["forwarder"].append(timed(block))
+        fwd.flush(60)
+    res = {"rank": rank, "flood_s": flood_s, "stats": fwd.stats()}
+    for name, values in samples.items():
+        res[name + "_thread_ns"] = statistics.median(v[0] for v in values)
+        res[name + "_process_ns"] = statistics.median(v[1] for v in values)
+    with open(os.path.join(out, f"worker{rank}.json"), "w") as f:
+        json.dump(res, f)
+""")
+
+
+class _Probe:
+    """Agent plugin counting METRIC arrivals of the flood on the agent's bus."""
+
+    instance: _Probe | None = None
+
+    def __init__(self) -> None:
+        self.latencies: list[float] = []
+        self.first = 0.0
+        self.last = 0.0
+        self.lost = 0
+        self.bus: Any = None
+        _Probe.instance = self
+
+    def _on_metric(self, event: Any) -> None:
+        if event.step < 0:  # the timing rounds, not the flood
+            return
+        now = time.time()
+        if not self.latencies:
+            self.first = now
+        self.last = now
+        self.latencies.append(now - event.timestamp)
+
+    def _on_lost(self, event: Any) -> None:
+        self.lost += event.count
+
+    def after_rendezvous(self, info: Any) -> dict[str, str]:
+        from eventbus import EventType
+
+        if self.bus is None:
+            self.bus = info.bus
+            info.bus.subscribe(EventType.METRIC, on_event=self._on_metric)
+            info.bus.subscribe(EventType.EVENTS_LOST, on_event=self._on_lost)
+        return {}
+
+    def before_exit(self, *, timeout: float) -> None:
+        pass
+
+
+def _agent_main(argv: list[str]) -> int:
+    """Run the job's agent in this process with the probe; print its figures as JSON."""
+    out, workers, flood, block, rounds = argv[0], int(argv[1]), argv[2], argv[3], argv[4]
+    from eventbus.launcher import main as run_main
+    from eventbus.launcher import register_agent_plugin
+
+    register_agent_plugin(_Probe)
+    script = Path(out) / "worker.py"
+    script.write_text(WORKER)
+    code = run_main(["--standalone", "--nproc-per-node", str(workers), "--monitor-interval",
+                     "0.1", str(script), out, flood, block, rounds])
+    probe = _Probe.instance
+    assert probe is not None
+    lat = sorted(probe.latencies)
+    span = probe.last - probe.first
+    print(json.dumps({
+        "code": code, "arrived": len(lat), "lost": probe.lost,
+        "events_per_s": len(lat) / span if span > 0 else 0.0,
+        "p50_ms": lat[len(lat) // 2] * 1e3 if lat else None,
+        "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e3 if lat else None,
+        "max_ms": lat[-1] * 1e3 if lat else None,
+    }))
+    return 0
+
+
+def _one(workers: int, *, flood: int, block: int, rounds: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench_store") as out:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+        env.setdefault("LOGLEVEL", "WARNING")
+        proc = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), "--agent", out, str(workers),
+             str(flood), str(block), str(rounds)],
+            env=env, capture_output=True, text=True, timeout=900, check=False, cwd=out)
+        if proc.returncode != 0 or not proc.stdout.strip():
+            raise RuntimeError(f"the benchmark job failed ({proc.returncode}): "
+                               f"{proc.stderr[-3000:]}")
+        agent = json.loads(proc.stdout.strip().splitlines()[-1])
+        if agent["code"] != 0:
+            raise RuntimeError(f"the benchmark job exited {agent['code']}: "
+                               f"{proc.stderr[-3000:]}")
+        ranks = [json.loads(p.read_text()) for p in sorted(Path(out).glob("worker*.json"))]
+
+    def med(key: str) -> float:
+        return statistics.median(r[key] for r in ranks)
+
+    expected = workers * flood
+    return {
+        "producers": workers,
+        "events": expected,
+        "arrived": agent["arrived"],
+        "lost": expected - agent["arrived"],
+        "reported lost": agent["lost"],
+        "events/s at agent": round(agent["events_per_s"]),
+        "p50 latency ms": round(agent["p50_ms"], 1),
+        "p99 latency ms": round(agent["p99_ms"], 1),
+        "record() ns, no subscriber": round(med("none_thread_ns")),
+        "record() ns, 1 no-op subscriber": round(med("noop_thread_ns")),
+        "record() ns, forwarder": round(med("forwarder_thread_ns")),
+        "forwarder / no subscriber": round(statistics.median(
+            r["forwarder_thread_ns"] / r["none_thread_ns"] for r in ranks), 2),
+        "forwarder / no-op subscriber": round(statistics.median(
+            r["forwarder_thread_ns"] / r["noop_thread_ns"] for r in ranks), 2),
+        "forwarder / no subscriber, process CPU": round(statistics.median(
+            r["forwarder_process_ns"] / r["none_process_ns"] for r in ranks), 2),
+        "pushes": sum(r["stats"]["pushes"] for r in ranks),
+    }
+
+
+def codec_costs(*, events: int = 4_000, rounds: int = 5) -> dict[str, float]:
+    """Per-event CPU cost (ns, thread time, median of rounds) of encoding a batch in the
+    forwarder and of decoding + validating + publishing it (to one no-op subscriber) in
+    the receiver: what a worker's forwarder thread and group rank 0 pay per event."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    import eventbus
+    from publishers.store_receiver import StoreReceiver
+    from subscribers.store_forwarder import BatchEncoder
+
+    ctx = eventbus.JobContext(rank=0, group_rank=0, run_id="bench", restart_count=0,
+                              hostname="node0", pid=1)
+    batch = [eventbus.Metric(step=i, data={"loss": 0.25}, context=ctx) for i in range(events)]
+    bus = eventbus.Bus("bench-store-codec")
+    bus.subscribe(eventbus.ALL, on_event=lambda event: None)
+    receiver = StoreReceiver(bus=bus, client=object())
+    encode: list[float] = []
+    decode: list[float] = []
+    size = 0
+    for _ in range(rounds):
+        encoder = BatchEncoder(kind="w", rank=0)
+        t = time.thread_time()
+        ((value, _),) = encoder.encode(batch)
+        encode.append((time.thread_time() - t) / events * 1e9)
+        size = len(value)
+        t = time.thread_time()
+        receiver.handle_value("bench", value, kind="w", rank=0)
+        decode.append((time.thread_time() - t) / events * 1e9)
+    return {"encode ns/event": round(statistics.median(encode)),
+            "decode+validate+publish ns/event": round(statistics.median(decode)),
+            "wire bytes/event": round(size / events, 1)}
+
+
+def calibration() -> float:
+    """Microseconds for ``sum(range(1000))`` here: ~8-10 on an idle modern core; larger
+    means the machine was busy and every absolute figure is inflated alike."""
+    import timeit
+
+    n = 2_000
+    return round(min(timeit.repeat("sum(range(1000))", number=n, repeat=5)) / n * 1e6, 1)
+
+
+def run(*, quick: bool = False) -> dict[str, Any]:
+    """The store transport's figures: one row per producer count (1 and 4 workers)."""
+    flood, block, rounds = (2_000, 500, 3) if quick else (50_000, 5_000, 9)
+    calm = calibration()
+    rows = [_one(n, flood=flood, block=block, rounds=rounds) for n in (1, 4)]
+    four = rows[-1]
+    return {
+        "rows": rows,
+        **codec_costs(rounds=2 if quick else 5),
+        "calibration: sum(range(1000)) us (idle core ~8-10)": calm,
+        "events/s at agent, 4 workers (target >= 100,000)": four["events/s at agent"],
+        "p99 latency ms, 4 workers (target <= 250)": four["p99 latency ms"],
+        "lost, 4 workers (target 0)": four["lost"],
+        "record() forwarder / no subscriber, 4 workers (target <= 2)":
+            four["forwarder / no subscriber"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args_list = sys.argv[1:] if argv is None else argv
+    if args_list and args_list[0] == "--agent":
+        return _agent_main(args_list[1:])
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke run)")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args(args_list)
+    result = run(quick=args.quick)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        for row in result["rows"]:
+            print("  ".join(f"{k}={v}" for k, v in row.items()))
+        for key, value in result.items():
+            if key != "rows":
+                print(f"{key}: {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""The Markdown report: machine, versions, one table per area, the target ratios."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["render"]
+
+_ME = "eventbus record()"
+
+
+def _ns(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def _num(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:,.2f}" if abs(value) < 100 else f"{value:,.0f}"
+    return str(value)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def _dispatch(result: dict[str, Any]) -> list[str]:
+    from benchmarks.bench_dispatch import SUBSCRIBER_COUNTS
+
+    table: dict[str, dict[int, float]] = result["ns"]
+    counts = list(SUBSCRIBER_COUNTS)
+    out = ["## Dispatch: ns per call",
+           "",
+           f"Median of {result['repeats']} interleaved rounds; every receiver is a no-op of "
+           "the matching signature. `eventbus record()` is `bus.record(EventType.WORKER_EXIT, "
+           "worker_id=0, exit_code=0, data=d)` as users write it; `hoisted type` takes the "
+           "member from a local name instead (on Python 3.11 the `EventType.WORKER_EXIT` "
+           "lookup alone costs about two direct calls: `enum.EnumType.__getattr__` sends "
+           "every attribute read on an enum class through a slow hook; 3.12 dropped it). "
+           "torch's `record()` has no subscribers.",
+           ""]
+    rows = []
+    for name, by_count in table.items():
+        rows.append([name, *(_ns(by_count[c]) if c in by_count else "" for c in counts)])
+    out += _table(["path", *(f"{c} subs" for c in counts)], rows)
+    out += ["", "### Ratios: `record()` / peer, same run (below 1: `record()` is faster)", "",
+            "torch's `record()` has no subscribers: `record()` at each count is compared "
+            "with its one figure.", ""]
+    mine = table[_ME]
+    rows = []
+    for name, by_count in table.items():
+        if name.startswith("eventbus"):
+            continue
+        single = by_count.get(0) if len(by_count) == 1 else None
+        cells = []
+        for c in counts:
+            peer = by_count.get(c, single)
+            cells.append(f"{mine[c] / peer:.2f}" if peer else "")
+        rows.append([name, *cells])
+    out += _table(["peer", *(f"{c} subs" for c in counts)], rows)
+    out += ["", "### Targets (PERFORMANCE.md)", ""]
+    out += _table(["target", "ratio", "limit", "met"],
+                  [[t["target"], f"{t['ratio']:.3f}", f"{t['limit']:.2f}",
+                    "yes" if t["met"] else "**no**"] for t in result["targets"]])
+    out += ["", "### Where `record()` spends its time", "",
+            "Each step timed on its own (ns per statement, timing loop included).", ""]
+    out += _table(["step", "ns"], [[k, _ns(v)] for k, v in result["breakdown"].items()])
+    return out
+
+
+def _logging(result: dict[str, Any]) -> list[str]:
+    out = ["## Logging: ns per event", "",
+           f"Median of {result['repeats']} interleaved rounds, same format, both to "
+           "`os.devnull`.", ""]
+    rows = []
+    for name, row in result["rows"].items():
+        rows.append([name, _ns(row["ns"]), f"{row['vs plain line']:.2f}",
+                     _ns(row["handler only"]) if "handler only" in row else "",
+                     f"{row['handler only vs plain line']:.2f}"
+                     if "handler only" in row else ""])
+    out += _table(["path", "ns", "vs plain line", "handler only (ns)",
+                   "handler only vs plain line"], rows)
+    return out
+
+
+def _generic(result: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    rows = result.get("rows")
+    if isinstance(rows, list) and rows and isinstance(rows[0], dict):
+        header = list(rows[0])
+        if len(header) <= 8:
+            out += _table(header, [[_num(r.get(h, "")) for h in header] for r in rows])
+        else:  # many figures per row: one line per figure reads better
+            first = header[0]
+            out += _table([first, *(_num(r[first]) for r in rows)],
+                          [[h, *(_num(r.get(h, "")) for r in rows)] for h in header[1:]])
+        out.append("")
+    scalars = {k: v for k, v in result.items() if k != "rows"}
+    if scalars:
+        out += _table(["figure", "value"], [[k, _num(v)] for k, v in scalars.items()])
+    return out
+
+
+def _store(result: dict[str, Any]) -> list[str]:
+    out = ["## Worker -> agent through a real TCPStore", "",
+           "`benchmarks/bench_store.py`: one `eventbus run --standalone` job per producer "
+           "count, each worker flooding `METRIC` events, then timing its own `record()` with "
+           "and without the forwarder (see the module's docstring).", ""]
+    return out + _generic(result)
+
+
+def _memory(result: dict[str, Any]) -> list[str]:
+    out = ["## Memory: a sink that never drains", "",
+           "One subprocess per size; `subscribers.queued.QueuedSink` with its default bounds "
+           "in front of a sink that blocks forever.", ""]
+    out += _generic(result)
+    return out
+
+
+def render(results: dict[str, Any], *, machine: dict[str, str], versions: dict[str, str],
+           when: str, quick: bool, seconds: dict[str, float]) -> str:
+    """The whole report as Markdown."""
+    out = ["# Benchmark results", ""]
+    if quick:
+        out += ["**Smoke run (`--quick`): tiny repeat counts, the figures mean nothing.**", ""]
+    out += [f"Written by `make bench` (`python -m benchmarks`) on {when}, in "
+            f"{sum(seconds.values()):.0f} s. All timings of one area come from one process "
+            "with the cases interleaved round by round, timed in CPU time of the benchmark "
+            "thread, and reported as medians; compare the ratios, not the absolute times, "
+            "which move with the machine and its load.", ""]
+    out += _table(["machine", ""], [[k, v] for k, v in machine.items()])
+    out += [""]
+    out += _table(["package", "version"], [[k, v] for k, v in versions.items()])
+    sections = {"dispatch": _dispatch, "logging": _logging, "store": _store,
+                "memory": _memory}
+    for area, result in results.items():
+        out.append("")
+        out += sections[area](result)
+    return "\n".join(out) + "\n"

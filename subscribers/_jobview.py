@@ -1,0 +1,729 @@
+"""The shape of a recorded job, rebuilt from its events: what the trace exporter, the
+timeline plot and the tail view share.
+
+Input is the events as decoded JSON objects (one ``Event.to_json()`` line each), not typed
+events: a file may hold user-declared types that this process never declared, and it must
+still be drawn. Everything here is tolerant: a record missing a field it should have is
+shown as an instant, never dropped and never fatal.
+
+How a flat event stream becomes a picture:
+
+* **Nodes.** A worker's events carry its ``group_rank``. An agent's carry it only once it
+  has rendezvoused (``AGENT_START`` comes before; torchrun's agent process has no
+  ``GROUP_RANK``), so an agent is also tied to its node through the workers it started:
+  ``WORKER_START.worker_pid`` is the pid in that worker's own events. An agent nothing ties
+  to a node is shown under its hostname.
+* **Attempts.** Each node's timeline is cut into attempts by its ``WORKER_RESTART``
+  events: attempt 0 runs from the node's first event to its first restart, and so on. The
+  workers' ``TORCHELASTIC_RESTART_COUNT`` is not used for this: torchelastic does not
+  increase it when a node restarts its workers because another node joined or failed.
+* **Worker runs.** One span per worker *process* (hostname + pid), from ``WORKER_START``
+  (or its first event) to its ``WORKER_EXIT`` (or, when the agent stopped it without
+  recording an exit, to the end of its attempt).
+* **Rendezvous.** ``RENDEZVOUS`` is recorded when a round ends; with ``duration_s`` it is
+  the span ``[timestamp - duration_s, timestamp]``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from typing import Literal
+
+import attrs
+
+from eventbus.encoding import decode_json
+
+__all__ = [
+    "AGENT",
+    "Attempt",
+    "EpochSpan",
+    "JobView",
+    "Marker",
+    "NodeView",
+    "Problem",
+    "Record",
+    "RendezvousSpan",
+    "WorkerRun",
+    "decode_line",
+    "iter_tracks",
+    "read_records",
+    "record_from_dict",
+]
+
+#: the track key of a node's agent (worker tracks are keyed by global rank)
+AGENT: Literal["agent"] = "agent"
+
+_RESERVED = frozenset({"type", "timestamp", "data", "context"})
+_LINE_PREFIX = '{"type":'
+
+
+@attrs.frozen
+class Record:
+    """One event as read from a JSONL file: its type name, time, typed fields, data and
+    context, plus where it was read."""
+
+    type: str
+    timestamp: float
+    fields: dict[str, Any]
+    data: dict[str, Any]
+    context: dict[str, Any]
+    source: str = ""
+    line: int = 0
+    # Read from the context once: the views ask for them for every record, many times.
+    #: the global rank of the worker that recorded it (None for agent events)
+    rank: int | None = attrs.field(init=False)
+    #: the node (group rank) of the process that recorded it, when known
+    group_rank: int | None = attrs.field(init=False)
+    #: the host of the process that recorded it
+    hostname: str = attrs.field(init=False)
+    #: the pid of the process that recorded it
+    pid: int | None = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        ctx = self.context
+        host = ctx.get("hostname")
+        object.__setattr__(self, "rank", _int_or_none(ctx.get("rank")))
+        object.__setattr__(self, "group_rank", _int_or_none(ctx.get("group_rank")))
+        object.__setattr__(self, "hostname", host if isinstance(host, str) else "")
+        object.__setattr__(self, "pid", _int_or_none(ctx.get("pid")))
+
+    @property
+    def is_failure(self) -> bool:
+        """Same rule as the typed events: non-zero exit, failed rendezvous, failed agent,
+        lost events."""
+        if self.type == "WORKER_EXIT":
+            return self.fields.get("exit_code") not in (0, None)
+        if self.type == "RENDEZVOUS":
+            return self.fields.get("state") == "FAILED"
+        if self.type == "AGENT_EXIT":
+            return self.fields.get("state") not in ("SUCCEEDED", None)
+        return self.type == "EVENTS_LOST"
+
+    @property
+    def stopped_by_agent(self) -> bool:
+        """A WORKER_EXIT of a worker its agent stopped because another one failed (the
+        launcher marks it ``data.stopped_by_agent``): not a failure of its own."""
+        return self.type == "WORKER_EXIT" and self.data.get("stopped_by_agent") is True
+
+    @property
+    def is_own_failure(self) -> bool:
+        """A failure, not counting workers stopped as collateral of another failure."""
+        return self.is_failure and not self.stopped_by_agent
+
+    def dedup_key(self) -> str:
+        """Identical for the same event read from two files (job-wide and per-node)."""
+        return json.dumps([self.type, self.timestamp, self.fields, self.data, self.context],
+                          sort_keys=True, default=repr)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record back in the JSONL shape."""
+        return {"type": self.type, "timestamp": self.timestamp, **self.fields,
+                "data": self.data, "context": self.context}
+
+
+@attrs.frozen
+class Problem:
+    """Lines that are not events: ``torn`` (cut short by a writer that crashed: unfinished
+    at the end of the file, or ended by the next writer) or ``foreign`` (anything else).
+
+    One line (``line`` > 0, with its ``text``) or, from a whole-file read, a count
+    (``line`` 0).
+    """
+
+    source: str
+    line: int
+    kind: Literal["torn", "foreign"]
+    reason: str
+    text: str = ""
+    count: int = 1
+
+    def describe(self) -> str:
+        """``events.jsonl:12: foreign line (not JSON: ...): '<start of the line>'``, or
+        ``events.jsonl: 2 torn line(s) skipped (...)`` for a count."""
+        if self.line <= 0:
+            return f"{self.source}: {self.count} {self.kind} line(s) skipped ({self.reason})"
+        where = f"{self.source}:{self.line}" if self.source else f"line {self.line}"
+        snippet = self.text if len(self.text) <= 100 else self.text[:97] + "..."
+        return f"{where}: {self.kind} line ({self.reason}): {snippet!r}"
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if type(value) is int else None
+
+
+def _finite(value: object) -> float | None:
+    """``value`` as a float when it is a finite JSON number (not a bool), else None."""
+    if type(value) in (int, float) and math.isfinite(value):  # type: ignore[arg-type]
+        return float(value)  # type: ignore[arg-type]
+    return None
+
+
+def _duration(r: Record) -> float | None:
+    """A rendezvous' ``duration_s``, when it is a usable one."""
+    duration = _finite(r.fields.get("duration_s"))
+    return duration if duration is not None and duration >= 0 else None
+
+
+def decode_line(text: str, *, source: str = "", line: int = 0,
+                complete: bool = True) -> Record | Problem:
+    """One JSONL line as a :class:`Record`, or the :class:`Problem` with it.
+
+    ``complete=False`` says the line had no newline at the end of the file: if it does not
+    decode it is reported as ``torn`` rather than ``foreign``.
+    """
+    stripped = text.strip()
+
+    def problem(reason: str, kind: Literal["torn", "foreign"] = "foreign") -> Problem:
+        return Problem(source, line, kind, reason, stripped)
+
+    try:
+        raw = decode_json(stripped)
+    except (ValueError, TypeError) as exc:
+        why = str(exc).splitlines()[0][:80]
+        if not complete:
+            return problem(f"no newline at the end of the file, not JSON: {why}", "torn")
+        if stripped.startswith(_LINE_PREFIX):
+            # Starts like a recorder's line but does not parse: a writer crashed mid-line
+            # and the next one ended it (the rule subscribers.jsonl.read_jsonl counts by).
+            return problem(f"an event line cut short: {why}", "torn")
+        return problem(f"not JSON: {why}")
+    if not isinstance(raw, dict):
+        return problem(f"a JSON {type(raw).__name__}, not an event object")
+    return _from_object(raw, source=source, line=line, text=stripped)
+
+
+def _from_object(raw: dict[str, Any], *, source: str, line: int,
+                 text: str = "") -> Record | Problem:
+    def problem(reason: str) -> Problem:
+        return Problem(source, line, "foreign", reason, text)
+
+    name = raw.get("type")
+    if not isinstance(name, str) or not name:
+        return problem("no string 'type'")
+    timestamp = _finite(raw.get("timestamp"))
+    if timestamp is None:
+        return problem("no finite numeric 'timestamp'")
+    data = raw.get("data")
+    context = raw.get("context")
+    if data is not None and not isinstance(data, dict):
+        return problem("'data' is not an object")
+    if context is not None and not isinstance(context, dict):
+        return problem("'context' is not an object")
+    fields = {k: v for k, v in raw.items() if k not in _RESERVED}
+    return Record(name, timestamp, fields, data or {}, context or {}, source, line)
+
+
+def record_from_dict(raw: dict[str, Any], *, source: str = "") -> Record | None:
+    """A decoded JSONL object as a :class:`Record`, or None when it is not an event."""
+    item = _from_object(raw, source=source, line=0)
+    return item if isinstance(item, Record) else None
+
+
+def read_records(path: str | Path) -> tuple[list[Record], list[Problem]]:
+    """Every event of one JSONL file (read by :func:`subscribers.jsonl.read_jsonl`), and
+    how many lines were skipped: torn or foreign (``eventbus tail`` shows each one)."""
+    from subscribers.jsonl import read_jsonl
+
+    source = str(path)
+    read = read_jsonl(path)
+    records: list[Record] = []
+    not_events = 0
+    for raw in read:
+        record = record_from_dict(raw, source=source)
+        if record is None:
+            not_events += 1
+        else:
+            records.append(record)
+    problems = []
+    if read.torn:
+        problems.append(Problem(source, 0, "torn", "cut short by a writer that crashed",
+                                count=read.torn))
+    if read.foreign + not_events:
+        problems.append(Problem(source, 0, "foreign", "not events",
+                                count=read.foreign + not_events))
+    return records, problems
+
+
+# -- the job ---------------------------------------------------------------------------------
+
+
+@attrs.define
+class NodeView:
+    """One node (agent + its workers) as the picture shows it."""
+
+    key: tuple[int, int | str]
+    label: str
+    hostname: str
+    group_rank: int | None
+    ranks: list[int] = attrs.Factory(list)
+
+
+@attrs.frozen
+class Attempt:
+    """One attempt of one node: ``[start, end]``, cut by the node's ``WORKER_RESTART``s."""
+
+    node: str
+    index: int
+    start: float
+    end: float
+    outcome: Literal["failed", "succeeded", "restarted", "running"]
+    #: the WORKER_RESTART that began it (None for attempt 0)
+    restart: Record | None
+
+
+@attrs.frozen
+class WorkerRun:
+    """One worker process: its rank, its attempt, when it ran and how it ended."""
+
+    node: str
+    rank: int | None
+    attempt: int
+    start: float
+    end: float
+    hostname: str
+    pid: int | None
+    local_rank: int | None
+    exit_code: int | None
+    #: what ``end`` comes from: its WORKER_EXIT, the end of its attempt, or its last event
+    ended_by: Literal["exit", "attempt end", "last event"]
+    exit: Record | None
+    signal: str | None = None
+    message: str | None = None
+    #: the first and the last event the worker recorded itself (None: it recorded none).
+    #: Before the first: the process starting (importing torch, joining the process
+    #: group); after the last: it shutting down.
+    first_event: float | None = None
+    last_event: float | None = None
+
+    @property
+    def failed(self) -> bool:
+        """It exited with a non-zero code (see :attr:`stopped_by_agent`)."""
+        return self.exit_code not in (0, None)
+
+    @property
+    def stopped_by_agent(self) -> bool:
+        """Its agent stopped it (SIGTERM) because another worker failed."""
+        return self.exit is not None and self.exit.stopped_by_agent
+
+
+@attrs.frozen
+class EpochSpan:
+    """``EPOCH_START`` .. ``EPOCH_END`` of one rank in one attempt."""
+
+    node: str
+    rank: int | None
+    attempt: int
+    epoch: int
+    start: float
+    end: float
+    finished: bool
+
+
+@attrs.frozen
+class RendezvousSpan:
+    """One rendezvous round of one node."""
+
+    node: str
+    start: float
+    end: float
+    record: Record
+
+
+@attrs.frozen
+class Marker:
+    """A point event on a track: failures, restarts, checkpoints, metrics, user types..."""
+
+    node: str
+    track: int | Literal["agent"]
+    timestamp: float
+    record: Record
+
+
+def _by_time(records: Iterable[Record]) -> list[Record]:
+    return sorted(records, key=lambda r: r.timestamp)
+
+
+@attrs.define
+class JobView:
+    """The job, rebuilt: nodes, their attempts, worker runs, epochs, rendezvous, markers.
+
+    Build it with :meth:`from_records` or :meth:`from_files`.
+    """
+
+    records: list[Record]
+    problems: list[Problem]
+    t0: float
+    t1: float
+    nodes: list[NodeView]
+    attempts: list[Attempt]
+    runs: list[WorkerRun]
+    epochs: list[EpochSpan]
+    rendezvous: list[RendezvousSpan]
+    markers: list[Marker]
+    #: records that became part of a span (WORKER_START, clean WORKER_EXIT, EPOCH_*,
+    #: RENDEZVOUS with a duration); every other record is a marker
+    consumed: int = 0
+
+    @property
+    def run_id(self) -> str | None:
+        """The torchelastic run id, when the events carry one."""
+        for r in self.records:
+            run_id = r.context.get("run_id")
+            if isinstance(run_id, str):
+                return run_id
+        return None
+
+    @classmethod
+    def from_files(cls, paths: Iterable[str | Path]) -> JobView:
+        """Read and merge several JSONL files (one per node, or a job-wide one plus per-node
+        ones: an event found in two files is kept once)."""
+        records: list[Record] = []
+        problems: list[Problem] = []
+        paths = list(paths)
+        for path in paths:
+            found, bad = read_records(path)
+            records.extend(found)
+            problems.extend(bad)
+        return cls.from_records(records, problems=problems, dedup=len(paths) > 1)
+
+    @classmethod
+    def from_records(cls, records: Iterable[Record], *, problems: Iterable[Problem] = (),
+                     dedup: bool = True) -> JobView:
+        """The job described by ``records`` (any order). ``dedup``: drop events seen twice
+        (what merging a job-wide file with per-node files gives)."""
+        given = list(records)
+        unique = given
+        if dedup:
+            seen: set[str] = set()
+            unique = []
+            for r in given:
+                key = r.dedup_key()
+                if key not in seen:
+                    seen.add(key)
+                    unique.append(r)
+        return _Builder(_by_time(unique), list(problems)).build()
+
+    def node(self, label: str) -> NodeView:
+        """The node with this label."""
+        for n in self.nodes:
+            if n.label == label:
+                return n
+        raise KeyError(label)
+
+    def attempt_count(self) -> int:
+        """How many attempts the longest-lived node went through."""
+        return max((a.index for a in self.attempts), default=-1) + 1
+
+    def outcome(self) -> str:
+        """``SUCCEEDED`` / ``FAILED`` / ... from AGENT_EXIT, or ``unknown``."""
+        exits = [r for r in self.records if r.type == "AGENT_EXIT"]
+        states = {str(r.fields.get("state")) for r in exits}
+        if not states:
+            return "unknown"
+        if states == {"SUCCEEDED"}:
+            return "SUCCEEDED"
+        return "FAILED" if "FAILED" in states else sorted(states)[0]
+
+
+class _Builder:
+    """The inference steps of :class:`JobView`, in order."""
+
+    def __init__(self, records: list[Record], problems: list[Problem]) -> None:
+        self.records = records
+        self.problems = problems
+        self.agent_node: dict[tuple[str, int | None], str] = {}
+        self.worker_node: dict[tuple[str, int | None], str] = {}
+        self.nodes: dict[str, NodeView] = {}
+        self.consumed: set[int] = set()
+
+    # -- nodes ---------------------------------------------------------------------------
+    def _node_for_group(self, group: int, hostname: str) -> str:
+        label = f"node {group}"
+        if label not in self.nodes:
+            self.nodes[label] = NodeView((0, group), label, hostname, group)
+        elif not self.nodes[label].hostname:
+            self.nodes[label].hostname = hostname
+        return label
+
+    def _node_for_host(self, hostname: str, pid: int | None, unique_host: bool) -> str:
+        label = (hostname or "unknown host") if unique_host else f"{hostname}:{pid}"
+        if label not in self.nodes:
+            self.nodes[label] = NodeView((1, label), label, hostname, None)
+        return label
+
+    def _assign_nodes(self) -> None:
+        # Workers first: they know their group rank.
+        for r in self.records:
+            if r.rank is not None and r.group_rank is not None:
+                self.worker_node[(r.hostname, r.pid)] = self._node_for_group(
+                    r.group_rank, r.hostname)
+        # Agents: their own group rank, else the node of a worker they started.
+        for r in self.records:
+            if r.rank is not None:
+                continue
+            key = (r.hostname, r.pid)
+            if r.group_rank is not None:
+                self.agent_node[key] = self._node_for_group(r.group_rank, r.hostname)
+            elif key not in self.agent_node and r.type in ("WORKER_START", "WORKER_EXIT"):
+                worker = (r.hostname, _int_or_none(r.fields.get("worker_pid")))
+                if worker in self.worker_node:
+                    self.agent_node[key] = self.worker_node[worker]
+        # The agents left: under their hostname.
+        loose = {(r.hostname, r.pid) for r in self.records
+                 if r.rank is None and (r.hostname, r.pid) not in self.agent_node}
+        hosts = [h for h, _ in loose]
+        for host, pid in sorted(loose, key=lambda k: (k[0], k[1] or 0)):
+            self.agent_node[(host, pid)] = self._node_for_host(host, pid, hosts.count(host) == 1)
+        # Workers without a group rank: through the agent that started them.
+        started_by = {(a.hostname, _int_or_none(a.fields.get("worker_pid"))): (a.hostname, a.pid)
+                      for a in self.records if a.rank is None and a.type == "WORKER_START"}
+        for r in self.records:
+            if r.rank is None or r.group_rank is not None:
+                continue
+            key = (r.hostname, r.pid)
+            if key in self.worker_node:
+                continue
+            agent = started_by.get(key)
+            self.worker_node[key] = (self.agent_node[agent] if agent is not None
+                                     else self._node_for_host(r.hostname, None, True))
+
+    def node_of(self, r: Record) -> str:
+        key = (r.hostname, r.pid)
+        if r.rank is None:
+            return self.agent_node[key]
+        return self.worker_node[key]
+
+    def track_of(self, r: Record) -> int | Literal["agent"]:
+        if r.rank is not None:
+            return r.rank
+        if r.type in ("WORKER_START", "WORKER_EXIT"):
+            worker_id = _int_or_none(r.fields.get("worker_id"))
+            if worker_id is not None:
+                return worker_id
+        return AGENT
+
+    # -- attempts ------------------------------------------------------------------------
+    def _attempts(self) -> list[Attempt]:
+        by_node: dict[str, list[Record]] = {}
+        for r in self.records:
+            by_node.setdefault(self.node_of(r), []).append(r)
+        attempts: list[Attempt] = []
+        for label, recs in by_node.items():
+            first = min(_start_of(r) for r in recs)
+            last = max(r.timestamp for r in recs)
+            restarts = [r for r in recs if r.type == "WORKER_RESTART" and r.rank is None]
+            bounds: list[tuple[float, Record | None]] = [(first, None)]
+            bounds += [(r.timestamp, r) for r in restarts]
+            agent_exit = next((r for r in recs if r.type == "AGENT_EXIT"), None)
+            for i, (start, restart) in enumerate(bounds):
+                if i + 1 < len(bounds):
+                    end = bounds[i + 1][0]
+                    outcome: Literal["failed", "succeeded", "restarted", "running"] = (
+                        "failed" if any(r.is_own_failure and r.type == "WORKER_EXIT"
+                                        and start <= r.timestamp <= end for r in recs)
+                        else "restarted")
+                else:
+                    end = agent_exit.timestamp if agent_exit is not None else last
+                    end = max(end, last)
+                    if agent_exit is None:
+                        outcome = "running"
+                    else:
+                        outcome = "failed" if agent_exit.is_failure else "succeeded"
+                attempts.append(Attempt(label, i, start, end, outcome, restart))
+        return attempts
+
+    @staticmethod
+    def attempt_at(attempts: list[Attempt], node: str, t: float) -> Attempt | None:
+        found = None
+        for a in attempts:
+            if a.node == node and a.start <= t:
+                found = a
+        return found
+
+    # -- worker runs -----------------------------------------------------------------------
+    def _runs(self, attempts: list[Attempt]) -> list[WorkerRun]:
+        # A worker process: (hostname, pid), known from WORKER_START or its own events.
+        starts: dict[tuple[str, int | None], Record] = {}
+        first: dict[tuple[str, int | None], Record] = {}
+        last: dict[tuple[str, int | None], Record] = {}
+        key: tuple[str, int | None]
+        for r in self.records:
+            if r.type == "WORKER_START" and r.rank is None:
+                pid = _int_or_none(r.fields.get("worker_pid"))
+                # no pid: a key of its own (negative: never a real pid)
+                key = (r.hostname, pid) if pid is not None else (r.hostname, -len(starts) - 1)
+                starts.setdefault(key, r)
+            elif r.rank is not None:
+                key = (r.hostname, r.pid)
+                first.setdefault(key, r)
+                last[key] = r
+        exits = [r for r in self.records if r.type == "WORKER_EXIT" and r.rank is None]
+        used_exits: set[int] = set()
+        runs: list[WorkerRun] = []
+        for key in sorted(set(starts) | set(first),
+                          key=lambda k: (starts.get(k) or first[k]).timestamp):
+            start_rec = starts.get(key)
+            own = first.get(key)
+            if start_rec is not None:
+                self.consumed.add(id(start_rec))
+                node = self.node_of(start_rec)
+                rank = _int_or_none(start_rec.fields.get("worker_id"))
+                local_rank = _int_or_none(start_rec.fields.get("worker_local_rank"))
+                start = start_rec.timestamp
+            else:
+                assert own is not None
+                node = self.node_of(own)
+                rank = own.rank
+                local_rank = _int_or_none(own.context.get("local_rank"))
+                start = own.timestamp
+            if rank is None and own is not None:
+                rank = own.rank
+            attempt = self.attempt_at(attempts, node, start)
+            index = attempt.index if attempt is not None else 0
+            pid = key[1] if key[1] is not None and key[1] >= 0 else None
+            exit_rec = self._exit_for(exits, used_exits, node, rank=rank, pid=pid,
+                                     attempt=attempt)
+            if exit_rec is not None:
+                used_exits.add(id(exit_rec))
+                end = exit_rec.timestamp
+                ended_by: Literal["exit", "attempt end", "last event"] = "exit"
+            elif attempt is not None and (attempt.index < self._last_index(attempts, node)
+                                          or attempt.outcome != "running"):
+                # Stopped by its agent (a restart of the group, or the end of the job)
+                # without an exit of its own on record.
+                end, ended_by = attempt.end, "attempt end"
+            else:
+                tail = last.get(key)
+                end, ended_by = (tail.timestamp if tail is not None else start), "last event"
+            if own is not None:
+                end = max(end, last[key].timestamp) if ended_by != "exit" else end
+            exit_code = (_int_or_none(exit_rec.fields.get("exit_code"))
+                         if exit_rec is not None else None)
+            if exit_rec is not None and exit_code == 0:
+                self.consumed.add(id(exit_rec))
+            signal = exit_rec.fields.get("signal") if exit_rec is not None else None
+            message = exit_rec.fields.get("message") if exit_rec is not None else None
+            self._note_ranks(node, rank)
+            runs.append(WorkerRun(
+                node=node, rank=rank, attempt=index, start=start, end=max(end, start),
+                hostname=key[0], pid=pid, local_rank=local_rank, exit_code=exit_code,
+                ended_by=ended_by, exit=exit_rec,
+                signal=signal if isinstance(signal, str) else None,
+                first_event=own.timestamp if own is not None else None,
+                last_event=last[key].timestamp if own is not None else None,
+                message=message if isinstance(message, str) else None))
+        return runs
+
+    @staticmethod
+    def _last_index(attempts: list[Attempt], node: str) -> int:
+        return max((a.index for a in attempts if a.node == node), default=0)
+
+    def _exit_for(self, exits: list[Record], used: set[int], node: str, *,
+                  rank: int | None, pid: int | None,
+                  attempt: Attempt | None) -> Record | None:
+        for r in exits:
+            if id(r) in used or self.node_of(r) != node:
+                continue
+            worker_pid = _int_or_none(r.fields.get("worker_pid"))
+            if pid is not None and worker_pid is not None:
+                if worker_pid == pid:
+                    return r
+                continue
+            if _int_or_none(r.fields.get("worker_id")) != rank:
+                continue
+            if attempt is None or attempt.start <= r.timestamp <= attempt.end:
+                return r
+        return None
+
+    def _note_ranks(self, node: str, rank: int | None) -> None:
+        if rank is not None and rank not in self.nodes[node].ranks:
+            self.nodes[node].ranks.append(rank)
+            self.nodes[node].ranks.sort()
+
+    # -- epochs and rendezvous -------------------------------------------------------------
+    def _epochs(self, attempts: list[Attempt], runs: list[WorkerRun]) -> list[EpochSpan]:
+        open_: dict[tuple[str, int | None, int | None, object], Record] = {}
+        spans: list[EpochSpan] = []
+        for r in self.records:
+            if r.type not in ("EPOCH_START", "EPOCH_END") or "epoch" not in r.fields:
+                continue
+            epoch = r.fields["epoch"]
+            if type(epoch) is not int:
+                continue
+            key = (r.hostname, r.pid, r.rank, epoch)
+            if r.type == "EPOCH_START":
+                open_[key] = r
+                continue
+            begin = open_.pop(key, None)
+            if begin is None:
+                continue  # an end without a start stays a marker
+            node = self.node_of(r)
+            attempt = self.attempt_at(attempts, node, begin.timestamp)
+            spans.append(EpochSpan(node, r.rank, attempt.index if attempt else 0, epoch,
+                                   begin.timestamp, r.timestamp, True))
+            self.consumed.update((id(begin), id(r)))
+        for begin in open_.values():  # started, never ended: cut at the end of its run
+            node = self.node_of(begin)
+            run = next((w for w in runs if w.hostname == begin.hostname and w.pid == begin.pid
+                        and w.start <= begin.timestamp), None)
+            end = run.end if run is not None else begin.timestamp
+            attempt = self.attempt_at(attempts, node, begin.timestamp)
+            spans.append(EpochSpan(node, begin.rank, attempt.index if attempt else 0,
+                                   int(begin.fields["epoch"]), begin.timestamp,
+                                   max(end, begin.timestamp), False))
+            self.consumed.add(id(begin))
+        spans.sort(key=lambda s: (s.start, s.rank or 0))
+        return spans
+
+    def _rendezvous(self) -> list[RendezvousSpan]:
+        spans = []
+        for r in self.records:
+            if r.type != "RENDEZVOUS":
+                continue
+            duration = _duration(r)
+            if duration is not None:
+                spans.append(RendezvousSpan(self.node_of(r), r.timestamp - duration,
+                                            r.timestamp, r))
+                if not r.is_failure:
+                    self.consumed.add(id(r))
+        return spans
+
+    def build(self) -> JobView:
+        self._assign_nodes()
+        attempts = self._attempts()
+        runs = self._runs(attempts)
+        epochs = self._epochs(attempts, runs)
+        rendezvous = self._rendezvous()
+        for r in self.records:  # ranks that only ever show up in their own events
+            if r.rank is not None:
+                self._note_ranks(self.node_of(r), r.rank)
+        markers = [Marker(self.node_of(r), self.track_of(r), r.timestamp, r)
+                   for r in self.records if id(r) not in self.consumed]
+        nodes = sorted(self.nodes.values(), key=lambda n: n.key)
+        t0 = min((_start_of(r) for r in self.records), default=0.0)
+        t1 = max((r.timestamp for r in self.records), default=t0)
+        return JobView(records=self.records, problems=self.problems, t0=t0, t1=t1,
+                       nodes=nodes, attempts=attempts, runs=runs, epochs=epochs,
+                       rendezvous=rendezvous, markers=markers, consumed=len(self.consumed))
+
+
+def _start_of(r: Record) -> float:
+    """When a record's activity began (a rendezvous began ``duration_s`` before it)."""
+    if r.type == "RENDEZVOUS":
+        duration = _duration(r)
+        if duration is not None:
+            return r.timestamp - duration
+    return r.timestamp
+
+
+def iter_tracks(view: JobView) -> Iterator[tuple[NodeView, int | Literal["agent"]]]:
+    """Every track in display order: per node, its agent then its ranks."""
+    for node in view.nodes:
+        yield node, AGENT
+        for rank in node.ranks:
+            yield node, rank

@@ -1,0 +1,366 @@
+"""``eventbus tail [-f] EVENTS.jsonl``: one readable line per event, following a growing
+file.
+
+::
+
+    10:00:03.600  node-a  agent    WORKER_EXIT       worker_id=1 exit_code=3 message='...'
+    10:00:05.500  node-a  rank 0   DATA_SHARD_LOADED shard=3 | rows=4096
+
+Colours on a terminal (``--color`` to force or refuse; ``NO_COLOR`` is honoured): failures
+red, restarts bold yellow, workers the agent stopped after another's failure yellow,
+rendezvous magenta, starts green, epochs cyan, checkpoints blue.
+Filters: ``--type`` and ``--rank`` (repeatable or comma-separated; ``--rank agent`` for the
+agent's own events; an agent's ``WORKER_START``/``WORKER_EXIT`` about a worker counts as
+that worker's).
+
+Lines that are not events (torn writes, output of something else) are reported on stderr
+with their line number and skipped. With ``-f`` an unfinished last line is held until its
+newline arrives; a truncated file is read again from its start, a replaced one (same path,
+new file) is reopened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import datetime
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Iterator
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+from typing import Any
+from typing import Literal
+
+from subscribers._jobview import Problem
+from subscribers._jobview import Record
+from subscribers._jobview import decode_line
+
+__all__ = ["DATA_CHARS", "EventFileReader", "format_record", "main"]
+
+_RESET = "\033[0m"
+_DIM = "\033[2m"
+_BOLD = "\033[1m"
+_COLOURS = {
+    "failure": "\033[1;31m",
+    "stopped": "\033[33m",
+    "WORKER_RESTART": "\033[1;33m",
+    "RENDEZVOUS": "\033[35m",
+    "WORKER_START": "\033[32m",
+    "AGENT_START": "\033[32m",
+    "AGENT_EXIT": "\033[32m",
+    "WORKER_EXIT": "\033[32m",
+    "EPOCH_START": "\033[36m",
+    "EPOCH_END": "\033[36m",
+    "CHECKPOINT_SAVED": "\033[34m",
+    "METRIC": "",
+}
+_ESCAPES = {i: f"\\x{i:02x}" for i in range(32)}
+_ESCAPES.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t", 0x7F: "\\x7f",
+                 0x85: "\\x85", 0x2028: "\\u2028", 0x2029: "\\u2029", 0x1B: "\\x1b"})
+
+
+def _one_line(text: str) -> str:
+    return text.translate(_ESCAPES)
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, float):
+        return f"{value:.6g}" if math.isfinite(value) else str(value)
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, separators=(",", ":"), default=repr, allow_nan=True)
+    return str(value)
+
+
+#: characters of ``data`` shown per line unless ``--full`` (torch's own records carry a lot)
+DATA_CHARS = 240
+
+
+def format_record(record: Record, *, colour: bool = False, utc: bool = False,
+                  data_chars: int | None = DATA_CHARS) -> str:
+    """One line: time, host, who (``agent`` / ``rank N``), type, fields, ``|`` data (cut
+    after ``data_chars`` characters; None: never)."""
+    when = datetime.datetime.fromtimestamp(
+        record.timestamp, datetime.timezone.utc if utc else None)
+    stamp = when.strftime("%H:%M:%S.") + f"{when.microsecond // 1000:03d}"
+    # Everything that came from the file is escaped before any colour code is added.
+    host = f"{_one_line(record.hostname[:12]):<12}"
+    who = f"{'agent' if record.rank is None else f'rank {record.rank}':<8}"
+    name = f"{_one_line(record.type):<17}"
+    fields = _one_line(" ".join(f"{k}={_value(v)}" for k, v in record.fields.items()
+                                if v is not None))
+    data = _one_line(" ".join(f"{k}={_value(v)}" for k, v in record.data.items()))
+    if data_chars is not None and len(data) > data_chars:
+        data = data[:data_chars] + f"... (+{len(data) - data_chars} chars, --full)"
+    if not colour:
+        return "  ".join((stamp, host, who, name, fields + (" | " + data if data else "")
+                          )).rstrip()
+    # bold: a user-declared type
+    if record.stopped_by_agent:  # collateral of another worker's failure
+        tint = _COLOURS["stopped"]
+    elif record.is_failure:
+        tint = _COLOURS["failure"]
+    else:
+        tint = _COLOURS.get(record.type, _BOLD)
+    return "  ".join((
+        _DIM + stamp + _RESET,
+        _DIM + host + _RESET,
+        who,
+        (tint + name + _RESET) if tint else name,
+        fields + ((_DIM + " | " + _RESET + data) if data else ""),
+    )).rstrip()
+
+
+class EventFileReader:
+    """Reads a JSONL events file incrementally: :meth:`poll` returns what was appended
+    since the last call, holding back an unfinished last line.
+
+    Survives truncation (reads again from the start) and replacement (reopens the path).
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._fh: IO[bytes] | None = None
+        self._inode: tuple[int, int] | None = None
+        self._pending = b""
+        self._line = 0
+        #: notes about the file itself (truncated, replaced) for the caller to show
+        self.notices: list[str] = []
+
+    def _open(self) -> bool:
+        try:
+            fh = open(self.path, "rb")  # noqa: SIM115 - kept open across polls
+        except FileNotFoundError:
+            return False
+        st = os.fstat(fh.fileno())
+        self._fh, self._inode = fh, (st.st_dev, st.st_ino)
+        self._pending, self._line = b"", 0
+        return True
+
+    def close(self) -> None:
+        """Close the file."""
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def _check_replaced(self) -> None:
+        assert self._fh is not None
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return  # removed: keep reading what we have; a new file will be picked up
+        if (st.st_dev, st.st_ino) != self._inode:
+            self.notices.append(f"{self.path}: replaced by a new file; reading it from the "
+                                "start")
+            self.close()
+            self._open()
+        elif st.st_size < self._fh.tell():
+            self.notices.append(f"{self.path}: truncated; reading it again from the start")
+            self._fh.seek(0)
+            self._pending, self._line = b"", 0
+
+    def poll(self) -> list[Record | Problem]:
+        """Everything appended since the last poll (complete lines only)."""
+        if self._fh is None and not self._open():
+            return []
+        self._check_replaced()
+        if self._fh is None:
+            return []
+        chunk = self._fh.read()
+        if not chunk:
+            return []
+        data = self._pending + chunk
+        *lines, self._pending = data.split(b"\n")
+        return self._decode(lines, complete=True)
+
+    def finish(self) -> list[Record | Problem]:
+        """The unfinished last line, if any, decoded as such (call once, at the end)."""
+        if not self._pending.strip():
+            return []
+        rest, self._pending = self._pending, b""
+        return self._decode([rest], complete=False)
+
+    def _decode(self, lines: list[bytes], *, complete: bool) -> list[Record | Problem]:
+        out: list[Record | Problem] = []
+        for raw in lines:
+            self._line += 1
+            if not raw.strip():
+                continue
+            text = raw.decode("utf-8", errors="replace")
+            out.append(decode_line(text, source=str(self.path), line=self._line,
+                                   complete=complete))
+        return out
+
+
+def _split(values: Sequence[str]) -> list[str]:
+    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
+def _ranks(values: Sequence[str]) -> set[int | Literal["agent"]]:
+    ranks: set[int | Literal["agent"]] = set()
+    for v in _split(values):
+        if v.lower() == "agent":
+            ranks.add("agent")
+            continue
+        try:
+            ranks.add(int(v))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"--rank {v!r}: give a global rank number (e.g. --rank 1) or 'agent'"
+            ) from None
+    return ranks
+
+
+def _matches(record: Record, types: set[str], ranks: set[int | Literal["agent"]]) -> bool:
+    if types and record.type.upper() not in types:
+        return False
+    if not ranks:
+        return True
+    if record.rank is not None:
+        return record.rank in ranks
+    if "agent" in ranks:
+        return True
+    worker_id = record.fields.get("worker_id")
+    return type(worker_id) is int and worker_id in ranks
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="eventbus tail",
+        description="Show an events JSONL file one line per event; -f follows it as it grows.")
+    parser.add_argument("path", metavar="EVENTS.jsonl")
+    parser.add_argument("-f", "--follow", action="store_true",
+                        help="keep reading as the file grows (Ctrl-C to stop)")
+    parser.add_argument("-n", "--lines", type=int, default=None, metavar="N",
+                        help="start with only the last N matching events")
+    parser.add_argument("--type", action="append", default=[], metavar="TYPE",
+                        help="only these event types (repeat or comma-separate)")
+    parser.add_argument("--rank", action="append", default=[], metavar="RANK",
+                        help="only these global ranks, or 'agent' (repeat or comma-separate)")
+    parser.add_argument("--color", "--colour", choices=("auto", "always", "never"),
+                        default="auto", help="colourise (auto: when stdout is a terminal)")
+    parser.add_argument("--utc", action="store_true", help="times in UTC, not local time")
+    parser.add_argument("--full", action="store_true",
+                        help=f"show all of each event's data (default: {DATA_CHARS} chars)")
+    parser.add_argument("--interval", type=float, default=0.25, metavar="SECONDS",
+                        help="how often -f looks for new lines (default 0.25)")
+    return parser
+
+
+def _use_colour(mode: str, stream: IO[str]) -> bool:
+    if mode != "auto":
+        return mode == "always"
+    if os.environ.get("NO_COLOR"):
+        return False
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+class _Printer:
+    def __init__(self, *, colour: bool, utc: bool, full: bool, types: set[str],
+                 ranks: set[int | Literal["agent"]]) -> None:
+        self.colour, self.utc, self.types, self.ranks = colour, utc, types, ranks
+        self.data_chars = None if full else DATA_CHARS
+        self.shown = self.skipped = 0
+
+    def line(self, item: Record | Problem) -> str | None:
+        if isinstance(item, Problem):
+            self.skipped += 1
+            return None
+        if not _matches(item, self.types, self.ranks):
+            return None
+        self.shown += 1
+        return format_record(item, colour=self.colour, utc=self.utc,
+                             data_chars=self.data_chars)
+
+    def problem(self, item: Problem) -> None:
+        text = f"eventbus tail: skipped {item.describe()}"
+        if self.colour and _use_colour("auto", sys.stderr):
+            text = _COLOURS["WORKER_RESTART"] + text + _RESET
+        print(text, file=sys.stderr, flush=True)
+
+
+def _emit(printer: _Printer, items: Sequence[Record | Problem]) -> None:
+    for item in items:
+        text = printer.line(item)
+        if isinstance(item, Problem):
+            printer.problem(item)
+        elif text is not None:
+            sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def _follow(reader: EventFileReader, printer: _Printer, interval: float) -> Iterator[None]:
+    waiting_said = False
+    while True:
+        items = reader.poll()
+        for notice in reader.notices:
+            print(f"eventbus tail: {notice}", file=sys.stderr, flush=True)
+        reader.notices.clear()
+        if items:
+            _emit(printer, items)
+        elif not reader.path.exists() and not waiting_said:
+            print(f"eventbus tail: waiting for {reader.path} to appear", file=sys.stderr,
+                  flush=True)
+            waiting_said = True
+        yield
+        time.sleep(interval)
+
+
+def main(argv: Sequence[str]) -> int:
+    """``eventbus tail``: 0 when done (or stopped with Ctrl-C), 2 on a usage error."""
+    parser = _parser()
+    args = parser.parse_args(list(argv))
+    try:
+        ranks = _ranks(args.rank)
+    except argparse.ArgumentTypeError as exc:
+        parser.error(str(exc))
+    if args.lines is not None and args.lines < 0:
+        parser.error(f"-n {args.lines}: give a number of events >= 0")
+    if args.interval <= 0:
+        parser.error(f"--interval {args.interval}: give a positive number of seconds")
+    path = Path(args.path)
+    if not args.follow and not path.is_file():
+        print(f"eventbus tail: {path}: no such file (-f waits for it to appear)",
+              file=sys.stderr)
+        return 2
+    printer = _Printer(colour=_use_colour(args.color, sys.stdout), utc=args.utc, full=args.full,
+                       types={t.upper() for t in _split(args.type)}, ranks=ranks)
+    reader = EventFileReader(path)
+    try:
+        first = reader.poll()
+        if not args.follow:
+            first += reader.finish()
+        if args.lines is not None:
+            # keep the last N matching events (and every problem, in its place)
+            keep: collections.deque[int] = collections.deque(maxlen=max(args.lines, 0))
+            for i, item in enumerate(first):
+                if isinstance(item, Record) and _matches(item, printer.types, printer.ranks):
+                    keep.append(i)
+            kept = set(keep) if args.lines else set()
+            first = [it for i, it in enumerate(first)
+                     if isinstance(it, Problem) or i in kept]
+        _emit(printer, first)
+        if args.follow:
+            for _ in _follow(reader, printer, args.interval):
+                pass
+    except KeyboardInterrupt:
+        _emit(printer, reader.finish())
+    except BrokenPipeError:
+        # the reader of our output went away (`| head`): stop quietly
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silences the exit flush
+        return 0
+    finally:
+        reader.close()
+    if printer.skipped:
+        print(f"eventbus tail: {printer.shown} event(s) shown, {printer.skipped} line(s) "
+              "skipped (not events)", file=sys.stderr)
+    return 0

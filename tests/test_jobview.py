@@ -1,0 +1,156 @@
+"""The job model the trace, the plot and tail share (subscribers/_jobview.py), pinned on the
+hand-made 2-node recording in tests/fixtures (see make_fixtures.py for the story)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from subscribers._jobview import AGENT
+from subscribers._jobview import JobView
+from subscribers._jobview import Problem
+from subscribers._jobview import Record
+from subscribers._jobview import decode_line
+from subscribers._jobview import read_records
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+NODE0 = FIXTURES / "job_node0.jsonl"
+NODE1 = FIXTURES / "job_node1.jsonl"
+
+
+@pytest.fixture(scope="module")
+def view() -> JobView:
+    return JobView.from_files([NODE0, NODE1])
+
+
+def test_reader_keeps_events_and_counts_torn_and_foreign_lines() -> None:
+    """Every event line is read; the torn last line and the foreign line are counted as
+    problems of their file, not exceptions."""
+    records0, problems0 = read_records(NODE0)
+    records1, problems1 = read_records(NODE1)
+    assert len(records0) == 42 and len(records1) == 37
+    assert [(p.kind, p.count) for p in problems0] == [("torn", 1)]
+    assert [(p.kind, p.count) for p in problems1] == [("foreign", 1)]
+    assert problems1[0].describe().endswith("job_node1.jsonl: 1 foreign line(s) skipped "
+                                            "(not events)")
+
+
+def test_decode_line_tells_torn_from_foreign() -> None:
+    """Per line (what tail shows): an unfinished last line is torn; a complete line that
+    starts like an event but does not parse is torn too (a crashed writer's line ended by
+    the next writer); anything else that does not parse is foreign."""
+    cut = '{"type":"EPOCH_END","timest'
+    unfinished = decode_line(cut, line=9, complete=False)
+    ended_by_next_writer = decode_line(cut, line=9)
+    other = decode_line("Traceback (most recent call last):", line=9)
+    assert isinstance(unfinished, Problem) and unfinished.kind == "torn"
+    assert isinstance(ended_by_next_writer, Problem) and ended_by_next_writer.kind == "torn"
+    assert isinstance(other, Problem) and other.kind == "foreign"
+    assert other.describe() == ("line 9: foreign line (not JSON: Expecting value: line 1 "
+                                "column 1 (char 0)): 'Traceback (most recent call last):'")
+
+
+def test_decode_line_revives_nan_and_keeps_unknown_types() -> None:
+    """A user-declared type this process never declared is a Record; NaN tags revive."""
+    line = json.dumps({"type": "MY_TYPE", "timestamp": 1.5, "shard": 3,
+                       "data": {"loss": {"$float": "NaN"}}, "context": {"rank": 2}})
+    record = decode_line(line)
+    assert isinstance(record, Record)
+    assert (record.type, record.fields, record.rank) == ("MY_TYPE", {"shard": 3}, 2)
+    assert math.isnan(record.data["loss"])
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("[1, 2]", "a JSON list"),
+    ('{"timestamp": 1.0}', "no string 'type'"),
+    ('{"type": "X", "timestamp": "soon"}', "no finite numeric 'timestamp'"),
+    ('{"type": "X", "timestamp": 1, "data": [1]}', "'data' is not an object"),
+    ('{"type": "X", "timestamp": 1, "context": 3}', "'context' is not an object"),
+    ('{"type": "X", "timestamp": {"$float": "NaN"}}', "no finite numeric 'timestamp'"),
+    ("NaN", "not JSON"),
+])
+def test_decode_line_names_what_is_wrong(text: str, reason: str) -> None:
+    """Lines that are JSON but not events say why they were skipped."""
+    problem = decode_line(text, line=7)
+    assert isinstance(problem, Problem) and problem.kind == "foreign"
+    assert reason in problem.reason
+
+
+def test_nodes_come_from_workers_even_when_the_agent_never_says(view: JobView) -> None:
+    """node-b's agent records no group rank; it is tied to node 1 through its workers'
+    pids, so its events and ranks 2 and 3 land on node 1."""
+    assert [(n.label, n.hostname, n.ranks) for n in view.nodes] == [
+        ("node 0", "node-a", [0, 1]), ("node 1", "node-b", [2, 3])]
+    agent_b = [m for m in view.markers if m.record.hostname == "node-b" and m.track == AGENT]
+    assert agent_b and {m.node for m in agent_b} == {"node 1"}
+
+
+def test_attempts_are_cut_by_each_nodes_restarts(view: JobView) -> None:
+    """Two attempts per node, split at that node's WORKER_RESTART; attempt 0 of the node
+    with the failure is 'failed', the other node's 'restarted'."""
+    got = [(a.node, a.index, a.outcome) for a in view.attempts]
+    assert got == [("node 0", 0, "failed"), ("node 0", 1, "succeeded"),
+                   ("node 1", 0, "restarted"), ("node 1", 1, "succeeded")]
+    restart = next(a for a in view.attempts if a.node == "node 0" and a.index == 1)
+    assert restart.restart is not None and restart.start == restart.restart.timestamp
+    assert view.attempt_count() == 2 and view.outcome() == "SUCCEEDED"
+
+
+def test_worker_runs_are_processes_with_their_exits(view: JobView) -> None:
+    """One run per worker process; rank 1's first run ends at its exit 3; the runs the
+    agent stopped for the restart end with their attempt; node-b's second runs are
+    attempt 1 although their TORCHELASTIC_RESTART_COUNT still says 0."""
+    runs = {(w.rank, w.attempt): w for w in view.runs}
+    assert sorted(runs) == [(r, a) for r in range(4) for a in range(2)]
+    failed = runs[(1, 0)]
+    assert (failed.exit_code, failed.ended_by, failed.failed) == (3, "exit", True)
+    assert failed.message == "RuntimeError: injected failure on attempt 0 (rank 1)"
+    assert runs[(0, 0)].ended_by == "attempt end" and runs[(0, 0)].exit_code is None
+    assert all(runs[(r, 1)].exit_code == 0 for r in range(4))
+    assert runs[(2, 1)].pid == 5111 and runs[(2, 1)].node == "node 1"
+
+
+def test_epochs_pair_up_and_unfinished_ones_are_cut_at_the_run_end(view: JobView) -> None:
+    """Epoch 1 of attempt 0 never ended (the crash): it ends with its worker's run."""
+    unfinished = [e for e in view.epochs if not e.finished]
+    assert sorted(e.rank for e in unfinished) == [0, 1, 2, 3]
+    assert all(e.epoch == 1 and e.attempt == 0 for e in unfinished)
+    rank1 = next(e for e in unfinished if e.rank == 1)
+    run = next(w for w in view.runs if w.rank == 1 and w.attempt == 0)
+    assert rank1.end == run.end
+    assert sum(e.finished for e in view.epochs) == 4 + 12
+
+
+def test_every_record_is_a_span_part_or_a_marker(view: JobView) -> None:
+    """Nothing is dropped: each record either became part of a span or is a marker."""
+    assert view.consumed + len(view.markers) == len(view.records) == 79
+    kinds = {m.record.type for m in view.markers}
+    assert {"DATA_SHARD_LOADED", "WORKER_RESTART", "CHECKPOINT_SAVED", "METRIC"} <= kinds
+
+
+def test_merging_a_job_wide_file_with_per_node_files_keeps_each_event_once(
+        tmp_path: Path) -> None:
+    """The agent of group rank 0 holds every node's events: merged with a per-node file,
+    each event is still counted once."""
+    job_wide = tmp_path / "job.jsonl"
+    job_wide.write_text(NODE0.read_text() + "\n" + NODE1.read_text())
+    merged = JobView.from_files([job_wide, NODE1, NODE0])
+    assert len(merged.records) == 79
+    assert len(merged.runs) == 8
+
+
+def test_without_any_group_rank_workers_join_the_agent_that_started_them() -> None:
+    """When no event says its group rank (an older launcher, a hand-written file), the
+    workers are tied to their agent through WORKER_START.worker_pid, under its host."""
+    records = []
+    for r in read_records(NODE1)[0]:
+        context = {**r.context, "group_rank": None}
+        item = decode_line(json.dumps({**r.to_dict(), "context": context}))
+        assert isinstance(item, Record)
+        records.append(item)
+    view = JobView.from_records(records)
+    assert [(n.label, n.ranks) for n in view.nodes] == [("node-b", [2, 3])]
+    assert {w.node for w in view.runs} == {"node-b"} and len(view.runs) == 4
