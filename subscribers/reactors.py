@@ -38,7 +38,12 @@ from eventbus.events import Event
 from eventbus.events import EventType
 from eventbus.events import WorkerExit
 
-__all__ = ["NonRetriableExitCodes", "RestartBudget", "StopOnNonFiniteLoss"]
+__all__ = [
+    "NonRetriableExitCodes",
+    "RestartBudget",
+    "StopOnNonFiniteLoss",
+    "stop_on_nonfinite_loss",
+]
 
 
 class NonRetriableExitCodes:

@@ -6,12 +6,21 @@ all_reduce, then rank 1 exits with code 3 on attempt 0.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from subscribers.jsonl import read_jsonl
+from tests.launcher_helpers import JOB_TIMEOUT_S
+from tests.launcher_helpers import JOBS
 from tests.launcher_helpers import JobRun
+from tests.launcher_helpers import job_env
 from tests.launcher_helpers import run_command
 from tests.launcher_helpers import run_job
 
@@ -107,6 +116,31 @@ def test_no_reactor_and_no_restarts_fails_with_the_exit_code(tmp_path: Path) -> 
     assert "exitcode  : 3" in run.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(("how", "exit_code", "signame", "message"), [
+    ("raise", 1, None, "RuntimeError: bad config on rank 1: learning rate missing"),
+    ("sigkill", -9, "SIGKILL", None),
+])
+def test_failure_details_signal_and_error_file_message(
+        tmp_path: Path, how: str, exit_code: int, signame: str | None,
+        message: str | None) -> None:
+    """WORKER_EXIT names the signal that killed a worker, or carries the message of the
+    error file torch's @record wrote for an uncaught exception."""
+    run = run_job(tmp_path, torchrun_args=["--max-restarts", "0"],
+                  job_args=["--fail-how", how])
+    assert run.returncode == 1, run.describe()
+    (event,) = [e for e in run.of("WORKER_EXIT", worker_id=1)]
+    assert event["exit_code"] == exit_code and event["signal"] == signame, event
+    if message is None:
+        assert event["message"] is None
+    else:
+        assert message in event["message"], event
+        assert event["data"]["error_file"].endswith("error.json")
+    if how == "sigkill":  # (an exception exits after torch's teardown, at no known time)
+        assert 0 <= event["timestamp"] - _exit_time(run, 0, 1) < 1.0
+
+
+@pytest.mark.slow
 def test_raising_reactor_counts_as_no_decision(tmp_path: Path) -> None:
     """A reactor that raises is reported and leaves torchrun's policy (restart) in force."""
     run = run_job(tmp_path, eventbus_args=["--reactor", f"{REACTORS}:broken"],
@@ -114,6 +148,42 @@ def test_raising_reactor_counts_as_no_decision(tmp_path: Path) -> None:
     _assert_restart_succeeded(run, restarts_left=0)
     assert "reactor tests.jobs.reactors.broken raised" in run.stderr
     assert "RuntimeError: reactor bug" in run.stderr
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_agent_stops_workers_and_records_agent_exit(tmp_path: Path) -> None:
+    """SIGTERM to `eventbus run` (a preemption): workers are stopped, the exit code is
+    torchrun's (non-zero), and the JSONL ends with AGENT_EXIT naming the signal."""
+    out = tmp_path / "out"
+    out.mkdir()
+    events_path = tmp_path / "events.jsonl"
+    cmd = [sys.executable, "-m", "eventbus", "run", "--events-jsonl", str(events_path),
+           "--standalone", "--nproc-per-node", "2", "--monitor-interval", "0.1",
+           str(JOBS / "gloo_fail_once.py"), "--out", str(out), "--fail-on", "",
+           "--hold", "120"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=job_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while len(list(out.glob("attempt0_rank*.started"))) < 2:
+            assert time.monotonic() < deadline and proc.poll() is None, "job did not start"
+            time.sleep(0.1)
+        worker_pids = [int(p.read_text()) for p in out.glob("attempt0_rank*.started")]
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=JOB_TIMEOUT_S)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    for pid in worker_pids:  # the workers are gone, not orphaned
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    read = read_jsonl(events_path)
+    events = list(read)
+    assert read.torn == 0
+    agent_exit = [e for e in events if e["type"] == "AGENT_EXIT"]
+    assert len(agent_exit) == 1 and agent_exit[0]["state"] == "FAILED", stderr[-3000:]
+    assert "signal" in agent_exit[0]["reason"].lower()
 
 
 @pytest.mark.slow

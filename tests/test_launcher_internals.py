@@ -7,6 +7,7 @@ before anything else: the end-to-end tests would fail in less obvious ways.
 from __future__ import annotations
 
 import inspect
+import logging
 import signal
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from eventbus.launcher.agent import RELIABLE_RESTARTS_ENV
 from eventbus.launcher.agent import EventAgent
 from eventbus.launcher.agent import _peek_exit
 from eventbus.launcher.agent import event_agent
+from subscribers.jsonl import read_jsonl
 from tests.launcher_helpers import ROOT
 from tests.launcher_helpers import run_command
 
@@ -150,6 +152,7 @@ class Plugin:
         client.set(f"plugin/{info.run_id}/{info.restart_count}", "seen")
         earlier = [client.check([f"plugin/{info.run_id}/{a}"])
                    for a in range(info.restart_count)]
+        self.info = info
         self.log.write(json.dumps({"attempt": info.restart_count, "port": info.store_port,
                                    "ranks": list(info.global_ranks), "earlier": earlier,
                                    "world": info.world_size, "nodes": info.group_world_size,
@@ -159,6 +162,9 @@ class Plugin:
     def before_exit(self, *, timeout):
         self.log.write(json.dumps({"exit": timeout}) + "\\n")
         self.log.close()
+    def drain(self, *, timeout):
+        # stands for "what the failed worker sent before it died"
+        self.info.bus.record("METRIC", data={"drained_within": timeout})
 
 register_agent_plugin(Plugin)
 sys.exit(main(sys.argv[2:]))
@@ -167,14 +173,15 @@ sys.exit(main(sys.argv[2:]))
 
 def test_agent_plugin_sees_every_rendezvous_and_feeds_worker_env(tmp_path: Path) -> None:
     """A registered plugin gets the long-lived store after each rendezvous (reachable, keys
-    kept across the restart), its env vars reach that attempt's workers, and before_exit
-    runs once at the end."""
+    kept across the restart), its env vars reach that attempt's workers, its drain runs
+    before a failure is published, and before_exit runs once at the end."""
     log = tmp_path / "plugin.jsonl"
     out = tmp_path / "out"
     out.mkdir()
     job = ROOT / "tests" / "jobs" / "gloo_fail_once.py"
     done = run_command(
-        [sys.executable, "-c", _PLUGIN_LAUNCHER, str(log), "--standalone",
+        [sys.executable, "-c", _PLUGIN_LAUNCHER, str(log),
+         "--events-jsonl", str(tmp_path / "events.jsonl"), "--standalone",
          "--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.1",
          str(job), "--out", str(out), "--env-var", "EVENTBUS_TEST_PLUGIN"], cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -187,6 +194,9 @@ def test_agent_plugin_sees_every_rendezvous_and_feeds_worker_env(tmp_path: Path)
     assert entries[0]["port"] > 0 and entries[1]["port"] == entries[0]["port"]
     assert entries[1]["earlier"] == [True]
     assert entries[2:] == [{"exit": 5.0}]
+    kinds = [(e["type"], e.get("exit_code")) for e in read_jsonl(tmp_path / "events.jsonl")
+             if e["type"] in ("METRIC", "WORKER_EXIT")]
+    assert kinds.index(("METRIC", None)) < kinds.index(("WORKER_EXIT", 3))
     for attempt in (0, 1):
         for rank in (0, 1):
             env_seen = (out / f"attempt{attempt}_rank{rank}.env").read_text()
@@ -246,6 +256,9 @@ def test_event_agent_python_api_with_elastic_launch(tmp_path: Path, peek: bool,
             assert event.data.get("stopped_by_agent") is True
     assert isinstance(seen[0], WorkerExit) and seen[0].context.run_id == "api-test"
     assert not list(out.glob("attempt1_*"))
+    # torch's event registry is given back: no bridge left behind in this process
+    assert handlers._log_handlers.get("eventbus-agent") is None
+    assert isinstance(handlers._log_handlers["dynamic_rendezvous"], logging.NullHandler)
     # (torch's rendezvous records of the shutdown may follow AGENT_EXIT)
     types = [str(e.type) for e in events if str(e.type) != "TORCHELASTIC"]
     assert types[0] == "AGENT_START" and types[-1] == "AGENT_EXIT"

@@ -27,7 +27,11 @@ Lifecycle, per agent process (one ``eventbus run``):
   returns is put into the agent's ``os.environ``, which every worker of that attempt (and
   later ones, unless a later call overrides a key) inherits;
 * ``before_exit(timeout=...)`` runs once, after the last worker group stopped and before
-  ``AGENT_EXIT`` is published, whatever the outcome (success, failure, STOP, a signal).
+  ``AGENT_EXIT`` is published, whatever the outcome (success, failure, STOP, a signal);
+* optional: ``drain(timeout=...)``, if the plugin defines it, runs when the monitor has
+  found failed workers and before their ``WORKER_EXIT`` is published and the reactors
+  decide, so that what those workers sent before they died (a NaN loss, say) is on the
+  bus first. Budget: :data:`FAILURE_DRAIN_TIMEOUT_S` per plugin.
 
 A plugin method that raises is reported on the ``eventbus`` logger and never fails the
 job. Plugins run in the agent's monitor thread: they must not block for long.
@@ -52,6 +56,7 @@ from eventbus.bus import Bus
 
 __all__ = [
     "BUILTIN_PLUGIN_MODULES",
+    "FAILURE_DRAIN_TIMEOUT_S",
     "AgentPlugin",
     "PluginFactory",
     "RendezvousInfo",
@@ -114,6 +119,9 @@ class AgentPlugin(Protocol):
 
 
 PluginFactory = Callable[[], AgentPlugin]
+
+#: the budget of an optional ``plugin.drain(timeout=...)`` when workers failed, in seconds
+FAILURE_DRAIN_TIMEOUT_S = 0.5
 
 #: modules the launcher imports before building the agent; each registers its plugin
 #: factories at import time (a module that is not installed is skipped)

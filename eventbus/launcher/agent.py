@@ -2,7 +2,8 @@
 as it happens and lets reactors decide restarts.
 
 Imports torch. It hooks five methods of torch's private agent internals, pinned by
-``tests/test_launcher_internals.py`` (tested with torch 2.8 to 2.13):
+``tests/test_launcher_internals.py`` (tested with torch 2.13; pyproject allows 2.8 to 2.13,
+and the pins say what to check on another version):
 
 * ``SimpleElasticAgent.run``: ``AGENT_START`` before, ``AGENT_EXIT`` after (plugins'
   ``before_exit`` first);
@@ -55,6 +56,7 @@ from eventbus.events import Rendezvous
 from eventbus.events import TorchelasticRecord
 from eventbus.events import WorkerExit
 from eventbus.events import WorkerStart
+from eventbus.launcher import FAILURE_DRAIN_TIMEOUT_S
 from eventbus.launcher import AgentPlugin
 from eventbus.launcher import RendezvousInfo
 from eventbus.launcher import agent_plugin_factories
@@ -246,7 +248,10 @@ class EventAgent(LocalElasticAgent):
                 "attempt's process-group keys and may fail (pytorch/pytorch#135712)",
                 RELIABLE_RESTARTS_ENV, os.environ[RELIABLE_RESTARTS_ENV])
         spec = self._worker_group.spec
-        if torch_records and spec.event_log_handler in (None, "null"):
+        #: whether torch's records of this agent go to the bus (see _TorchRecordsRelay)
+        self.routes_torch_records = bool(torch_records
+                                         and spec.event_log_handler in (None, "null"))
+        if self.routes_torch_records:
             spec.event_log_handler = _route_torch_records(self.bus)
         if plugins is None:
             plugins = []
@@ -321,6 +326,7 @@ class EventAgent(LocalElasticAgent):
 
     @property
     def remaining_restarts(self) -> int:
+        """Restarts still allowed (``--max-restarts`` less those used; 0 after a STOP)."""
         return int(self._remaining_restarts)
 
     def _set_context(self) -> None:
@@ -475,7 +481,7 @@ class EventAgent(LocalElasticAgent):
                     self.bus.record(EventType.WORKER_EXIT, worker_id=worker.global_rank,
                                     exit_code=0, worker_local_rank=worker.local_rank,
                                     worker_pid=worker.id if isinstance(worker.id, int)
-                                    else None)
+                                    else None, data={"attempt": attempt})
         return result
 
     def _peek_failures(self, worker_group: WorkerGroup) -> list[WorkerExit]:
@@ -516,8 +522,20 @@ class EventAgent(LocalElasticAgent):
             data=data,
         )
 
+    def _drain_plugins(self) -> None:
+        for plugin in self.plugins:
+            drain = getattr(plugin, "drain", None)
+            if not callable(drain):
+                continue
+            try:
+                drain(timeout=FAILURE_DRAIN_TIMEOUT_S)
+            except Exception:
+                logger.exception("agent plugin %s raised in drain", _name_of(plugin))
+
     def _decide(self, failures: list[WorkerExit]) -> None:
         """Publish each failure, collect the reactors' decisions, and apply them."""
+        # What the failed workers sent before they died goes first (see AgentPlugin).
+        self._drain_plugins()
         decisions: list[tuple[Decision, str]] = []
         for event in failures:
             self._reported.add((self.attempt, event.worker_id))
@@ -571,7 +589,8 @@ def event_agent(**options: Any) -> Iterator[list[EventAgent]]:
     ``torch.distributed.run.run``) builds an :class:`EventAgent` with ``options`` (see
     its docstring) instead of a ``LocalElasticAgent``. Yields the list of agents built.
 
-    The Python API for a launcher of your own::
+    On the way out it uninstalls the torchelastic bridge its agents installed, so torch's
+    event registry is as it was. The Python API for a launcher of your own::
 
         with event_agent(reactors=[NonRetriableExitCodes({3})]):
             elastic_launch(config, entrypoint)(*args)
@@ -593,3 +612,9 @@ def event_agent(**options: Any) -> Iterator[list[EventAgent]]:
         yield built
     finally:
         launcher_api.LocalElasticAgent = original  # type: ignore[attr-defined]
+        if any(agent.routes_torch_records for agent in built):
+            # Give torch its event registry back (launch_agent's last records included).
+            from publishers.torchelastic import uninstall_torchelastic_bridge
+
+            uninstall_torchelastic_bridge(TORCH_RECORDS_DESTINATION)
+            _relay.target = None

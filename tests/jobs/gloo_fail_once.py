@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 
 import eventbus
 from subscribers.queued import flush_all
@@ -29,6 +31,11 @@ def main() -> int:
     parser.add_argument("--fail-on", default="0", help="comma-separated attempts that fail")
     parser.add_argument("--fail-rank", type=int, default=1)
     parser.add_argument("--env-var", default=None, help="write this env var to <out>")
+    parser.add_argument("--hold", type=float, default=0.0,
+                        help="seconds every rank sleeps once its process group is up")
+    parser.add_argument("--fail-how", choices=["exit", "raise", "sigkill"], default="exit",
+                        help="exit with --exit-code, raise (torch's @record writes the "
+                             "error file), or SIGKILL itself")
     args = parser.parse_args()
     out = Path(args.out)
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
@@ -44,6 +51,7 @@ def main() -> int:
         value = os.environ.get(args.env_var, "<unset>")
         (out / f"attempt{attempt}_rank{rank}.env").write_text(value)
     eventbus.record(eventbus.EventType.EPOCH_START, epoch=0)
+    time.sleep(args.hold)
 
     if attempt in fail_on and rank == args.fail_rank:
         # Hand this worker's events to the agent first, then die at a known instant:
@@ -51,6 +59,10 @@ def main() -> int:
         # exit time the tests compare the agent's WORKER_EXIT timestamp with.
         flush_all(5.0)
         (out / f"attempt{attempt}_rank{rank}.exit").write_text(repr(time.time()))
+        if args.fail_how == "raise":
+            raise RuntimeError(f"bad config on rank {rank}: learning rate missing")
+        if args.fail_how == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
         os._exit(args.exit_code)
 
     dist.barrier()  # the survivor waits here for a peer that may be gone
@@ -61,4 +73,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # torch's @record writes an uncaught exception to the worker's error file, which the
+    # agent reads into WORKER_EXIT.message
+    sys.exit(record(main)())
