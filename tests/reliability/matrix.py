@@ -29,8 +29,14 @@ def full_or(ci: int, full: int) -> int:
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
-    """The environment for a child python that imports the tree under test."""
-    env = dict(os.environ)
+    """The environment for a child python that imports the tree under test.
+
+    The launcher's worker variables are dropped unless given in ``extra``: an in-process
+    agent test may have left them in ``os.environ``, and a child that inherits them
+    attaches a store forwarder (and imports torch) it was not meant to.
+    """
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("EVENTBUS_AGENT_STORE", "EVENTBUS_STORE_PREFIX")}
     env["PYTHONPATH"] = os.pathsep.join(
         [str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])]
     )

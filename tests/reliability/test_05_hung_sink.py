@@ -38,6 +38,11 @@ sink = QueuedSink(hung, name="hung", max_events=MAX_EVENTS, max_bytes=64 << 20,
 bus.subscribe("METRIC", on_event=sink)
 
 def rss_mib():
+    # VmHWM: this image's peak RSS. (ru_maxrss would carry the forking parent's over exec.)
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 out = {"rss_start": rss_mib()}
