@@ -639,6 +639,14 @@ class StoreTransport:
                 self._forward_job_view(info, prefix, previous)
             return {ENV_STORE: f"{info.store_host}:{info.store_port}", ENV_PREFIX: prefix}
 
+    def drain(self, *, timeout: float) -> None:
+        """Pull in what the workers pushed before the monitor saw them fail (the launcher
+        calls this before it publishes a failure), so reactors such as
+        ``StopOnNonFiniteLoss`` judge a failure with the workers' last events on the bus."""
+        receiver = self.receiver
+        if receiver is not None:
+            receiver.drain(timeout=timeout)
+
     def before_exit(self, *, timeout: float) -> None:
         """Drain the workers' queues; forward the rest of this node's view to group rank 0
         and wait for its acknowledgement (other nodes), or wait for every node's last push

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,6 +40,17 @@ def _clean_default_bus() -> Iterator[None]:
     for sub in bus.subscriptions():
         if id(sub) not in before and not _is_default_log_handler(sub):
             sub.cancel()
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_torchelastic_bridges() -> Iterator[None]:
+    """An in-process agent installs the torch-records bridge; later tests must find torch's
+    destination registry as torch leaves it, so every bridge a test installed is removed."""
+    yield
+    bridge = sys.modules.get("publishers.torchelastic")
+    if bridge is not None:
+        for destination in list(getattr(bridge, "_installed", {})):
+            bridge.uninstall_torchelastic_bridge(destination)
 
 
 @pytest.fixture

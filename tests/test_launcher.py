@@ -7,6 +7,7 @@ all_reduce, then rank 1 exits with code 3 on attempt 0.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import subprocess
@@ -102,6 +103,23 @@ def test_non_retriable_exit_code_stops_at_once(tmp_path: Path) -> None:
     # The other worker was stopped by the agent, and says so.
     stopped = [e for e in run.of("WORKER_EXIT", worker_id=0) if e["exit_code"] != 0]
     assert all(e["data"].get("stopped_by_agent") for e in stopped)
+
+
+def test_nan_loss_reported_by_a_worker_stops_the_job(tmp_path: Path) -> None:
+    """A worker's METRIC with a NaN loss reaches the agent (over the store) before its failure
+    is judged, so StopOnNonFiniteLoss stops the job with restarts left."""
+    run = run_job(tmp_path, eventbus_args=["--reactor", f"{REACTORS}:stop_on_nan"],
+                  torchrun_args=["--max-restarts", "2"], job_args=["--nan-loss"])
+    assert run.returncode == 1, run.describe()
+    assert run.of("WORKER_RESTART") == [], run.describe()
+    nan = [e for e in run.of("METRIC", rank=1) if math.isnan(e["data"].get("loss", 0.0))]
+    assert len(nan) == 1, run.describe()
+    (failure,) = run.of("WORKER_EXIT", worker_id=1, exit_code=3)
+    assert nan[0]["timestamp"] <= failure["timestamp"]
+    assert run.events.index(nan[0]) < run.events.index(failure)
+    (agent_exit,) = run.of("AGENT_EXIT")
+    assert agent_exit["state"] == "FAILED"
+    assert "STOP from StopOnNonFiniteLoss" in agent_exit["reason"], run.describe()
 
 
 def test_no_reactor_and_no_restarts_fails_with_the_exit_code(tmp_path: Path) -> None:

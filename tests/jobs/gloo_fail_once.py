@@ -33,6 +33,8 @@ def main() -> int:
     parser.add_argument("--env-var", default=None, help="write this env var to <out>")
     parser.add_argument("--hold", type=float, default=0.0,
                         help="seconds every rank sleeps once its process group is up")
+    parser.add_argument("--nan-loss", action="store_true",
+                        help="the failing rank reports a NaN loss (METRIC) before it fails")
     parser.add_argument("--fail-how", choices=["exit", "raise", "sigkill"], default="exit",
                         help="exit with --exit-code, raise (torch's @record writes the "
                              "error file), or SIGKILL itself")
@@ -54,6 +56,8 @@ def main() -> int:
     time.sleep(args.hold)
 
     if attempt in fail_on and rank == args.fail_rank:
+        if args.nan_loss:
+            eventbus.record(eventbus.EventType.METRIC, step=1, data={"loss": float("nan")})
         # Hand this worker's events to the agent first, then die at a known instant:
         # sys.exit would spend 1-4 s more in torch's interpreter teardown, blurring the
         # exit time the tests compare the agent's WORKER_EXIT timestamp with.

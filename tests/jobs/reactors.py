@@ -5,6 +5,7 @@ from __future__ import annotations
 from eventbus import Decision
 from eventbus import WorkerExit
 from subscribers.reactors import NonRetriableExitCodes
+from subscribers.reactors import StopOnNonFiniteLoss
 
 
 def always_restart(event: WorkerExit) -> Decision:
@@ -19,3 +20,7 @@ exit_3_is_fatal = NonRetriableExitCodes({3})
 def broken(event: WorkerExit) -> Decision:
     """A reactor with a bug: it raises, which must count as no decision."""
     raise RuntimeError("reactor bug")
+
+
+#: a worker that reported a NaN loss before failing will fail again: stop
+stop_on_nan = StopOnNonFiniteLoss()
