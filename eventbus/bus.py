@@ -154,6 +154,22 @@ class Subscription:
         return f"<Subscription {self.name} to {self.event_type!s} ({state})>"
 
 
+def _queue_stats(on_event: object) -> dict[str, Any]:
+    """``dropped`` and ``pending`` of a subscriber that queues: one whose ``stats()``
+    returns a mapping with ``dropped`` (reason -> count) and ``pending`` (QueuedSink,
+    JsonlRecorder, ...)."""
+    stats = getattr(on_event, "stats", None)
+    if callable(stats) and not isinstance(on_event, Subscription):
+        try:
+            raw = stats()
+            dropped = raw["dropped"]
+            return {"dropped": {str(k): int(v) for k, v in dropped.items()},
+                    "pending": int(raw["pending"]), "sink": dict(raw)}
+        except Exception:  # not such a subscriber after all
+            pass
+    return {"dropped": {}, "pending": 0}
+
+
 def _callable_name(fn: object) -> str:
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
     if name is None:
@@ -202,6 +218,7 @@ class Bus:
         self._foreign_seq: dict[int, int] = {}
         self._reporting = threading.local()
         self._fallback_used = False
+        _all_buses.add(self)
         for cls in list(_REGISTRY.values()):
             self._add_slot(cls)
         _on_declare.append(self._add_slot)
@@ -408,17 +425,24 @@ class Bus:
             "subscriber": sub.name,
             "event_type": str(sub.event_type),
             "active": sub.active,
+            "published": seen,
             "delivered": max(0, seen - sub._failed - filtered) if sub.active or sub.once
             else None,
             "failed": sub._failed,
             "filtered": filtered,
+            **_queue_stats(sub.on_event),
         }
 
     def stats(self) -> dict[str, Any]:
-        """Published counts per type and delivered/failed counts per active subscription.
+        """Published counts per type, and per active subscription: ``published`` (events
+        of its type since it subscribed), ``delivered``, ``failed``, ``filtered``, and for
+        a subscriber that queues (``subscribers.queued.QueuedSink``) ``dropped`` (per
+        reason), ``pending`` and its own ``sink`` stats; ``{}``/``0`` otherwise.
 
         ``delivered`` counts events handed to the subscriber without an exception since it
         subscribed (events of its type published since, less failures and filtered ones).
+        So for each subscription ``published == delivered + failed + filtered``, and for a
+        queue ``delivered == sink["handled"] + sink["failed"] + pending + dropped``.
         """
         with self._lock:
             published = {str(slot.event_cls.type): _count_value(slot.published)
@@ -438,12 +462,23 @@ class Bus:
 
 _weakref_types = (weakref.ref,)
 
+#: every bus of this process, for the after-fork lock reset
+_all_buses: weakref.WeakSet[Bus] = weakref.WeakSet()
+
 _default_bus = Bus("default")
 _default_slots = _default_bus._slots  # never rebound: the dict is only ever updated
 _buses = [_default_bus]
 
+
+def _after_fork_in_child() -> None:
+    # Every bus, not only the default one: a bus an embedder made is just as likely to
+    # have its lock held by another thread at fork time.
+    for bus in list(_all_buses):
+        bus._after_fork_in_child()
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_default_bus._after_fork_in_child)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def get_default_bus() -> Bus:

@@ -92,6 +92,8 @@ def context_from_dict(raw: object) -> JobContext:
         v = raw.get(name)
         if v is not None and (type(v) is not int):
             raise TypeError(f"context.{name} must be an int or null, got {type(v).__name__}")
+        if v is not None and v.bit_length() > 64:
+            raise ValueError(f"context.{name} is out of range: {str(v)[:20]}...")
         values[name] = v
     for name in _STR_FIELDS:
         v = raw.get(name)
@@ -104,6 +106,8 @@ def context_from_dict(raw: object) -> JobContext:
     pid = raw.get("pid", 0)
     if type(pid) is not int:
         raise TypeError(f"context.pid must be an int, got {type(pid).__name__}")
+    if pid.bit_length() > 64:
+        raise ValueError(f"context.pid is out of range: {str(pid)[:20]}...")
     return JobContext(hostname=hostname, pid=pid, **values)
 
 

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 from typing import Final
 
-__all__ = ["LIMITS", "Limits", "decode_json", "dumps_line", "sanitize"]
+__all__ = ["LIMITS", "Limits", "bounded_line", "decode_json", "dumps_line", "sanitize"]
 
 
 class Limits:
@@ -58,6 +58,12 @@ def dumps_line(obj: Any) -> str:
     """``obj`` (already sanitized, or plain JSON types) as one line of strict JSON."""
     text = json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            # A lone surrogate (os.fsdecode of a bad file name, a decoded "\\ud800") has no
+            # UTF-8 form, so no file or store could take the line: escape all non-ASCII.
+            return json.dumps(obj, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
         for raw, escaped in _LINE_BREAKS:
             if raw in text:
                 text = text.replace(raw, escaped)
@@ -198,6 +204,33 @@ def sanitize(value: Any, *, _depth: int = 0, _budget: _Budget | None = None) -> 
     text = _cut(_safe_repr(value), 1_024)
     budget.left -= len(text) + 12
     return {"$repr": text}
+
+
+def bounded_line(event: Mapping[str, Any]) -> str:
+    """An event's dict (as ``Event.to_dict()`` makes it) as one strict-JSON line of at most
+    ``LIMITS.max_line_bytes`` bytes that ``Event.from_json`` reads back.
+
+    The envelope (type, timestamp, typed fields, context) is sanitized field by field and
+    always kept whole, so the event stays decodable and attributable; only ``data`` is cut
+    to the room the envelope leaves. The character budget of :func:`sanitize` underestimates
+    multi-byte and escaped text, so the room shrinks until the line fits; past three tries
+    ``data`` becomes a ``{"$truncated": ...}`` summary.
+    """
+    cap = LIMITS.max_line_bytes
+    safe = {key: None if key == "data" else sanitize(value) for key, value in event.items()}
+    room = cap - len(dumps_line(safe).encode("utf-8")) - 64
+    data = event.get("data")
+    for _ in range(3):
+        if room <= 0:
+            break
+        safe["data"] = sanitize(data, _budget=_Budget(room))
+        line = dumps_line(safe)
+        size = len(line.encode("utf-8"))
+        if size <= cap:
+            return line
+        room = int(room * (cap / size) * 0.9)
+    safe["data"] = {"$truncated": "data over the event size limit"}
+    return dumps_line(safe)
 
 
 # -- decoding -----------------------------------------------------------------------------

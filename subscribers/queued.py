@@ -248,6 +248,7 @@ class QueuedSink:
         ("closed before delivery"); events arriving after close are dropped ("closed").
         Returns True when everything was delivered.
         """
+        deadline = time.monotonic() + (self.close_timeout if timeout is None else timeout)
         done = self.flush(timeout)
         with self._cond:
             self._closed = True
@@ -258,7 +259,8 @@ class QueuedSink:
             self._cond.notify_all()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            thread.join(0.5 if done else 0.1)
+            # within the caller's budget: a hung sink's thread is a daemon, leave it
+            thread.join(max(0.0, min(0.5, deadline - time.monotonic())))
         self._maybe_report(force=True)
         return done
 

@@ -1,0 +1,70 @@
+"""Helpers of the fault and bad-input matrix (imported by the row tests as ``matrix``;
+the fixtures are in conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+#: run the matrix at its full sizes (EVENTBUS_FULL_MATRIX=1)
+FULL = os.environ.get("EVENTBUS_FULL_MATRIX", "") not in ("", "0")
+
+STORE_SERVER = r"""
+import datetime, sys, time
+from torch.distributed import TCPStore
+store = TCPStore("127.0.0.1", int(sys.argv[1]), is_master=True, wait_for_workers=False,
+                 timeout=datetime.timedelta(seconds=30))
+print("up", flush=True)
+time.sleep(3600)
+"""
+
+
+def full_or(ci: int, full: int) -> int:
+    """``full`` under EVENTBUS_FULL_MATRIX=1, else ``ci``."""
+    return full if FULL else ci
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """The environment for a child python that imports the tree under test.
+
+    The launcher's worker variables are dropped unless given in ``extra``: an in-process
+    agent test may have left them in ``os.environ``, and a child that inherits them
+    attaches a store forwarder (and imports torch) it was not meant to.
+    """
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("EVENTBUS_AGENT_STORE", "EVENTBUS_STORE_PREFIX")}
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])]
+    )
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def drain_until_ended(receiver: Any, *, senders: int = 1, timeout: float = 60.0) -> bool:
+    """Drain ``receiver`` until ``senders`` senders sent their end marker (True) or the
+    timeout passed (False); then drain what is left."""
+    deadline = time.monotonic() + timeout
+    ended = False
+    while time.monotonic() < deadline:
+        receiver.drain_once()
+        seen = receiver.stats()["senders"]
+        if len(seen) >= senders and all(s["ended"] for s in seen.values()):
+            ended = True
+            break
+        time.sleep(0.02)
+    receiver.drain(timeout=10)
+    return ended
