@@ -42,6 +42,23 @@ def _clean_default_bus() -> Iterator[None]:
             sub.cancel()
 
 
+#: variables an in-process agent puts into os.environ for its workers
+_AGENT_ENV_PREFIXES = ("EVENTBUS_", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_agent_environment() -> Iterator[None]:
+    """An in-process agent exports its workers' settings (the store address, ...) into
+    os.environ; a later test's child process must not inherit them and try to forward its
+    events to a store that is gone."""
+    before = {k: v for k, v in os.environ.items() if k.startswith(_AGENT_ENV_PREFIXES)}
+    yield
+    for key in [k for k in os.environ if k.startswith(_AGENT_ENV_PREFIXES)]:
+        if key not in before:
+            del os.environ[key]
+    os.environ.update(before)
+
+
 @pytest.fixture(autouse=True)
 def _no_leftover_torchelastic_bridges() -> Iterator[None]:
     """An in-process agent installs the torch-records bridge; later tests must find torch's
