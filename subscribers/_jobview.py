@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Iterable
 from collections.abc import Iterator
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from typing import Literal
@@ -51,6 +53,7 @@ __all__ = [
     "WorkerRun",
     "decode_line",
     "iter_tracks",
+    "load_for_command",
     "read_records",
     "record_from_dict",
 ]
@@ -727,3 +730,16 @@ def iter_tracks(view: JobView) -> Iterator[tuple[NodeView, int | Literal["agent"
         yield node, AGENT
         for rank in node.ranks:
             yield node, rank
+
+
+def load_for_command(command: str, inputs: Sequence[str]) -> JobView | None:
+    """The job in ``inputs`` for ``eventbus COMMAND``: skipped lines are reported on stderr
+    (each with where to look); ``None``, after saying so, when there is no event at all."""
+    view = JobView.from_files(inputs)
+    for problem in view.problems:
+        print(f"eventbus {command}: {problem.describe()}; `eventbus tail {problem.source}` "
+              "shows each line", file=sys.stderr)
+    if not view.records:
+        print(f"eventbus {command}: no events in {', '.join(inputs)}", file=sys.stderr)
+        return None
+    return view

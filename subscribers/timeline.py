@@ -24,6 +24,7 @@ from typing import Literal
 from subscribers._jobview import AGENT
 from subscribers._jobview import JobView
 from subscribers._jobview import iter_tracks
+from subscribers._jobview import load_for_command
 
 __all__ = ["PlotUnavailableError", "main", "plot_timeline"]
 
@@ -285,12 +286,8 @@ def main(argv: Sequence[str]) -> int:
         return 1
     output = Path(args.output) if args.output else Path(args.inputs[0]).with_name(
         "timeline.png")
-    view = JobView.from_files(args.inputs)
-    for problem in view.problems:
-        print(f"eventbus plot: {problem.describe()}; `eventbus tail {problem.source}` "
-              "shows each line", file=sys.stderr)
-    if not view.records:
-        print(f"eventbus plot: no events in {', '.join(args.inputs)}", file=sys.stderr)
+    view = load_for_command("plot", args.inputs)
+    if view is None:
         return 1
     try:
         plot_timeline(view, output, title=args.title, dpi=args.dpi)

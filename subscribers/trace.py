@@ -37,6 +37,7 @@ from subscribers._jobview import AGENT
 from subscribers._jobview import JobView
 from subscribers._jobview import Record
 from subscribers._jobview import iter_tracks
+from subscribers._jobview import load_for_command
 
 __all__ = ["chrome_trace", "export_trace", "main", "write_trace"]
 
@@ -265,12 +266,8 @@ def main(argv: list[str]) -> int:
                   "`eventbus run --events-jsonl PATH`)", file=sys.stderr)
             return 2
     output = Path(args.output) if args.output else Path(args.inputs[0]).with_name("trace.json")
-    view = JobView.from_files(args.inputs)
-    for problem in view.problems:
-        print(f"eventbus trace: {problem.describe()}; `eventbus tail {problem.source}` "
-              "shows each line", file=sys.stderr)
-    if not view.records:
-        print(f"eventbus trace: no events in {', '.join(args.inputs)}", file=sys.stderr)
+    view = load_for_command("trace", args.inputs)
+    if view is None:
         return 1
     trace = chrome_trace(view, sources=list(args.inputs))
     try:
