@@ -68,3 +68,18 @@ def drain_until_ended(receiver: Any, *, senders: int = 1, timeout: float = 60.0)
         time.sleep(0.02)
     receiver.drain(timeout=10)
     return ended
+
+
+#: row 17's loads: one string and one mapping far over the limits (CI size / full size)
+STRING_CHARS = full_or(8 << 20, 100 << 20)
+KEYS = full_or(100_000, 1_000_000)
+
+
+def deep_dict(depth: int) -> dict[str, Any]:
+    """``{"a": {"a": ...}}`` nested ``depth`` levels."""
+    root: dict[str, Any] = {}
+    cur = root
+    for _ in range(depth):
+        cur["a"] = {}
+        cur = cur["a"]
+    return root

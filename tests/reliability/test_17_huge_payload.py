@@ -11,25 +11,16 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from matrix import full_or
+from matrix import KEYS
+from matrix import STRING_CHARS
+from matrix import deep_dict
 
 import eventbus
 from eventbus import Bus
 from eventbus import Event
 from eventbus.encoding import LIMITS
 
-STRING_CHARS = full_or(8 << 20, 100 << 20)
-KEYS = full_or(100_000, 1_000_000)
 DEPTH = 10_000
-
-
-def _deep(depth: int) -> dict[str, Any]:
-    root: dict[str, Any] = {}
-    cur = root
-    for _ in range(depth):
-        cur["a"] = {}
-        cur = cur["a"]
-    return root
 
 
 def _depth_of(value: Any) -> int:
@@ -77,7 +68,7 @@ def test_million_keys_are_cut_with_a_marker(bus: Bus, figure: Callable[[int, str
 def test_deep_nesting_is_cut_with_a_marker(bus: Bus, figure: Callable[[int, str], None]) -> None:
     """Nesting 10,000 deep (past the interpreter's recursion limit) is kept to
     LIMITS.max_depth levels, then a '$truncated' marker; no RecursionError anywhere."""
-    line = _line_of(bus, data=_deep(DEPTH))
+    line = _line_of(bus, data=deep_dict(DEPTH))
     data = json.loads(line)["data"]
     depth = _depth_of(data)
     cur = data

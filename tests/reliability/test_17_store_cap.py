@@ -7,23 +7,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from matrix import full_or
+from matrix import KEYS
+from matrix import STRING_CHARS
+from matrix import deep_dict
 
 import eventbus
 from eventbus import EventType
 from eventbus.encoding import LIMITS
-
-STRING_CHARS = full_or(8 << 20, 100 << 20)
-KEYS = full_or(100_000, 1_000_000)
-
-
-def _deep(depth: int) -> dict[str, Any]:
-    root: dict[str, Any] = {}
-    cur = root
-    for _ in range(depth):
-        cur["a"] = {}
-        cur = cur["a"]
-    return root
 
 
 @pytest.mark.slow
@@ -44,7 +34,7 @@ def test_forwarder_pushes_stay_under_the_cap(
     try:
         src.record(EventType.METRIC, step=0, data={"blob": "x" * STRING_CHARS})
         src.record(EventType.METRIC, step=1, data={f"k{i}": i for i in range(KEYS)})
-        src.record(EventType.METRIC, step=2, data=_deep(10_000))
+        src.record(EventType.METRIC, step=2, data=deep_dict(10_000))
         for i in range(40):
             src.record(EventType.METRIC, step=3 + i, data={"blob": "y" * 900_000})
         assert fwd.close(60)

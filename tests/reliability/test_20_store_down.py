@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from matrix import drain_until_ended
 from matrix import free_port
 from matrix import subprocess_env
 
@@ -82,14 +83,8 @@ def test_store_killed_and_restarted_reported_loss_equals_actual(
         time.sleep(1.0)
         store_process(port)
         out, _ = worker.communicate(timeout=180)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            senders = rx.stats()["senders"]
-            if senders and all(s["ended"] for s in senders.values()):
-                break
-            time.sleep(0.05)
         rx.stop()
-        rx.drain(timeout=10)
+        drain_until_ended(rx, timeout=30)
     finally:
         rx.close()
         if worker.poll() is None:
