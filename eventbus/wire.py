@@ -37,6 +37,8 @@ from collections.abc import Sequence
 from typing import Any
 from typing import Literal
 
+import attrs
+
 from eventbus.context import JobContext
 from eventbus.context import context_from_dict
 from eventbus.encoding import LIMITS
@@ -248,26 +250,23 @@ class WireError(ValueError):
         self.count = count
 
 
+@attrs.frozen(kw_only=True)
 class Batch:
     """The checked header of one push; its events are decoded one by one with
     :meth:`BatchDecoder.event`, so that one bad event costs only itself."""
 
-    __slots__ = ("contexts", "dropped", "end", "entries", "first", "sender")
-
-    def __init__(self, *, sender: str, first: int, entries: list[Any], end: bool,
-                 dropped: dict[str, int], contexts: list[JobContext | None]) -> None:
-        #: the sender id
-        self.sender = sender
-        #: the sequence number of the first entry
-        self.first = first
-        #: the undecoded ``[type, fields]`` entries
-        self.entries = entries
-        #: whether this is the sender's last push
-        self.end = end
-        #: the sender's cumulative drops, per reason
-        self.dropped = dropped
-        #: the batch's contexts; None where the context claims another rank (spoofed)
-        self.contexts = contexts
+    #: the sender id
+    sender: str
+    #: the sequence number of the first entry
+    first: int
+    #: the undecoded ``[type, fields]`` entries
+    entries: list[Any]
+    #: whether this is the sender's last push
+    end: bool
+    #: the sender's cumulative drops, per reason
+    dropped: dict[str, int]
+    #: the batch's contexts; None where a context claims another rank (spoofed)
+    contexts: list[JobContext | None]
 
 
 class BatchDecoder:

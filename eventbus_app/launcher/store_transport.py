@@ -126,15 +126,10 @@ class StoreTransport:
             previous, self.info = self.info, info
             prefix = namespace(info.run_id, info.restart_count)
             if self.receiver is None:
-                self.receiver = StoreReceiver(bus=info.bus, host=info.store_host,
-                                              port=info.store_port,
-                                              connect_timeout=self.connect_timeout,
-                                              poll_interval=self.poll_interval,
-                                              max_idle_interval=self.max_idle_interval)
-                self.receiver.start()
+                self.receiver = self._start_receiver(info, self.poll_interval,
+                                                     self.max_idle_interval)
             receiver = self.receiver
-            for key in receiver.queues():
-                receiver.retire(key, after=self.linger)
+            self._retire_all(receiver)
             for rank in info.global_ranks:
                 receiver.watch(worker_key(prefix, rank), kind="w", rank=rank)
             if info.group_rank == 0:
@@ -182,21 +177,31 @@ class StoreTransport:
                                "stopped by SIGKILL/os._exit): the events it queued last may "
                                "be lost", sender)
 
+    def _start_receiver(self, info: RendezvousInfo, poll_interval: float,
+                        max_idle_interval: float,
+                        on_end: Callable[[str, str], object] | None = None) -> StoreReceiver:
+        receiver = StoreReceiver(bus=info.bus, host=info.store_host, port=info.store_port,
+                                 connect_timeout=self.connect_timeout,
+                                 poll_interval=poll_interval,
+                                 max_idle_interval=max_idle_interval, on_end=on_end)
+        receiver.start()
+        return receiver
+
+    def _retire_all(self, receiver: StoreReceiver) -> None:
+        # The previous attempt's queues: drained until they have been empty for `linger`.
+        for key in receiver.queues():
+            receiver.retire(key, after=self.linger)
+
     # -- job-wide view ------------------------------------------------------------------
     def _watch_nodes(self, info: RendezvousInfo, prefix: str) -> None:
         if self.job_receiver is None:
             if info.group_world_size == 1:
                 return  # a single node: no other node's view to receive
-            self.job_receiver = StoreReceiver(bus=info.bus, host=info.store_host,
-                                              port=info.store_port,
-                                              connect_timeout=self.connect_timeout,
-                                              poll_interval=self.job_poll_interval,
-                                              max_idle_interval=self.job_max_idle_interval,
-                                              on_end=self._on_node_end)
-            self.job_receiver.start()
+            self.job_receiver = self._start_receiver(info, self.job_poll_interval,
+                                                     self.job_max_idle_interval,
+                                                     on_end=self._on_node_end)
         job = self.job_receiver
-        for key in job.queues():
-            job.retire(key, after=self.linger)
+        self._retire_all(job)
         for group_rank in range(1, info.group_world_size):
             job.watch(node_key(prefix, group_rank), kind="n", rank=group_rank)
         self._node_ends.clear()
