@@ -26,11 +26,11 @@ import logging
 import os
 import sys
 import threading
-import time
 import traceback
 import weakref
 from collections.abc import Callable
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 from typing import Any
 
 import attrs
@@ -41,6 +41,9 @@ from eventbus.events import Event
 from eventbus.events import EventType
 from eventbus.events import _on_declare
 from eventbus.events import event_class
+
+if TYPE_CHECKING:
+    from eventbus._reporting import RateLimiter
 
 __all__ = ["ALL", "Bus", "Subscription", "get_default_bus", "publish", "record"]
 
@@ -80,9 +83,8 @@ class Subscription:
         "_dispatch",
         "_failed",
         "_filtered",
-        "_last_report",
         "_published_at_start",
-        "_suppressed",
+        "_reports",
         "active",
         "event_type",
         "name",
@@ -104,8 +106,8 @@ class Subscription:
         self.name = _callable_name(on_event)
         self._failed = 0
         self._filtered = itertools.count()
-        self._suppressed = 0
-        self._last_report = -REPORT_INTERVAL_S
+        #: the failure reports' rate limit, made on the first failure (most never fail)
+        self._reports: RateLimiter | None = None
         self._published_at_start = 0
         self._dispatch: Handler = self._make_dispatch()
 
@@ -377,15 +379,18 @@ class Bus:
         if self.strict:
             raise exc
         if isinstance(sub, Subscription):
+            # Imported here, not at the top: the failure path is the only user, and
+            # `import eventbus` pays for every module it loads.
+            from eventbus._reporting import RateLimiter
+
             with self._lock:
                 sub._failed += 1
-                now = time.monotonic()
-                if now - sub._last_report < REPORT_INTERVAL_S:
-                    sub._suppressed += 1
-                    return
-                suppressed, sub._suppressed = sub._suppressed, 0
-                sub._last_report = now
-            name = sub.name
+                if sub._reports is None:
+                    sub._reports = RateLimiter()
+                held = sub._reports.allow(REPORT_INTERVAL_S)
+            if held is None:
+                return
+            suppressed, name = held, sub.name
         else:
             suppressed, name = 0, _callable_name(call)
         self._report(name, event, exc, suppressed)

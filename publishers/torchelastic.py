@@ -50,6 +50,7 @@ from typing import Any
 
 import attrs
 
+from eventbus._reporting import RateLimiter
 from eventbus.bus import Bus
 from eventbus.bus import get_default_bus
 from eventbus.context import JobContext
@@ -349,8 +350,7 @@ class TorchelasticBridge(logging.Handler):
         self.destination = destination
         self.published = 0
         self.failed = 0
-        self._suppressed = 0
-        self._last_report = -REPORT_INTERVAL_S
+        self._reports = RateLimiter()
         self._count_lock = threading.Lock()
         #: what install replaced, restored by uninstall: destination -> (handler, logger)
         self._replaced: dict[str, tuple[logging.Handler | None, logging.Logger | None]] = {}
@@ -384,12 +384,9 @@ class TorchelasticBridge(logging.Handler):
         with contextlib.suppress(Exception):
             with self._count_lock:
                 self.failed += 1
-                now = time.monotonic()
-                if now - self._last_report < REPORT_INTERVAL_S:
-                    self._suppressed += 1
-                    return
-                suppressed, self._suppressed = self._suppressed, 0
-                self._last_report = now
+                suppressed = self._reports.allow(REPORT_INTERVAL_S)
+            if suppressed is None:
+                return
             more = f" ({suppressed} more since the last report)" if suppressed else ""
             _log.error("torchelastic bridge %r could not publish a torch event record%s",
                        self.destination, more, exc_info=(type(exc), exc, exc.__traceback__))
