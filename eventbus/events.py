@@ -61,6 +61,7 @@ __all__ = [
     "event_class",
     "event_type",
     "event_types",
+    "signal_name",
 ]
 
 
@@ -642,10 +643,33 @@ class WorkerExit(Event):
     exit_code: int
     worker_local_rank: int | None = None
     worker_pid: int | None = None
-    #: the signal that ended the worker (e.g. "SIGKILL"), if one did
+    #: the signal that ended the worker (e.g. "SIGKILL"), if one did: see signal_name()
     signal: str | None = None
     #: the error message from the worker's error file, when there is one
     message: str | None = None
+
+
+def signal_name(exit_code: int) -> str | None:
+    """The name of the signal that ended a process, from its exit code; None if none did.
+
+    A negative exit code ``-n`` means "killed by signal ``n``" (the convention of
+    ``subprocess``, ``multiprocessing`` and torch's elastic agent), named as the ``signal``
+    module names it: ``signal_name(-9) == "SIGKILL"``. A signal number with no name on this
+    platform (a real-time signal, say) is ``"SIG<n>"``, e.g. ``signal_name(-40) == "SIG40"``,
+    so that ``WorkerExit.signal`` is always either None or a string starting with ``SIG``,
+    whichever path (the launcher's agent, the torchelastic bridge) recorded it. Zero and
+    positive exit codes are None.
+    """
+    if exit_code >= 0:
+        return None
+    # Imported here: `import eventbus` does not load `signal`; only exits need it.
+    import signal
+
+    number = -exit_code
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"SIG{number}"
 
 
 @event_type(EventType.WORKER_RESTART)

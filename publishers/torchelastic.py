@@ -61,6 +61,7 @@ from eventbus.events import Rendezvous
 from eventbus.events import TorchelasticRecord
 from eventbus.events import WorkerExit
 from eventbus.events import WorkerStart
+from eventbus.events import signal_name
 
 __all__ = [
     "SOURCE",
@@ -146,15 +147,6 @@ def _error_message(raw_error: Any) -> str | None:
     if message in (None, "", "<NONE>"):
         return None
     return _short(message if isinstance(message, str) else json.dumps(message))
-
-
-def _signal_name(exit_code: int) -> str | None:
-    if exit_code >= 0:
-        return None
-    try:
-        return signal_module.Signals(-exit_code).name
-    except ValueError:
-        return None
 
 
 def _context(base: JobContext, metadata: Mapping[str, Any],
@@ -248,7 +240,7 @@ def _from_status_event(payload: Mapping[str, Any], base: JobContext) -> Event:
             elif exit_code is None:  # FAILED without an exit code: still a failure
                 exit_code = 1
             return WorkerExit(worker_id=rank, exit_code=exit_code, worker_local_rank=local_rank,
-                              worker_pid=pid, signal=_signal_name(exit_code), message=message,
+                              worker_pid=pid, signal=signal_name(exit_code), message=message,
                               **common)
     if state is not None and source == "AGENT":
         if state == "RENDEZVOUS":

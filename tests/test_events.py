@@ -282,3 +282,16 @@ def test_event_types_lists_built_ins_and_declared() -> None:
     assert types["TEST_LOSS_SPIKE"] is LossSpike
     assert eventbus.event_class("EPOCH_END") is EpochEnd
     assert math.isfinite(EpochEnd(epoch=0).timestamp)
+
+
+def test_signal_name_names_negative_exit_codes_and_numbers_unnamed_ones() -> None:
+    """signal_name: -9 -> "SIGKILL"; a number with no name -> "SIG<n>"; >= 0 -> None."""
+    import signal
+
+    assert eventbus.signal_name(-9) == "SIGKILL"
+    assert eventbus.signal_name(-int(signal.SIGTERM)) == "SIGTERM"
+    unnamed = next(n for n in range(1, 1000) if n not in set(signal.Signals))
+    assert eventbus.signal_name(-unnamed) == f"SIG{unnamed}"
+    assert eventbus.signal_name(-1000) == "SIG1000"
+    assert [eventbus.signal_name(code) for code in (0, 1, 137)] == [None, None, None]
+
