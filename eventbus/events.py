@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import builtins
 import inspect
+import linecache
 import math
 import os
 import re
@@ -507,9 +508,16 @@ def _generate(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bo
             "        context = _bad_context(_T, context)",
             f"    _set_dict(self, {{{store}'timestamp': timestamp, 'data': data, "
             "'context': context})"]
-    source = "\n".join([*check, "", *build, "", *init]) + "\n"
-    code = compile(source, f"<eventbus generated {type_name}>", "exec")
+    lines = [line + "\n" for line in (*check, "", *build, "", *init)]
+    source = "".join(lines)
+    filename = _generated_filename(cls, type_name, source)
+    code = compile(source, filename, "exec")
     exec(code, env)
+    # A traceback through _check/_build/__init__ (every validation error passes one)
+    # shows the generated line, as for attrs' own generated methods. The entry reuses the
+    # lines the source is joined from (about 1% of compile()'s time; no I/O), and mtime
+    # None tells linecache.checkcache() to keep it: there is no file to go stale.
+    linecache.cache[filename] = (len(source), None, lines, filename)
     cls._source = source
     cls._check = staticmethod(env["_check"])
     cls._build = staticmethod(env["_build"])
@@ -518,6 +526,21 @@ def _generate(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bo
     # Defaults live on the class, so an event built without an optional field reads it.
     for name, value in defaults.items():
         setattr(cls, name, value)
+
+
+def _generated_filename(cls: type[Event], type_name: str, source: str) -> str:
+    """``<eventbus generated WORKER_EXIT eventbus.events.WorkerExit>``: the pseudo file
+    name of a class's generated code, unique in ``linecache`` (a second class with the
+    same name and type, e.g. after a test re-declares it, gets ``-2``, ...)."""
+    base = f"<eventbus generated {type_name} {cls.__module__}.{cls.__qualname__}"
+    filename = base + ">"
+    count = 1
+    while True:
+        entry = linecache.cache.get(filename)
+        if entry is None or (len(entry) == 4 and "".join(entry[2]) == source):
+            return filename
+        count += 1
+        filename = f"{base}-{count}>"
 
 
 def _field_kind(type_name: str, name: str, hint: Any) -> tuple[type, bool]:

@@ -295,3 +295,17 @@ def test_signal_name_names_negative_exit_codes_and_numbers_unnamed_ones() -> Non
     assert eventbus.signal_name(-1000) == "SIG1000"
     assert [eventbus.signal_name(code) for code in (0, 1, 137)] == [None, None, None]
 
+
+def test_a_validation_error_traceback_shows_the_generated_source_line() -> None:
+    """The generated validator/builder/__init__ are in linecache: tracebacks quote them."""
+    import traceback
+
+    for attempt in (lambda: eventbus.Bus("tb").record("WORKER_EXIT", worker_id="x",
+                                                      exit_code=0),
+                    lambda: WorkerExit(worker_id=0, exit_code="1")):
+        with pytest.raises(TypeError) as info:
+            attempt()
+        text = "".join(traceback.format_exception(info.value))
+        assert 'File "<eventbus generated WORKER_EXIT eventbus.events.WorkerExit>"' in text
+        generated = text.split("eventbus.events.WorkerExit>", 1)[1].splitlines()[1]
+        assert "_coerce(_T, " in generated, text
