@@ -71,7 +71,7 @@ def _child(n: int) -> dict[str, Any]:
         "queued": stats["pending"],
         "queued (MiB, estimated)": stats["queued_bytes"] / 2**20,
         "dropped": sum(stats["dropped"].values()),
-        "max_events": sink.max_events,
+        "max_events": sink.settings.max_events,
     }
 
 

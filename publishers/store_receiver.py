@@ -23,6 +23,7 @@ from typing import Any
 
 import attrs
 
+from eventbus._reporting import RateLimiter
 from eventbus.bus import Bus
 from eventbus.events import EventsLost
 from eventbus.wire import MAX_VALUE_BYTES
@@ -35,6 +36,9 @@ from eventbus.wire import queue_empty_error
 __all__ = ["StoreReceiver"]
 
 logger = logging.getLogger("eventbus")
+
+#: at most one "the store failed" warning per this many seconds (each error is counted)
+STORE_ERROR_REPORT_INTERVAL_S = 10.0
 
 
 @attrs.define
@@ -119,8 +123,8 @@ class StoreReceiver:
         self.lost: dict[str, int] = {}
         self.store_errors = 0
         self._pending_rejects: dict[tuple[str, str], int] = {}
-        self._last_flush_rejects = 0.0
-        self._last_error_report = -60.0
+        self._reject_reports = RateLimiter()
+        self._error_reports = RateLimiter()
         self._decoder = BatchDecoder(max_value_bytes=max_value_bytes)
 
     # -- queues -------------------------------------------------------------------------
@@ -236,9 +240,7 @@ class StoreReceiver:
         if self.host is not None and self.port is not None:
             # libuv clients never reconnect by themselves: make a new one later.
             self.client = None
-        now = time.monotonic()
-        if now - self._last_error_report >= 10.0:
-            self._last_error_report = now
+        if self._error_reports.allow(STORE_ERROR_REPORT_INTERVAL_S) is not None:
             logger.warning("store receiver: the store failed (%s); %d errors so far, retrying",
                            exc, self.store_errors)
 
@@ -324,10 +326,8 @@ class StoreReceiver:
         # Garbage can arrive fast: report it aggregated, at most once per report_interval.
         if not self._pending_rejects:
             return
-        now = time.monotonic()
-        if not force and now - self._last_flush_rejects < self.report_interval:
+        if self._reject_reports.allow(self.report_interval, force=force) is None:
             return
-        self._last_flush_rejects = now
         pending, self._pending_rejects = self._pending_rejects, {}
         for (key, reason), count in sorted(pending.items()):
             logger.warning("store receiver: rejected %d events from %s: %s", count, key, reason)

@@ -29,8 +29,8 @@ from typing import Literal
 
 from eventbus.encoding import decode_json
 from eventbus.events import Event
-from subscribers.queued import Overflow
 from subscribers.queued import QueuedSink
+from subscribers.queued import QueueSettings
 
 __all__ = ["JsonlRead", "JsonlRecorder", "read_jsonl"]
 
@@ -42,26 +42,24 @@ _LINE_PREFIX = b'{"type":'
 class JsonlRecorder:
     """Append every event it is given to ``path`` as one JSON line, off the caller's thread.
 
-    Options (keyword-only): ``max_events`` and ``max_bytes`` bound the queue;
-    ``overflow`` says which event a full queue drops (counted in :meth:`stats`);
-    ``fsync``: ``"never"`` (the OS writes back), ``"batch"`` (after every batch: survives a
-    machine crash, costs a disk flush per batch) or ``"close"``; ``flush_interval``: the
-    writer's maximal idle wait; ``close_timeout``: the default budget of :meth:`close`.
+    Options (keyword-only): ``fsync``: ``"never"`` (the OS writes back), ``"batch"`` (after
+    every batch: survives a machine crash, costs a disk flush per batch) or ``"close"``;
+    ``settings``: the queue's :class:`~subscribers.queued.QueueSettings` (bounds, which
+    event a full queue drops, the writer's idle wait, the default budget of :meth:`close`),
+    and any of its fields as keyword options to override them (``max_events=1000``).
     """
 
     def __init__(
         self,
         path: str | os.PathLike[str],
         *,
-        max_events: int = 100_000,
-        max_bytes: int = 64 * 1024 * 1024,
-        overflow: Overflow = "drop-newest",
         fsync: Fsync = "never",
-        flush_interval: float = 0.05,
-        close_timeout: float = 5.0,
+        settings: QueueSettings | None = None,
+        **options: Any,
     ) -> None:
         if fsync not in ("never", "batch", "close"):
             raise ValueError(f"fsync must be 'never', 'batch' or 'close', got {fsync!r}")
+        queue = (settings or QueueSettings()).with_options(options)  # bad options: no file
         self.path = Path(path)
         self.fsync: Fsync = fsync
         self._fd: int | None = None
@@ -72,9 +70,7 @@ class JsonlRecorder:
         # Open (and end a torn last line) now, so a bad path fails here, not in the thread.
         self._open()
         self._sink = QueuedSink(self._write_batch, name=f"jsonl:{self.path}",
-                                max_events=max_events, max_bytes=max_bytes,
-                                overflow=overflow, flush_interval=flush_interval,
-                                close_timeout=close_timeout)
+                                settings=queue)
 
     # -- subscriber side --------------------------------------------------------------------
     def __call__(self, event: Event) -> None:

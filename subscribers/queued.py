@@ -27,14 +27,68 @@ from collections.abc import Sequence
 from typing import Any
 from typing import Literal
 
+import attrs
+
 from eventbus._reporting import RateLimiter
 from eventbus.events import Event
 
-__all__ = ["Overflow", "QueuedSink", "estimate_size", "flush_all"]
+__all__ = ["Overflow", "QueueSettings", "QueuedSink", "estimate_size", "flush_all"]
 
 logger = logging.getLogger("eventbus")
 
 Overflow = Literal["drop-newest", "drop-oldest"]
+
+def _at_least(low: float, what: str) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
+    def check(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
+            raise ValueError(f"QueueSettings.{attribute.name} must be {what}, got {value!r}")
+    return check
+
+
+def _overflow(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value not in ("drop-newest", "drop-oldest"):
+        raise ValueError(f"QueueSettings.overflow must be 'drop-newest' or 'drop-oldest', "
+                         f"got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class QueueSettings:
+    """The bounds and timeouts of one bounded queue, in one place.
+
+    Every queue of the project takes one: :class:`QueuedSink` and what sits behind it (the
+    JSONL recorder, the store forwarder, the agent's sinks). Derive a variant with
+    ``attrs.evolve(settings, max_events=...)``; a nonsense value raises ``ValueError``
+    naming the field.
+    """
+
+    #: events held at most; more are dropped by ``overflow``
+    max_events: int = attrs.field(default=100_000, validator=_at_least(1, "an int >= 1"))
+    #: estimated bytes held at most (see :func:`estimate_size`)
+    max_bytes: int = attrs.field(default=64 * 1024 * 1024,
+                                 validator=_at_least(1, "an int >= 1"))
+    #: which event a full queue drops: the one arriving, or the oldest held
+    overflow: Overflow = attrs.field(default="drop-newest", validator=_overflow)
+    #: events handed to the sink at once, at most
+    max_batch: int = attrs.field(default=1_000, validator=_at_least(1, "an int >= 1"))
+    #: how long the thread waits for more events before it hands over a partial batch
+    flush_interval: float = attrs.field(default=0.05,
+                                        validator=_at_least(0, "a number of seconds >= 0"))
+    #: the default budget of ``flush()``/``close()`` and of the flush at interpreter exit
+    close_timeout: float = attrs.field(default=5.0,
+                                       validator=_at_least(0, "a number of seconds >= 0"))
+    #: at most one drop report per this many seconds (every drop is counted)
+    report_interval: float = attrs.field(default=10.0,
+                                         validator=_at_least(0, "a number of seconds >= 0"))
+
+    def with_options(self, options: dict[str, Any]) -> QueueSettings:
+        """These settings with ``options`` (field name -> value) replaced; an unknown name
+        raises ``TypeError`` naming it and the fields there are."""
+        unknown = sorted(set(options) - {a.name for a in attrs.fields(QueueSettings)})
+        if unknown:
+            names = ", ".join(a.name for a in attrs.fields(QueueSettings))
+            raise TypeError(f"unknown queue option {unknown[0]!r}; the options are {names}")
+        return attrs.evolve(self, **options) if options else self
+
 
 #: live sinks, for flush_all() and the fork/exit hooks
 _sinks: weakref.WeakSet[QueuedSink] = weakref.WeakSet()
@@ -72,6 +126,9 @@ class QueuedSink:
     ``handle_batch(events)`` runs on the sink's own thread with up to ``max_batch`` events
     at a time. If it raises, the batch counts as failed (``failed``), the error is reported
     on the ``eventbus`` logger (rate-limited), and the sink goes on with the next batch.
+
+    Bounds and timeouts come from ``settings`` (a :class:`QueueSettings`); keyword options
+    named like its fields override them for this sink: ``QueuedSink(write, max_events=10)``.
     """
 
     def __init__(
@@ -79,34 +136,21 @@ class QueuedSink:
         handle_batch: Callable[[Sequence[Event]], object],
         *,
         name: str | None = None,
-        max_events: int = 100_000,
-        max_bytes: int = 64 * 1024 * 1024,
-        overflow: Overflow = "drop-newest",
-        max_batch: int = 1_000,
-        flush_interval: float = 0.05,
-        close_timeout: float = 5.0,
+        settings: QueueSettings | None = None,
         size_of: Callable[[Event], int] = estimate_size,
-        report_interval: float = 10.0,
+        **options: Any,
     ) -> None:
-        if max_events < 1:
-            raise ValueError(f"max_events must be >= 1, got {max_events}")
-        if max_bytes < 1:
-            raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
-        if overflow not in ("drop-newest", "drop-oldest"):
-            raise ValueError(f"overflow must be 'drop-newest' or 'drop-oldest', got {overflow!r}")
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        #: the queue's bounds and timeouts: ``settings`` (default :class:`QueueSettings`)
+        #: with any ``options`` (``max_events=``, ``overflow=``, ...) replaced
+        self.settings = (settings or QueueSettings()).with_options(options)
         self.handle_batch = handle_batch
         self.name = name or getattr(handle_batch, "__qualname__", repr(handle_batch))
-        self.max_events = max_events
-        self.max_bytes = max_bytes
-        self.overflow: Overflow = overflow
-        self.max_batch = max_batch
-        self.flush_interval = flush_interval
-        self.close_timeout = close_timeout
         self.size_of = size_of
         self._default_size = size_of is estimate_size
-        self.report_interval = report_interval
+        # Read on every enqueue: plain attributes, one lookup each.
+        self._max_events = self.settings.max_events
+        self._max_bytes = self.settings.max_bytes
+        self._max_batch = self.settings.max_batch
         self._init_state()
         _sinks.add(self)
 
@@ -140,14 +184,14 @@ class QueuedSink:
             size = self.size_of(event)
         with self._lock:
             queue = self._queue
-            if (len(queue) < self.max_events and self._bytes + size <= self.max_bytes
+            if (len(queue) < self._max_events and self._bytes + size <= self._max_bytes
                     and not self._closed):
                 queue.append((event, size))
                 self._bytes += size
                 self.enqueued += 1
                 if self._thread is None:
                     self._start()
-                elif len(queue) == self.max_batch:
+                elif len(queue) == self._max_batch:
                     self._cond.notify()
                 return
             self._enqueue_slow(event, size)
@@ -157,14 +201,14 @@ class QueuedSink:
         if self._closed:
             self._drop("closed", 1)
             return
-        if size > self.max_bytes:
+        if size > self._max_bytes:
             self._drop("too large", 1)
             return
-        if self.overflow == "drop-newest":
+        if self.settings.overflow == "drop-newest":
             self._drop("queue full", 1)
             return
         queue = self._queue
-        while queue and (len(queue) >= self.max_events or self._bytes + size > self.max_bytes):
+        while queue and (len(queue) >= self._max_events or self._bytes + size > self._max_bytes):
             _, old_size = queue.popleft()
             self._bytes -= old_size
             self._drop("queue full", 1)
@@ -188,7 +232,7 @@ class QueuedSink:
         while True:
             with self._cond:
                 if not self._queue and not self._closed:
-                    self._cond.wait(self.flush_interval)
+                    self._cond.wait(self.settings.flush_interval)
                 if not self._queue:
                     if self._closed:
                         self._cond.notify_all()
@@ -196,7 +240,7 @@ class QueuedSink:
                     self._maybe_report()
                     continue
                 batch = []
-                for _ in range(min(self.max_batch, len(self._queue))):
+                for _ in range(min(self._max_batch, len(self._queue))):
                     event, size = self._queue.popleft()
                     self._bytes -= size
                     batch.append(event)
@@ -223,7 +267,7 @@ class QueuedSink:
         n, self._noted_drops = total - self._noted_drops, total
         if not n and not self._drop_reports.held:
             return  # nothing new since the last report
-        held = self._drop_reports.allow(self.report_interval, n, force=force)
+        held = self._drop_reports.allow(self.settings.report_interval, n, force=force)
         if held is None:
             return
         new = held + n
@@ -233,7 +277,8 @@ class QueuedSink:
     # -- control ------------------------------------------------------------------------
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything enqueued so far is handled. False if ``timeout`` ran out."""
-        deadline = time.monotonic() + (self.close_timeout if timeout is None else timeout)
+        budget = self.settings.close_timeout if timeout is None else timeout
+        deadline = time.monotonic() + budget
         with self._cond:
             if self._thread is None and self._queue:
                 self._start()
@@ -252,7 +297,8 @@ class QueuedSink:
         ("closed before delivery"); events arriving after close are dropped ("closed").
         Returns True when everything was delivered.
         """
-        deadline = time.monotonic() + (self.close_timeout if timeout is None else timeout)
+        budget = self.settings.close_timeout if timeout is None else timeout
+        deadline = time.monotonic() + budget
         done = self.flush(timeout)
         with self._cond:
             self._closed = True

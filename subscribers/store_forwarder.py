@@ -39,6 +39,7 @@ from types import FrameType
 from typing import Any
 from typing import NoReturn
 
+from eventbus._reporting import RateLimiter
 from eventbus.bus import ALL
 from eventbus.bus import Bus
 from eventbus.bus import Subscription
@@ -50,10 +51,11 @@ from eventbus.wire import BatchEncoder
 from eventbus.wire import SenderKind
 from eventbus.wire import connect_store
 from eventbus.wire import worker_key
-from subscribers.queued import Overflow
 from subscribers.queued import QueuedSink
+from subscribers.queued import QueueSettings
 
 __all__ = [
+    "FORWARDER_QUEUE",
     "OS_EXIT_FLUSH_TIMEOUT",
     "StoreForwarder",
     "attach_from_env",
@@ -65,6 +67,12 @@ logger = logging.getLogger("eventbus")
 # -- the forwarder -----------------------------------------------------------------------
 
 
+#: the forwarder's queue: larger batches and a shorter idle wait than a file sink (one push
+#: carries thousands of events; a worker's events should reach the agent within ~20 ms)
+FORWARDER_QUEUE = QueueSettings(max_events=200_000, max_batch=4_000, flush_interval=0.02,
+                                close_timeout=10.0)
+
+
 class StoreForwarder:
     """Subscriber that ships every event of ``bus`` (or those ``where`` selects) to a queue
     of a c10d store, in numbered batches, from a background thread.
@@ -72,6 +80,18 @@ class StoreForwarder:
     ``record()`` only appends to the bounded queue; connecting, encoding and pushing happen
     on the queue's thread. A forked child starts empty, with a new sender id and numbering,
     and opens its own store client on its first push.
+
+    * ``host``, ``port``: the TCPStore; ``key``: the queue to push to (see
+      :mod:`eventbus.wire` for the keys); ``rank`` and ``kind``: who sends (``"w"``: a
+      worker by global rank, ``"n"``: a node's agent by group rank), which the receiver
+      checks against the queue it pops;
+    * ``bus``: whose events to ship (default: the default bus); ``where``: a predicate
+      selecting them (default: all);
+    * ``connect_timeout``: the budget of one connect (and of each store operation);
+      ``reconnect_interval``: after a failure, connect again at most this often;
+    * ``settings``: the queue (default :data:`FORWARDER_QUEUE`), and any of its fields as
+      keyword options to override them; ``close_timeout`` is also the default budget of
+      :meth:`flush` and :meth:`close`, ``report_interval`` the rate of loss reports.
     """
 
     def __init__(
@@ -86,13 +106,8 @@ class StoreForwarder:
         where: Callable[[Event], object] | None = None,
         connect_timeout: float = 10.0,
         reconnect_interval: float = 2.0,
-        max_events: int = 200_000,
-        max_bytes: int = 64 * 1024 * 1024,
-        overflow: Overflow = "drop-newest",
-        max_batch: int = 4_000,
-        flush_interval: float = 0.02,
-        close_timeout: float = 10.0,
-        report_interval: float = 10.0,
+        settings: QueueSettings = FORWARDER_QUEUE,
+        **options: Any,
     ) -> None:
         self.host = host
         self.port = port
@@ -102,12 +117,10 @@ class StoreForwarder:
         self.bus = bus if bus is not None else get_default_bus()
         self.connect_timeout = connect_timeout
         self.reconnect_interval = reconnect_interval
-        self.close_timeout = close_timeout
-        self.report_interval = report_interval
         self.sink = QueuedSink(self._push_batch, name=f"store-forwarder:{key}",
-                               max_events=max_events, max_bytes=max_bytes, overflow=overflow,
-                               max_batch=max_batch, flush_interval=flush_interval,
-                               close_timeout=close_timeout, report_interval=report_interval)
+                               settings=settings, **options)
+        #: the queue's settings (``self.sink.settings``)
+        self.settings = self.sink.settings
         self._reset()
         self.subscription: Subscription | None = self.bus.subscribe(
             ALL, on_event=self.sink, where=where)
@@ -125,8 +138,7 @@ class StoreForwarder:
         self._pushed_events = 0
         self._pushes = 0
         self.lost: dict[str, int] = {}
-        self._reported_lost = 0
-        self._last_report = -self.report_interval
+        self._loss_report = RateLimiter()
 
     @property
     def sender(self) -> str:
@@ -181,12 +193,10 @@ class StoreForwarder:
     def _note_loss(self, n: int, reason: str) -> None:
         if n:
             self.lost[reason] = self.lost.get(reason, 0) + n
-        total = sum(self.lost.values())
-        now = time.monotonic()
-        if now - self._last_report < self.report_interval:
+        held = self._loss_report.allow(self.settings.report_interval, n)
+        if held is None:
             return
-        self._last_report = now
-        new, self._reported_lost = total - self._reported_lost, total
+        new, total = held + n, sum(self.lost.values())
         logger.warning("store forwarder %s -> %s: %s; %d events lost since the last report "
                        "(%d in all); the receiver reports the gap if the store comes back",
                        self.sender, self.key, reason, new, total)
@@ -194,14 +204,15 @@ class StoreForwarder:
     # -- control ------------------------------------------------------------------------
     def flush(self, timeout: float | None = None) -> bool:
         """Push everything queued so far; False if ``timeout`` ran out first."""
-        return self.sink.flush(self.close_timeout if timeout is None else timeout)
+        return self.sink.flush(self.settings.close_timeout if timeout is None else timeout)
 
     def close(self, timeout: float | None = None) -> bool:
         """Flush, stop the queue's thread, push the end marker. Idempotent.
 
         Returns True when everything recorded before the call was pushed.
         """
-        deadline = time.monotonic() + (self.close_timeout if timeout is None else timeout)
+        budget = self.settings.close_timeout if timeout is None else timeout
+        deadline = time.monotonic() + budget
         if self.subscription is not None:
             self.subscription.cancel()
             self.subscription = None

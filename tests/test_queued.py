@@ -253,3 +253,28 @@ def test_drops_are_reported_rate_limited_and_every_drop_once(
     assert total >= 40
     assert sum(int(m.split()[3]) for m in reports) == total
     assert reports[-1].endswith(f"({total} so far: queue full: {total})")
+
+
+def test_every_queue_takes_its_bounds_from_one_settings_object() -> None:
+    """QueuedSink, the JSONL recorder and the store forwarder share QueueSettings: options
+    override a base, an unknown option names itself and the known ones, and a bad value
+    names the field before any file is opened."""
+    import attrs
+
+    from subscribers.jsonl import JsonlRecorder
+    from subscribers.queued import QueueSettings
+    from subscribers.store_forwarder import FORWARDER_QUEUE
+
+    base = QueueSettings(max_events=50)
+    sink = QueuedSink(print, settings=base, max_batch=7)
+    try:
+        assert sink.settings == attrs.evolve(base, max_batch=7)
+    finally:
+        sink.close(1)
+    assert FORWARDER_QUEUE.max_batch > QueueSettings().max_batch
+    with pytest.raises(TypeError, match="'max_event'.*max_events"):
+        QueuedSink(print, max_event=3)
+    with pytest.raises(ValueError, match=r"QueueSettings\.flush_interval"):
+        QueueSettings(flush_interval=-1)
+    with pytest.raises(ValueError, match=r"QueueSettings\.max_bytes"):
+        JsonlRecorder("/nonexistent-dir/never-created.jsonl", max_bytes=0)

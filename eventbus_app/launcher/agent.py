@@ -56,6 +56,7 @@ from eventbus.events import Rendezvous
 from eventbus.events import TorchelasticRecord
 from eventbus.events import WorkerExit
 from eventbus.events import WorkerStart
+from eventbus.events import signal_name
 from eventbus_app.launcher import FAILURE_DRAIN_TIMEOUT_S
 from eventbus_app.launcher import AgentPlugin
 from eventbus_app.launcher import RendezvousInfo
@@ -123,15 +124,6 @@ def _peek_exit(pid: int) -> int | None:
     if info.si_code == os.CLD_EXITED:
         return int(info.si_status)
     return -int(info.si_status)
-
-
-def _signal_name(exit_code: int) -> str | None:
-    if exit_code >= 0:
-        return None
-    try:
-        return signal.Signals(-exit_code).name
-    except ValueError:
-        return f"signal {-exit_code}"
 
 
 def _failure_message(failure: ProcessFailure) -> str | None:
@@ -519,7 +511,7 @@ class EventAgent(LocalElasticAgent):
         return WorkerExit(
             worker_id=global_rank, exit_code=int(failure.exitcode),
             worker_local_rank=int(failure.local_rank), worker_pid=int(failure.pid),
-            signal=_signal_name(int(failure.exitcode)), message=_failure_message(failure),
+            signal=signal_name(int(failure.exitcode)), message=_failure_message(failure),
             data=data,
         )
 
