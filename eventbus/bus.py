@@ -351,6 +351,9 @@ class Bus:
             next(slot.published)
             return
         event = slot.build(fields)
+        # The delivery loop is publish()'s, written out here on purpose: record() runs in
+        # training loops, and calling a shared helper costs ~30% of a 1-subscriber record()
+        # (measured on 3.11). Change one, change both.
         next(slot.published)
         for call in calls:
             try:

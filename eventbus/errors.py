@@ -35,49 +35,51 @@ class UnknownEventTypeError(EventBusError, ValueError):
         )
 
 
-class UnknownFieldError(EventBusError, TypeError):
+class _FieldError(EventBusError):
+    """An error about one field of one event type; both are attributes."""
+
+    def __init__(self, event_type: str, field: str, message: str) -> None:
+        self.event_type = event_type
+        self.field = field
+        super().__init__(message)
+
+
+class UnknownFieldError(_FieldError, TypeError):
     """A field that the event type does not declare."""
 
     def __init__(self, event_type: str, field: str, allowed: list[str]) -> None:
-        self.event_type = event_type
-        self.field = field
         close = difflib.get_close_matches(field, allowed, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         super().__init__(
+            event_type, field,
             f"{event_type} has no field {field!r}{hint}; its fields are {', '.join(allowed)}. "
-            f"Put free-form values in data={{...}}"
-        )
+            f"Put free-form values in data={{...}}")
 
 
-class MissingFieldError(EventBusError, TypeError):
+class MissingFieldError(_FieldError, TypeError):
     """A required field that was not given."""
 
     def __init__(self, event_type: str, field: str, expected: str) -> None:
-        self.event_type = event_type
-        self.field = field
-        super().__init__(f"{event_type} needs field {field!r} ({expected}); pass {field}=...")
+        super().__init__(event_type, field,
+                         f"{event_type} needs field {field!r} ({expected}); pass {field}=...")
 
 
-class FieldTypeError(EventBusError, TypeError):
+class FieldTypeError(_FieldError, TypeError):
     """A field whose value has the wrong type."""
 
     def __init__(self, event_type: str, field: str, expected: str, value: object) -> None:
-        self.event_type = event_type
-        self.field = field
         self.value = value
         super().__init__(
+            event_type, field,
             f"{event_type}.{field} must be {expected}, got {type(value).__name__} "
-            f"{_short_repr(value)}"
-        )
+            f"{_short_repr(value)}")
 
 
-class FieldValueError(EventBusError, ValueError):
+class FieldValueError(_FieldError, ValueError):
     """A field whose value has the right type but an unusable value."""
 
     def __init__(self, event_type: str, field: str, problem: str) -> None:
-        self.event_type = event_type
-        self.field = field
-        super().__init__(f"{event_type}.{field}: {problem}")
+        super().__init__(event_type, field, f"{event_type}.{field}: {problem}")
 
 
 class EventDecodeError(EventBusError, ValueError):

@@ -24,6 +24,8 @@ from collections.abc import Callable
 from collections.abc import Mapping
 from typing import Any
 
+import attrs
+
 from eventbus.events import Event
 from eventbus.events import EventType
 from eventbus.events import event_class
@@ -37,7 +39,7 @@ from eventbus_app.launcher import RendezvousInfo
 from publishers.store_receiver import StoreReceiver
 from subscribers.store_forwarder import StoreForwarder
 
-__all__ = ["ENV_JOB_EVENTS", "StoreTransport", "job_event_filter"]
+__all__ = ["ENV_JOB_EVENTS", "StoreTransport", "TransportSettings", "job_event_filter"]
 
 logger = logging.getLogger("eventbus")
 
@@ -76,25 +78,38 @@ def job_event_filter(spec: str | None = None) -> Callable[[Event], bool]:
     return select
 
 
+@attrs.frozen(kw_only=True)
+class TransportSettings:
+    """How often the agent's receivers poll, and how long they wait."""
+
+    #: a worker queue that gave nothing is polled again after this, doubling while idle...
+    poll_interval: float = 0.01
+    #: ... up to this many seconds apart
+    max_idle_interval: float = 0.5
+    #: the same for the other nodes' queues, on group rank 0
+    job_poll_interval: float = 0.02
+    job_max_idle_interval: float = 1.0
+    #: a finished attempt's queues are drained until they have been empty this long
+    linger: float = 30.0
+    #: the budget of a receiver's connect to the store
+    connect_timeout: float = 30.0
+
+
 class StoreTransport:
     """The agent plugin: worker queues -> this agent's bus; other nodes -> group rank 0.
 
     ``job_events`` selects what a node other than group rank 0 forwards (see
-    :func:`job_event_filter`). Queues of a finished attempt are drained until they have been
-    empty for ``linger`` seconds.
+    :func:`job_event_filter`); keyword ``settings`` are fields of
+    :class:`TransportSettings` (``StoreTransport(linger=5.0)``).
     """
 
     def __init__(
         self,
         *,
         job_events: Callable[[Event], object] | str | None = None,
-        poll_interval: float = 0.01,
-        max_idle_interval: float = 0.5,
-        job_poll_interval: float = 0.02,
-        job_max_idle_interval: float = 1.0,
-        linger: float = 30.0,
-        connect_timeout: float = 30.0,
+        **settings: float,
     ) -> None:
+        self.settings = TransportSettings(**settings)
         if callable(job_events):
             self.job_filter: Callable[[Event], object] = job_events
         else:
@@ -105,12 +120,6 @@ class StoreTransport:
                 logger.error("%s: %s; forwarding every built-in type to group rank 0 instead",
                              ENV_JOB_EVENTS, exc)
                 self.job_filter = job_event_filter("builtin")
-        self.poll_interval = poll_interval
-        self.job_poll_interval = job_poll_interval
-        self.max_idle_interval = max_idle_interval
-        self.job_max_idle_interval = job_max_idle_interval
-        self.linger = linger
-        self.connect_timeout = connect_timeout
         self.info: RendezvousInfo | None = None
         self.receiver: StoreReceiver | None = None
         self.job_receiver: StoreReceiver | None = None
@@ -126,8 +135,8 @@ class StoreTransport:
             previous, self.info = self.info, info
             prefix = namespace(info.run_id, info.restart_count)
             if self.receiver is None:
-                self.receiver = self._start_receiver(info, self.poll_interval,
-                                                     self.max_idle_interval)
+                self.receiver = self._start_receiver(info, self.settings.poll_interval,
+                                                     self.settings.max_idle_interval)
             receiver = self.receiver
             self._retire_all(receiver)
             for rank in info.global_ranks:
@@ -181,7 +190,7 @@ class StoreTransport:
                         max_idle_interval: float,
                         on_end: Callable[[str, str], object] | None = None) -> StoreReceiver:
         receiver = StoreReceiver(bus=info.bus, host=info.store_host, port=info.store_port,
-                                 connect_timeout=self.connect_timeout,
+                                 connect_timeout=self.settings.connect_timeout,
                                  poll_interval=poll_interval,
                                  max_idle_interval=max_idle_interval, on_end=on_end)
         receiver.start()
@@ -190,15 +199,15 @@ class StoreTransport:
     def _retire_all(self, receiver: StoreReceiver) -> None:
         # The previous attempt's queues: drained until they have been empty for `linger`.
         for key in receiver.queues():
-            receiver.retire(key, after=self.linger)
+            receiver.retire(key, after=self.settings.linger)
 
     # -- job-wide view ------------------------------------------------------------------
     def _watch_nodes(self, info: RendezvousInfo, prefix: str) -> None:
         if self.job_receiver is None:
             if info.group_world_size == 1:
                 return  # a single node: no other node's view to receive
-            self.job_receiver = self._start_receiver(info, self.job_poll_interval,
-                                                     self.job_max_idle_interval,
+            self.job_receiver = self._start_receiver(info, self.settings.job_poll_interval,
+                                                     self.settings.job_max_idle_interval,
                                                      on_end=self._on_node_end)
         job = self.job_receiver
         self._retire_all(job)
@@ -245,7 +254,7 @@ class StoreTransport:
         self.job_forwarder = StoreForwarder(
             host=info.store_host, port=info.store_port, key=key, rank=info.group_rank,
             kind="n", bus=info.bus, where=self.job_filter,
-            connect_timeout=self.connect_timeout, flush_interval=0.05)
+            connect_timeout=self.settings.connect_timeout, flush_interval=0.05)
 
     def _close_job_forwarder(self, *, timeout: float) -> None:
         fwd, self.job_forwarder = self.job_forwarder, None
