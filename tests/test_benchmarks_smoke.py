@@ -44,7 +44,7 @@ def test_dispatch_measures_every_peer_at_every_count(dispatch: dict[str, Any]) -
 
 
 def test_dispatch_reports_each_target_as_a_ratio(dispatch: dict[str, Any]) -> None:
-    """The four PERFORMANCE.md targets come back as ratio, limit and met."""
+    """The four dispatch targets come back as ratio, limit and met."""
     targets = dispatch["targets"]
     assert [t["target"] for t in targets] == [t[0] for t in bench_dispatch.TARGETS]
     for t in targets:
