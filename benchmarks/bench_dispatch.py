@@ -26,7 +26,7 @@ __all__ = ["SUBSCRIBER_COUNTS", "TARGETS", "run"]
 
 SUBSCRIBER_COUNTS = (0, 1, 10)
 
-#: PERFORMANCE.md's targets: (what, eventbus row, peer row, limit on eventbus / peer)
+#: the dispatch targets: (what, eventbus row, peer row, limit on eventbus / peer)
 TARGETS = [
     ("record() at 0 subscribers <= 3x a direct call", "eventbus record()", 0,
      "direct call", 0, 3.0),
