@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check eventbus publishers subscribers
+	$(VENV)/bin/ruff check eventbus publishers subscribers eventbus_app
 	$(VENV)/bin/mypy
 
 # A few minutes on 2 cores: everything but the tests marked slow (real multi-attempt

@@ -121,14 +121,13 @@ class _Probe:
 def _agent_main(argv: list[str]) -> int:
     """Run the job's agent in this process with the probe; print its figures as JSON."""
     out, workers, flood, block, rounds = argv[0], int(argv[1]), argv[2], argv[3], argv[4]
-    from eventbus.launcher import main as run_main
-    from eventbus.launcher import register_agent_plugin
-
-    register_agent_plugin(_Probe)
+    from eventbus_app.launcher import main as run_main
+    from eventbus_app.launcher.agent import default_plugins
     script = Path(out) / "worker.py"
     script.write_text(WORKER)
     code = run_main(["--standalone", "--nproc-per-node", str(workers), "--monitor-interval",
-                     "0.1", str(script), out, flood, block, rounds])
+                     "0.1", str(script), out, flood, block, rounds],
+                    plugins=[*default_plugins(), _Probe()])
     probe = _Probe.instance
     assert probe is not None
     lat = sorted(probe.latencies)
@@ -194,8 +193,8 @@ def codec_costs(*, events: int = 4_000, rounds: int = 5) -> dict[str, float]:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     import eventbus
+    from eventbus.wire import BatchEncoder
     from publishers.store_receiver import StoreReceiver
-    from subscribers.store_forwarder import BatchEncoder
 
     ctx = eventbus.JobContext(rank=0, group_rank=0, run_id="bench", restart_count=0,
                               hostname="node0", pid=1)

@@ -45,6 +45,7 @@ from eventbus.events import WorkerStart
 from eventbus.events import event_class
 from eventbus.events import event_type
 from eventbus.events import event_types
+from eventbus.events import signal_name
 
 if TYPE_CHECKING:
     from subscribers.log_handler import EventLoggingHandler
@@ -87,6 +88,7 @@ __all__ = [
     "record",
     "refresh_context",
     "set_context",
+    "signal_name",
 ]
 
 __version__ = "0.1.0.dev0"

@@ -6,10 +6,12 @@ from __future__ import annotations
 import logging
 import os
 
+from eventbus.wire import ENV_STORE
+
 __all__ = ["WORKER_ENV", "attach_worker_forwarder"]
 
 #: set by the launcher in each worker's environment; absent everywhere else
-WORKER_ENV = "EVENTBUS_AGENT_STORE"
+WORKER_ENV = ENV_STORE
 
 
 def attach_worker_forwarder() -> None:

@@ -26,11 +26,11 @@ import logging
 import os
 import sys
 import threading
-import time
 import traceback
 import weakref
 from collections.abc import Callable
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 from typing import Any
 
 import attrs
@@ -41,6 +41,9 @@ from eventbus.events import Event
 from eventbus.events import EventType
 from eventbus.events import _on_declare
 from eventbus.events import event_class
+
+if TYPE_CHECKING:
+    from eventbus._reporting import RateLimiter
 
 __all__ = ["ALL", "Bus", "Subscription", "get_default_bus", "publish", "record"]
 
@@ -80,9 +83,8 @@ class Subscription:
         "_dispatch",
         "_failed",
         "_filtered",
-        "_last_report",
         "_published_at_start",
-        "_suppressed",
+        "_reports",
         "active",
         "event_type",
         "name",
@@ -104,8 +106,8 @@ class Subscription:
         self.name = _callable_name(on_event)
         self._failed = 0
         self._filtered = itertools.count()
-        self._suppressed = 0
-        self._last_report = -REPORT_INTERVAL_S
+        #: the failure reports' rate limit, made on the first failure (most never fail)
+        self._reports: RateLimiter | None = None
         self._published_at_start = 0
         self._dispatch: Handler = self._make_dispatch()
 
@@ -327,9 +329,16 @@ class Bus:
 
     # -- publishing ---------------------------------------------------------------------
     def record(self, event_type: EventTypeLike, /, **fields: Any) -> None:
-        """Validate ``fields`` against the type and publish the event (built only when
-        someone listens). Raises for bad input; never for a failing subscriber."""
-        # The hot path (module-level record() below is the same, for the default bus).
+        """Publish a typed, validated event on this bus (``eventbus.record`` is the
+        default bus's).
+
+        ``event_type`` is an :class:`EventType` member, its name, a declared type's name or
+        class. An unknown field raises ``TypeError`` naming it, a wrongly typed one
+        ``TypeError``/``ValueError`` naming it, an unknown type ``ValueError``; a failing
+        subscriber never makes ``record()`` raise. The event is built only when someone
+        listens; validation never depends on who listens.
+        """
+        # The hot path (``eventbus.record`` is this method, bound to the default bus).
         # ``fields`` is this call's own dict: the generated validator may coerce values in
         # it and the builder turns it into the event's __dict__, so nothing is copied twice.
         try:
@@ -377,15 +386,18 @@ class Bus:
         if self.strict:
             raise exc
         if isinstance(sub, Subscription):
+            # Imported here, not at the top: the failure path is the only user, and
+            # `import eventbus` pays for every module it loads.
+            from eventbus._reporting import RateLimiter
+
             with self._lock:
                 sub._failed += 1
-                now = time.monotonic()
-                if now - sub._last_report < REPORT_INTERVAL_S:
-                    sub._suppressed += 1
-                    return
-                suppressed, sub._suppressed = sub._suppressed, 0
-                sub._last_report = now
-            name = sub.name
+                if sub._reports is None:
+                    sub._reports = RateLimiter()
+                held = sub._reports.allow(REPORT_INTERVAL_S)
+            if held is None:
+                return
+            suppressed, name = held, sub.name
         else:
             suppressed, name = 0, _callable_name(call)
         self._report(name, event, exc, suppressed)
@@ -466,7 +478,6 @@ _weakref_types = (weakref.ref,)
 _all_buses: weakref.WeakSet[Bus] = weakref.WeakSet()
 
 _default_bus = Bus("default")
-_default_slots = _default_bus._slots  # never rebound: the dict is only ever updated
 _buses = [_default_bus]
 
 
@@ -486,31 +497,14 @@ def get_default_bus() -> Bus:
     return _default_bus
 
 
-def record(event_type: EventTypeLike, /, **fields: Any) -> None:
-    """Publish a typed, validated event on the default bus.
-
-    ``event_type`` is an :class:`EventType` member, its name, a declared type's name or
-    class. An unknown field raises ``TypeError`` naming it, a wrongly typed one
-    ``TypeError``/``ValueError`` naming it, an unknown type ``ValueError``; a failing
-    subscriber never makes ``record()`` raise.
-    """
-    # Bus.record inlined for the default bus: one Python frame less per event.
-    try:
-        slot = _default_slots[event_type]
-    except (KeyError, TypeError):
-        slot = _default_bus._slot(event_type)
-    calls = slot.calls
-    if not calls:
-        slot.check(fields)
-        next(slot.published)
-        return
-    event = slot.build(fields)
-    next(slot.published)
-    for call in calls:
-        try:
-            call(event)
-        except Exception as exc:
-            _default_bus._failed(slot, call, event, exc)
+#: Publish a typed, validated event on the default bus: ``record(event_type, /, **fields)``.
+#:
+#: The default bus's own bound method, not a copy of its body: the default bus is made once
+#: above and never replaced (``get_default_bus()`` has no setter; tests and
+#: ``eventbus.testing.strict_bus()`` change its attributes, never the object), so the bound
+#: method cannot go stale. Calling it costs the same one Python frame the hand-inlined copy
+#: did (benchmarks/RESULTS.md, "eventbus.record(), default bus" against the copy's row).
+record = _default_bus.record
 
 
 def publish(event: Event) -> None:

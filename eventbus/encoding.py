@@ -26,7 +26,8 @@ from collections.abc import Mapping
 from typing import Any
 from typing import Final
 
-__all__ = ["LIMITS", "Limits", "bounded_line", "decode_json", "dumps_line", "sanitize"]
+__all__ = ["LIMITS", "Limits", "bounded_line", "decode_json", "dumps_line", "reject_constant",
+           "sanitize"]
 
 
 class Limits:
@@ -246,7 +247,8 @@ def _revive(obj: dict[str, Any]) -> Any:
     return obj
 
 
-def _reject_constant(name: str) -> Any:
+def reject_constant(name: str) -> Any:
+    """A ``parse_constant`` for ``json.loads`` that refuses NaN and Infinity literals."""
     raise ValueError(f"non-standard JSON constant {name} (NaN/Infinity are written as tags)")
 
 
@@ -269,6 +271,6 @@ def decode_json(text: str | bytes | bytearray, *, max_chars: int | None = None) 
     if len(text) > limit:
         raise ValueError(f"input of {len(text)} characters is over the {limit} limit")
     try:
-        return json.loads(text, object_hook=_revive, parse_constant=_reject_constant)
+        return json.loads(text, object_hook=_revive, parse_constant=reject_constant)
     except RecursionError:
         raise ValueError("input nests too deeply") from None

@@ -29,9 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python examples/demo.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
-from subscribers._jobview import JobView  # noqa: E402
-from subscribers.trace import chrome_trace  # noqa: E402
-from subscribers.trace import write_trace  # noqa: E402
+from eventbus_app.readers.jobview import JobView  # noqa: E402
+from eventbus_app.readers.trace import chrome_trace  # noqa: E402
+from eventbus_app.readers.trace import write_trace  # noqa: E402
 
 #: the job's own budget; the demo normally takes 15-30 s on 2 cores
 JOB_TIMEOUT_S = 150.0
@@ -138,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     written = [(events, f"{len(view.records)} events  (eventbus tail {_show(events)})"),
                (trace_path, "open https://ui.perfetto.dev and drop the file on it")]
     if not args.no_plot:
-        from subscribers.timeline import PlotUnavailableError
-        from subscribers.timeline import plot_timeline
+        from eventbus_app.readers.timeline import PlotUnavailableError
+        from eventbus_app.readers.timeline import plot_timeline
 
         try:
             plot_timeline(view, out / "timeline.png")

@@ -1,28 +1,20 @@
-"""Bring worker events (and other nodes' events) into the agent, from the job's c10d store.
+"""Bring worker events (and other nodes' events) into a process, from the job's c10d store.
 
-:class:`StoreReceiver` drains queues of the wire format that
-:mod:`subscribers.store_forwarder` pushes, with its own store client and non-blocking
-``queue_pop`` calls only (a blocking pop would stall every other call on a shared client),
-decodes them as JSON (never pickle), validates every event against its type, and
-republishes them on a bus. Sequence gaps, duplicates and the sender's own drops become
-``EVENTS_LOST`` events; malformed input is counted per reason and reported the same way,
-and never stops the receiver.
+:class:`StoreReceiver` drains queues of the wire format (:mod:`eventbus.wire`) that
+:class:`subscribers.store_forwarder.StoreForwarder` pushes, with its own store client and
+non-blocking ``queue_pop`` calls only (a blocking pop would stall every other call on a
+shared client), decodes them as JSON (never pickle), validates every event against its
+type, and republishes them on a bus. Sequence gaps, duplicates and the sender's own drops
+become ``EVENTS_LOST`` events; malformed input is counted per reason and reported the same
+way, and never stops the receiver.
 
-:class:`StoreTransport` is the agent plugin that ``eventbus run`` loads: two-level fan-in.
-
-* every agent drains the queues of its own workers (one per global rank and attempt) and
-  republishes on its bus (its JSONL, logging handler and reactors see worker events);
-* the agent of every other node forwards what ``job_events`` selects of its bus to one
-  queue per node; the agent of group rank 0 drains those, one queue per node, so that its
-  bus holds the job-wide view.
+The agent of ``eventbus run`` runs receivers through its store transport plugin
+(:mod:`eventbus_app.launcher.store_transport`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -32,58 +24,17 @@ from typing import Any
 import attrs
 
 from eventbus.bus import Bus
-from eventbus.context import JobContext
-from eventbus.context import context_from_dict
-from eventbus.encoding import decode_json
-from eventbus.events import Event
 from eventbus.events import EventsLost
-from eventbus.events import EventType
-from eventbus.events import event_class
-from eventbus.launcher import RendezvousInfo
-from eventbus.launcher import register_agent_plugin
-from subscribers.store_forwarder import ENV_PREFIX
-from subscribers.store_forwarder import ENV_STORE
-from subscribers.store_forwarder import WIRE_VERSION
-from subscribers.store_forwarder import SenderKind
-from subscribers.store_forwarder import StoreForwarder
-from subscribers.store_forwarder import connect_store
-from subscribers.store_forwarder import namespace
-from subscribers.store_forwarder import node_key
-from subscribers.store_forwarder import worker_key
+from eventbus.wire import MAX_VALUE_BYTES
+from eventbus.wire import BatchDecoder
+from eventbus.wire import SenderKind
+from eventbus.wire import WireError
+from eventbus.wire import connect_store
+from eventbus.wire import queue_empty_error
 
-__all__ = [
-    "ENV_JOB_EVENTS",
-    "MAX_VALUE_BYTES",
-    "StoreReceiver",
-    "StoreTransport",
-    "ack_key",
-    "job_event_filter",
-]
+__all__ = ["StoreReceiver"]
 
 logger = logging.getLogger("eventbus")
-
-#: which event types the other nodes forward to group rank 0 (see :func:`job_event_filter`)
-ENV_JOB_EVENTS = "EVENTBUS_JOB_EVENTS"
-#: the largest value the receiver decodes; larger ones are rejected unread. (The forwarder
-#: pushes at most 4 MiB; the store server itself refuses values over 8 MiB.)
-MAX_VALUE_BYTES = 6 * 1024 * 1024
-_MAX_SENDER_ID = 256
-_MAX_CONTEXTS = 256
-_MAX_DROP_REASONS = 32
-
-
-def ack_key(key: str, sender: str) -> str:
-    """Where the receiver acknowledges the end marker of ``sender`` on queue ``key``."""
-    return f"{key}/ack/{sender}"
-
-
-class _Reject(Exception):
-    """Input refused, with the reason it is counted under."""
-
-    def __init__(self, reason: str, count: int = 1) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.count = count
 
 
 @attrs.define
@@ -158,7 +109,7 @@ class StoreReceiver:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._empty_error: type[BaseException] = _queue_empty_error()
+        self._empty_error: type[BaseException] = queue_empty_error()
         #: values popped, events delivered
         self.values = 0
         self.delivered = 0
@@ -170,7 +121,7 @@ class StoreReceiver:
         self._pending_rejects: dict[tuple[str, str], int] = {}
         self._last_flush_rejects = 0.0
         self._last_error_report = -60.0
-        self._context_cache: dict[tuple[Any, ...], JobContext] = {}
+        self._decoder = BatchDecoder(max_value_bytes=max_value_bytes)
 
     # -- queues -------------------------------------------------------------------------
     def watch(self, key: str, *, kind: SenderKind, rank: int) -> None:
@@ -300,7 +251,7 @@ class StoreReceiver:
         self.values += 1
         try:
             return self._handle(key, raw, kind, rank)
-        except _Reject as rej:
+        except WireError as rej:
             self._reject(key, rej.reason, rej.count)
         except Exception as exc:  # a bug, not bad input: count it as such, keep going
             self._reject(key, f"receiver error: {type(exc).__name__}", 1)
@@ -308,50 +259,13 @@ class StoreReceiver:
         return 0
 
     def _handle(self, key: str, raw: object, kind: SenderKind, rank: int) -> int:
-        if not isinstance(raw, (bytes, bytearray)):
-            raise _Reject("not bytes")
-        if len(raw) > self.max_value_bytes:
-            raise _Reject("value too large")
-        try:
-            text = bytes(raw).decode("utf-8")
-        except UnicodeDecodeError:
-            raise _Reject("not UTF-8") from None
-        try:
-            if "$float" in text:  # non-finite floats are tagged: revive them
-                batch = decode_json(text, max_chars=self.max_value_bytes)
-            else:  # the common case: skip the per-object hook (about 40% of the decode)
-                batch = json.loads(text, parse_constant=_no_constant)
-        except (ValueError, TypeError, RecursionError):
-            raise _Reject("not JSON") from None
-        if type(batch) is not dict:
-            raise _Reject("bad header: not an object")
-        if batch.get("v") != WIRE_VERSION:
-            raise _Reject("bad header: unknown wire version")
-        sender = batch.get("src")
-        if type(sender) is not str or not 0 < len(sender) <= _MAX_SENDER_ID:
-            raise _Reject("bad header: src")
-        first = batch.get("seq")
-        if type(first) is not int or first < 0:
-            raise _Reject("bad header: seq")
-        entries = batch.get("ev")
-        if type(entries) is not list:
-            raise _Reject("bad header: ev")
+        batch = self._decoder.batch(raw, kind=kind, rank=rank)
+        sender, first, entries = batch.sender, batch.first, batch.entries
         n = len(entries)
-        if batch.get("kind") != kind or batch.get("rank") != rank:
-            raise _Reject("spoofed sender", max(n, 1))
-        end = batch.get("end", False)
-        dropped = batch.get("drop", {})
-        if type(end) is not bool:
-            raise _Reject("bad header: end", max(n, 1))
-        if (type(dropped) is not dict or len(dropped) > _MAX_DROP_REASONS
-                or not all(type(v) is int and v >= 0 for v in dropped.values())):
-            raise _Reject("bad header: drop", max(n, 1))
-        contexts = self._contexts(batch.get("ctx"), kind, rank, n)
-
         state = self._senders.get(sender)
         if state is None:
             if len(self._senders) >= self.max_senders:
-                raise _Reject("too many senders", max(n, 1))
+                raise WireError("too many senders", max(n, 1))
             state = self._senders[sender] = _Sender(key)
         skip = 0
         if first > state.expected:
@@ -364,7 +278,7 @@ class StoreReceiver:
                 self._lost(sender, key, skip, "duplicate",
                            {"expected_seq": state.expected, "got_seq": first})
         state.expected = max(state.expected, first + n)
-        for reason, count in dropped.items():
+        for reason, count in batch.dropped.items():
             delta = count - state.dropped.get(reason, 0)
             if delta > 0:
                 state.dropped[reason] = count
@@ -372,17 +286,19 @@ class StoreReceiver:
 
         delivered = 0
         publish = self.bus.publish
+        decode = self._decoder.event
+        contexts = batch.contexts
         for entry in entries[skip:] if skip else entries:
             try:
-                event = _decode_event(entry, contexts)
-            except _Reject as rej:
+                event = decode(entry, contexts)
+            except WireError as rej:
                 self._reject(key, rej.reason, 1)
                 continue
             publish(event)
             delivered += 1
         state.delivered += delivered
         self.delivered += delivered
-        if end and not state.ended:
+        if batch.end and not state.ended:
             state.ended = True
             if self.on_end is not None:
                 try:
@@ -390,30 +306,6 @@ class StoreReceiver:
                 except Exception:
                     logger.exception("store receiver: on_end callback failed")
         return delivered
-
-    def _contexts(self, raw: object, kind: SenderKind, rank: int,
-                  n: int) -> list[JobContext | None]:
-        if type(raw) is not list or len(raw) > _MAX_CONTEXTS:
-            raise _Reject("bad header: ctx", max(n, 1))
-        out: list[JobContext | None] = []
-        for item in raw:
-            try:
-                cache_key = tuple(sorted(item.items())) if type(item) is dict else None
-            except TypeError:
-                cache_key = None
-            ctx = self._context_cache.get(cache_key) if cache_key is not None else None
-            if ctx is None:
-                try:
-                    ctx = context_from_dict(item)
-                except (TypeError, ValueError):
-                    raise _Reject("bad context", max(n, 1)) from None
-                if cache_key is not None and len(self._context_cache) < 4096:
-                    self._context_cache[cache_key] = ctx
-            claimed = ctx.rank if kind == "w" else ctx.group_rank
-            # An event must come from the rank whose queue carries it: None marks the
-            # entry unusable and every event pointing at it is rejected as spoofed.
-            out.append(ctx if claimed is None or claimed == rank else None)
-        return out
 
     # -- reports ------------------------------------------------------------------------
     def _lost(self, sender: str, key: str, count: int, reason: str,
@@ -494,279 +386,3 @@ class StoreReceiver:
         self.stop()
         with self._lock:
             self._flush_rejects(force=True)
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"non-standard JSON constant {name}")
-
-
-def _queue_empty_error() -> type[BaseException]:
-    import torch.distributed as dist
-
-    error: type[BaseException] = getattr(dist, "QueueEmptyError", RuntimeError)
-    return error
-
-
-def _decode_event(entry: object, contexts: list[JobContext | None]) -> Event:
-    if type(entry) is not list or len(entry) != 2:
-        raise _Reject("bad event: not [type, fields]")
-    name, fields = entry
-    if type(name) is not str or type(fields) is not dict:
-        raise _Reject("bad event: not [type, fields]")
-    try:
-        cls = event_class(name)
-    except ValueError:
-        raise _Reject("unknown event type") from None
-    index = fields.pop("context", None)
-    if type(index) is not int or not 0 <= index < len(contexts):
-        raise _Reject("bad event: context")
-    context = contexts[index]
-    if context is None:
-        raise _Reject("spoofed rank")
-    timestamp = fields.pop("timestamp", None)
-    if type(timestamp) is int:
-        timestamp = float(timestamp)
-    if type(timestamp) is not float or not math.isfinite(timestamp):
-        raise _Reject("bad event: timestamp")
-    data = fields.pop("data", None)
-    if data is not None and type(data) is not dict:
-        raise _Reject("bad event: data")
-    try:
-        return cls(**fields, data=data, timestamp=timestamp, context=context)
-    except (TypeError, ValueError):
-        raise _Reject("bad event: fields") from None
-
-
-# -- the agent plugin ---------------------------------------------------------------------
-
-
-def _is_builtin(event: Event) -> bool:
-    return type(type(event).type) is EventType
-
-
-def job_event_filter(spec: str | None = None) -> Callable[[Event], bool]:
-    """The predicate selecting what a node forwards to group rank 0.
-
-    ``spec`` (default: ``$EVENTBUS_JOB_EVENTS``, else ``"builtin"``) is a comma-separated
-    list: ``builtin`` (every built-in type), ``all`` (every type), type names to add, and
-    ``-NAME`` to keep a type on its node. A spec of only exclusions starts from
-    ``builtin``: ``EVENTBUS_JOB_EVENTS=-METRIC`` keeps per-step metrics local.
-    """
-    text = os.environ.get(ENV_JOB_EVENTS, "builtin") if spec is None else spec
-    tokens = [t.strip() for t in text.split(",") if t.strip()]
-    exclude = frozenset(t[1:] for t in tokens if t.startswith("-"))
-    include = [t for t in tokens if not t.startswith("-")] or ["builtin"]
-    every = "all" in include
-    builtin = "builtin" in include
-    names = frozenset(t for t in include if t not in ("all", "builtin"))
-    for name in names | exclude:
-        event_class(name)  # an unknown name is a typo: say so now (ValueError naming it)
-
-    def select(event: Event) -> bool:
-        name = str(type(event).type)
-        if name in exclude:
-            return False
-        return every or name in names or (builtin and _is_builtin(event))
-
-    return select
-
-
-class StoreTransport:
-    """The agent plugin: worker queues -> this agent's bus; other nodes -> group rank 0.
-
-    ``job_events`` selects what a node other than group rank 0 forwards (see
-    :func:`job_event_filter`). Queues of a finished attempt are drained until they have been
-    empty for ``linger`` seconds.
-    """
-
-    def __init__(
-        self,
-        *,
-        job_events: Callable[[Event], object] | str | None = None,
-        poll_interval: float = 0.01,
-        max_idle_interval: float = 0.5,
-        job_poll_interval: float = 0.02,
-        job_max_idle_interval: float = 1.0,
-        linger: float = 30.0,
-        connect_timeout: float = 30.0,
-    ) -> None:
-        if callable(job_events):
-            self.job_filter: Callable[[Event], object] = job_events
-        else:
-            try:
-                self.job_filter = job_event_filter(job_events)
-            except ValueError as exc:
-                # A typo must not cost the job its worker events: say so, keep the default.
-                logger.error("%s: %s; forwarding every built-in type to group rank 0 instead",
-                             ENV_JOB_EVENTS, exc)
-                self.job_filter = job_event_filter("builtin")
-        self.poll_interval = poll_interval
-        self.job_poll_interval = job_poll_interval
-        self.max_idle_interval = max_idle_interval
-        self.job_max_idle_interval = job_max_idle_interval
-        self.linger = linger
-        self.connect_timeout = connect_timeout
-        self.info: RendezvousInfo | None = None
-        self.receiver: StoreReceiver | None = None
-        self.job_receiver: StoreReceiver | None = None
-        self.job_forwarder: StoreForwarder | None = None
-        self._node_ends: set[str] = set()
-        self._lock = threading.Lock()
-
-    # -- AgentPlugin ----------------------------------------------------------------------
-    def after_rendezvous(self, info: RendezvousInfo) -> Mapping[str, str]:
-        """Watch this attempt's worker queues (and node queues on group rank 0); return the
-        workers' environment that points their forwarders at the store."""
-        with self._lock:
-            previous, self.info = self.info, info
-            prefix = namespace(info.run_id, info.restart_count)
-            if self.receiver is None:
-                self.receiver = StoreReceiver(bus=info.bus, host=info.store_host,
-                                              port=info.store_port,
-                                              connect_timeout=self.connect_timeout,
-                                              poll_interval=self.poll_interval,
-                                              max_idle_interval=self.max_idle_interval)
-                self.receiver.start()
-            receiver = self.receiver
-            for key in receiver.queues():
-                receiver.retire(key, after=self.linger)
-            for rank in info.global_ranks:
-                receiver.watch(worker_key(prefix, rank), kind="w", rank=rank)
-            if info.group_rank == 0:
-                self._close_job_forwarder(timeout=1.0)
-                self._watch_nodes(info, prefix)
-            else:
-                self._forward_job_view(info, prefix, previous)
-            return {ENV_STORE: f"{info.store_host}:{info.store_port}", ENV_PREFIX: prefix}
-
-    def drain(self, *, timeout: float) -> None:
-        """Pull in what the workers pushed before the monitor saw them fail (the launcher
-        calls this before it publishes a failure), so reactors such as
-        ``StopOnNonFiniteLoss`` judge a failure with the workers' last events on the bus."""
-        receiver = self.receiver
-        if receiver is not None:
-            receiver.drain(timeout=timeout)
-
-    def before_exit(self, *, timeout: float) -> None:
-        """Drain the workers' queues; forward the rest of this node's view to group rank 0
-        and wait for its acknowledgement (other nodes), or wait for every node's last push
-        (group rank 0); all within ``timeout``."""
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            info = self.info
-            receiver = self.receiver
-            if receiver is None or info is None:
-                return
-            receiver.stop()
-            # Alone, the workers' queues get the whole budget; with other nodes, half of
-            # it, the rest goes to the job-wide handshake.
-            share = 1.0 if info.group_world_size == 1 else 0.5
-            receiver.drain(timeout=max(0.0, (deadline - time.monotonic()) * share))
-            receiver.report_leftovers()
-            if info.group_rank != 0 and self.job_forwarder is not None:
-                self._finish_job_view(deadline)
-            job = self.job_receiver
-            if job is not None:
-                job.stop()
-                self._wait_for_nodes(info, job, deadline)
-                job.report_leftovers()
-                job.close()
-            receiver.close()
-            for sender in receiver.unended():
-                logger.warning("store receiver: %s never sent its end marker (killed, or "
-                               "stopped by SIGKILL/os._exit): the events it queued last may "
-                               "be lost", sender)
-
-    # -- job-wide view ------------------------------------------------------------------
-    def _watch_nodes(self, info: RendezvousInfo, prefix: str) -> None:
-        if self.job_receiver is None:
-            if info.group_world_size == 1:
-                return  # a single node: no other node's view to receive
-            self.job_receiver = StoreReceiver(bus=info.bus, host=info.store_host,
-                                              port=info.store_port,
-                                              connect_timeout=self.connect_timeout,
-                                              poll_interval=self.job_poll_interval,
-                                              max_idle_interval=self.job_max_idle_interval,
-                                              on_end=self._on_node_end)
-            self.job_receiver.start()
-        job = self.job_receiver
-        for key in job.queues():
-            job.retire(key, after=self.linger)
-        for group_rank in range(1, info.group_world_size):
-            job.watch(node_key(prefix, group_rank), kind="n", rank=group_rank)
-        self._node_ends.clear()
-
-    def _on_node_end(self, key: str, sender: str) -> None:
-        self._node_ends.add(key)
-        job = self.job_receiver
-        if job is not None:
-            try:
-                job.client.set(ack_key(key, sender), "1")
-            except Exception as exc:
-                logger.warning("store receiver: cannot acknowledge %s on %s: %s", sender, key,
-                               exc)
-
-    def _wait_for_nodes(self, info: RendezvousInfo, job: StoreReceiver,
-                        deadline: float) -> None:
-        prefix = namespace(info.run_id, info.restart_count)
-        expected = {node_key(prefix, g) for g in range(1, info.group_world_size)}
-        while True:
-            popped = job.drain_once(every=True)
-            if expected <= self._node_ends and popped == 0:
-                return
-            if time.monotonic() >= deadline:
-                missing = sorted(expected - self._node_ends)
-                if missing:
-                    logger.warning("store receiver: no end marker from %s before the agent's "
-                                   "exit deadline; their last events may be missing", missing)
-                return
-            if not popped:
-                time.sleep(0.01)
-
-    def _forward_job_view(self, info: RendezvousInfo, prefix: str,
-                          previous: RendezvousInfo | None) -> None:
-        key = node_key(prefix, info.group_rank)
-        fwd = self.job_forwarder
-        if fwd is not None and previous is not None and previous.group_rank == info.group_rank:
-            with fwd._client_lock:
-                fwd.key = key
-            return
-        self._close_job_forwarder(timeout=1.0)
-        self.job_forwarder = StoreForwarder(
-            host=info.store_host, port=info.store_port, key=key, rank=info.group_rank,
-            kind="n", bus=info.bus, where=self.job_filter,
-            connect_timeout=self.connect_timeout, flush_interval=0.05)
-
-    def _close_job_forwarder(self, *, timeout: float) -> None:
-        fwd, self.job_forwarder = self.job_forwarder, None
-        if fwd is not None:
-            fwd.close(timeout)
-
-    def _finish_job_view(self, deadline: float) -> None:
-        fwd = self.job_forwarder
-        if fwd is None:
-            return
-        fwd.close(max(0.0, (deadline - time.monotonic()) / 2))
-        acked = ack_key(fwd.key, fwd.sender)
-        client = fwd._client
-        while client is not None and time.monotonic() < deadline:
-            try:
-                if client.check([acked]):
-                    return
-            except Exception:
-                break
-            time.sleep(0.02)
-        logger.warning("store transport: group rank 0 did not acknowledge this node's last "
-                       "push (%s) in time; its last events may be missing from the job view",
-                       fwd.key)
-
-    def stats(self) -> dict[str, Any]:
-        """The receivers' and the job forwarder's statistics."""
-        return {
-            "workers": self.receiver.stats() if self.receiver else None,
-            "nodes": self.job_receiver.stats() if self.job_receiver else None,
-            "job_forwarder": self.job_forwarder.stats() if self.job_forwarder else None,
-        }
-
-
-register_agent_plugin(StoreTransport)

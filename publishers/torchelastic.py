@@ -50,6 +50,7 @@ from typing import Any
 
 import attrs
 
+from eventbus._reporting import RateLimiter
 from eventbus.bus import Bus
 from eventbus.bus import get_default_bus
 from eventbus.context import JobContext
@@ -60,6 +61,7 @@ from eventbus.events import Rendezvous
 from eventbus.events import TorchelasticRecord
 from eventbus.events import WorkerExit
 from eventbus.events import WorkerStart
+from eventbus.events import signal_name
 
 __all__ = [
     "SOURCE",
@@ -145,15 +147,6 @@ def _error_message(raw_error: Any) -> str | None:
     if message in (None, "", "<NONE>"):
         return None
     return _short(message if isinstance(message, str) else json.dumps(message))
-
-
-def _signal_name(exit_code: int) -> str | None:
-    if exit_code >= 0:
-        return None
-    try:
-        return signal_module.Signals(-exit_code).name
-    except ValueError:
-        return None
 
 
 def _context(base: JobContext, metadata: Mapping[str, Any],
@@ -247,7 +240,7 @@ def _from_status_event(payload: Mapping[str, Any], base: JobContext) -> Event:
             elif exit_code is None:  # FAILED without an exit code: still a failure
                 exit_code = 1
             return WorkerExit(worker_id=rank, exit_code=exit_code, worker_local_rank=local_rank,
-                              worker_pid=pid, signal=_signal_name(exit_code), message=message,
+                              worker_pid=pid, signal=signal_name(exit_code), message=message,
                               **common)
     if state is not None and source == "AGENT":
         if state == "RENDEZVOUS":
@@ -349,8 +342,7 @@ class TorchelasticBridge(logging.Handler):
         self.destination = destination
         self.published = 0
         self.failed = 0
-        self._suppressed = 0
-        self._last_report = -REPORT_INTERVAL_S
+        self._reports = RateLimiter()
         self._count_lock = threading.Lock()
         #: what install replaced, restored by uninstall: destination -> (handler, logger)
         self._replaced: dict[str, tuple[logging.Handler | None, logging.Logger | None]] = {}
@@ -384,12 +376,9 @@ class TorchelasticBridge(logging.Handler):
         with contextlib.suppress(Exception):
             with self._count_lock:
                 self.failed += 1
-                now = time.monotonic()
-                if now - self._last_report < REPORT_INTERVAL_S:
-                    self._suppressed += 1
-                    return
-                suppressed, self._suppressed = self._suppressed, 0
-                self._last_report = now
+                suppressed = self._reports.allow(REPORT_INTERVAL_S)
+            if suppressed is None:
+                return
             more = f" ({suppressed} more since the last report)" if suppressed else ""
             _log.error("torchelastic bridge %r could not publish a torch event record%s",
                        self.destination, more, exc_info=(type(exc), exc, exc.__traceback__))

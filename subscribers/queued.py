@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 from typing import Literal
 
+from eventbus._reporting import RateLimiter
 from eventbus.events import Event
 
 __all__ = ["Overflow", "QueuedSink", "estimate_size", "flush_all"]
@@ -124,8 +125,9 @@ class QueuedSink:
         self.handled = 0
         self.failed = 0
         self.dropped: dict[str, int] = {}
-        self._reported_drops = 0
-        self._last_report = 0.0
+        #: drops already handed to the rate limiter (the rest are new since the last check)
+        self._noted_drops = 0
+        self._drop_reports = RateLimiter()
 
     # -- the subscriber side (caller's thread) ------------------------------------------
     def __call__(self, event: Event) -> None:
@@ -215,14 +217,16 @@ class QueuedSink:
             self._maybe_report()
 
     def _maybe_report(self, *, force: bool = False) -> None:
+        # Polled (after each batch, when idle, on close), not called per drop: the drops
+        # since the last poll are one occurrence for the rate limiter.
         total = sum(self.dropped.values())
-        if total == self._reported_drops:
+        n, self._noted_drops = total - self._noted_drops, total
+        if not n and not self._drop_reports.held:
+            return  # nothing new since the last report
+        held = self._drop_reports.allow(self.report_interval, n, force=force)
+        if held is None:
             return
-        now = time.monotonic()
-        if not force and now - self._last_report < self.report_interval:
-            return
-        self._last_report = now
-        new, self._reported_drops = total - self._reported_drops, total
+        new = held + n
         logger.warning("sink %s dropped %d events (%s so far: %s)", self.name, new, total,
                        ", ".join(f"{k}: {v}" for k, v in sorted(self.dropped.items())))
 

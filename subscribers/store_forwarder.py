@@ -4,25 +4,11 @@ In a worker started by ``eventbus run``, ``import eventbus`` attaches a
 :class:`StoreForwarder` to the default bus (see :func:`attach_from_env`): every event goes
 into a bounded :class:`~subscribers.queued.QueuedSink`, whose thread encodes batches and
 ``queue_push``-es them to a key of the long-lived rendezvous store namespaced by run id,
-attempt and rank. The agent's :mod:`publishers.store_receiver` pops them and republishes
-them on its bus. The agents of the other nodes use the same forwarder (``kind="n"``) to
-ship a filtered view of their bus to group rank 0.
+attempt and rank. The agent's :class:`publishers.store_receiver.StoreReceiver` pops them
+and republishes them on its bus. The agents of the other nodes use the same forwarder
+(``kind="n"``) to ship a filtered view of their bus to group rank 0.
 
-The wire format (one ``queue_push`` value, UTF-8 JSON, never pickle)::
-
-    {"v": 1, "src": "<sender id>", "kind": "w" | "n", "rank": <rank or group rank>,
-     "seq": <sequence number of the first event>, "drop": {"<reason>": <count>, ...},
-     "ctx": [<JobContext dict>, ...],
-     "ev": [["<type>", {<typed fields>, "timestamp": t, "data": {...}, "context": <ctx index>}],
-            ...],
-     "end": true | false}
-
-Every sender (one process, or one agent for the job-wide view) numbers its events 0, 1, 2,
-... in the order it pushes them; ``drop`` carries the sender's cumulative counts of events
-it dropped before they got a number (full queue, closed forwarder). The receiver turns a
-jump in the numbers into an ``EVENTS_LOST`` "gap", a step back into "duplicate", and a
-growing ``drop`` count into "dropped by sender", so that for every sender
-``recorded = delivered + reported lost``. ``end`` marks the sender's last push.
+The wire format, the keys and the numbering live in :mod:`eventbus.wire`.
 
 What can be lost, and how it shows:
 
@@ -40,13 +26,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import datetime
-import json
 import logging
 import os
-import secrets
 import signal
-import socket
 import sys
 import threading
 import time
@@ -55,172 +37,30 @@ from collections.abc import Callable
 from collections.abc import Sequence
 from types import FrameType
 from typing import Any
-from typing import Literal
 from typing import NoReturn
 
 from eventbus.bus import ALL
 from eventbus.bus import Bus
 from eventbus.bus import Subscription
 from eventbus.bus import get_default_bus
-from eventbus.context import JobContext
-from eventbus.encoding import LIMITS
-from eventbus.encoding import sanitize
 from eventbus.events import Event
+from eventbus.wire import ENV_PREFIX
+from eventbus.wire import ENV_STORE
+from eventbus.wire import BatchEncoder
+from eventbus.wire import SenderKind
+from eventbus.wire import connect_store
+from eventbus.wire import worker_key
 from subscribers.queued import Overflow
 from subscribers.queued import QueuedSink
 
 __all__ = [
-    "ENV_PREFIX",
-    "ENV_STORE",
-    "MAX_PUSH_BYTES",
     "OS_EXIT_FLUSH_TIMEOUT",
-    "WIRE_VERSION",
-    "BatchEncoder",
-    "SenderKind",
     "StoreForwarder",
     "attach_from_env",
-    "connect_store",
     "install_exit_hooks",
-    "namespace",
-    "node_key",
-    "worker_key",
 ]
 
 logger = logging.getLogger("eventbus")
-
-#: ``host:port`` of the long-lived c10d store; set by the launcher's plugin for workers
-ENV_STORE = "EVENTBUS_AGENT_STORE"
-#: key namespace of the attempt the worker belongs to (see :func:`namespace`)
-ENV_PREFIX = "EVENTBUS_STORE_PREFIX"
-#: version of the wire format above
-WIRE_VERSION = 1
-#: a push carries at most this many bytes (the store accepts 8 MiB values; stay well below)
-MAX_PUSH_BYTES = 4 * 1024 * 1024
-
-SenderKind = Literal["w", "n"]
-
-
-def namespace(run_id: str, attempt: int) -> str:
-    """The key prefix of one attempt of one job: the store keeps queues across attempts."""
-    return f"eventbus/{run_id}/{attempt}"
-
-
-def worker_key(prefix: str, rank: int) -> str:
-    """The queue a worker of global rank ``rank`` pushes to (its node's agent pops it)."""
-    return f"{prefix}/w{rank}"
-
-
-def node_key(prefix: str, group_rank: int) -> str:
-    """The queue the agent of ``group_rank`` pushes its job-wide view to (group rank 0 pops)."""
-    return f"{prefix}/n{group_rank}"
-
-
-def connect_store(host: str, port: int, *, timeout: float) -> Any:
-    """A new client of the TCPStore at ``host:port`` (raises when it cannot connect in time).
-
-    ``timeout`` bounds the connect and every later operation of the client.
-    """
-    from torch.distributed import TCPStore  # type: ignore[attr-defined]
-
-    return TCPStore(host, port, is_master=False, wait_for_workers=False,
-                    timeout=datetime.timedelta(seconds=timeout))
-
-
-# -- encoding --------------------------------------------------------------------------
-
-
-_DUMPS = json.JSONEncoder(allow_nan=False, separators=(",", ":"), check_circular=False).encode
-
-
-def _entry(event: Event, contexts: dict[int, int], ctx_list: list[JobContext]) -> list[Any]:
-    d = event.__dict__.copy()
-    ctx = d["context"]
-    index = contexts.get(id(ctx))
-    if index is None:
-        index = contexts[id(ctx)] = len(ctx_list)
-        ctx_list.append(ctx)
-    d["context"] = index
-    return [str(type(event).type), d]
-
-
-def _safe_entry_text(entry: list[Any]) -> str:
-    """One event entry as JSON within the per-event limit, whatever its payload holds."""
-    try:
-        text = _DUMPS(entry)
-    except (ValueError, TypeError, RecursionError, OverflowError):
-        text = _DUMPS(sanitize(entry))
-    if len(text) > LIMITS.max_line_bytes:
-        name, d = entry
-        d = dict(d)
-        d["data"] = {"$truncated": "data over the event size limit"}
-        text = _DUMPS(sanitize([name, d]))
-    return text
-
-
-class BatchEncoder:
-    """Numbers one sender's events and encodes them into pushes of the wire format.
-
-    Not thread-safe: one encoder belongs to one sending thread.
-    """
-
-    def __init__(self, *, kind: SenderKind, rank: int, sender: str | None = None,
-                 max_push_bytes: int = MAX_PUSH_BYTES) -> None:
-        self.kind = kind
-        self.rank = rank
-        self.sender = sender or new_sender_id(kind, rank)
-        self.max_push_bytes = max_push_bytes
-        #: sequence number of the next event
-        self.seq = 0
-
-    def encode(self, events: Sequence[Event], *, dropped: dict[str, int] | None = None,
-               end: bool = False) -> list[tuple[bytes, int]]:
-        """The pushes (value, number of events) that carry ``events``, numbered in order."""
-        contexts: dict[int, int] = {}
-        ctx_list: list[JobContext] = []
-        entries = [_entry(e, contexts, ctx_list) for e in events]
-        head = {
-            "v": WIRE_VERSION, "src": self.sender, "kind": self.kind, "rank": self.rank,
-            "seq": self.seq, "drop": dropped or {},
-            "ctx": [c.to_dict() for c in ctx_list], "end": end, "ev": entries,
-        }
-        text: str | None
-        try:
-            text = _DUMPS(head)
-        except (ValueError, TypeError, RecursionError, OverflowError):
-            text = None
-        if text is not None and len(text) <= min(self.max_push_bytes, LIMITS.max_line_bytes):
-            self.seq += len(entries)
-            return [(text.encode("utf-8"), len(entries))]
-        # Slow path: something is not plain JSON, or the batch is large. Encode event by
-        # event (sanitizing and truncating what needs it) and split into pushes.
-        parts = [_safe_entry_text(entry) for entry in entries]
-        pushes: list[tuple[bytes, int]] = []
-        start = 0
-        while True:
-            size = 0
-            stop = start
-            while stop < len(parts) and (stop == start or
-                                         size + len(parts[stop]) + 1 < self.max_push_bytes - 4096):
-                size += len(parts[stop]) + 1
-                stop += 1
-            last = stop >= len(parts)
-            head["seq"] = self.seq
-            head["end"] = end and last
-            head["ev"] = []
-            prefix = _DUMPS(head)
-            assert prefix.endswith("[]}")
-            value = prefix[:-3] + "[" + ",".join(parts[start:stop]) + "]}"
-            pushes.append((value.encode("utf-8"), stop - start))
-            self.seq += stop - start
-            start = stop
-            if last:
-                return pushes
-
-
-def new_sender_id(kind: SenderKind, rank: int) -> str:
-    """A sender id unique across processes, hosts, attempts and pid reuse."""
-    return f"{kind}{rank}:{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-
 
 # -- the forwarder -----------------------------------------------------------------------
 

@@ -41,6 +41,7 @@ def test_dispatch_measures_every_peer_at_every_count(dispatch: dict[str, Any]) -
         assert all(_positive(v) for v in table[row].values()), row
     assert list(table["torch events.record()"]) == [0]
     assert list(table["eventbus.record(), default bus"]) == [0]
+    assert list(table[bench_dispatch.INLINED_ROW]) == [0]  # the former record(), side by side
 
 
 def test_dispatch_reports_each_target_as_a_ratio(dispatch: dict[str, Any]) -> None:

@@ -309,6 +309,18 @@ def test_record_on_the_default_bus_reaches_the_default_publisher() -> None:
     assert [(e.worker_id, e.data["epoch"]) for e in got] == [(0, 10)]
 
 
+def test_module_level_record_is_the_default_bus_record() -> None:
+    """eventbus.record is Bus.record bound to get_default_bus(), with its signature."""
+    import inspect
+
+    assert eventbus.record.__self__ is eventbus.get_default_bus()  # type: ignore[attr-defined]
+    assert eventbus.record.__func__ is eventbus.Bus.record  # type: ignore[attr-defined]
+    params = inspect.signature(eventbus.record).parameters.values()
+    assert [(p.name, p.kind) for p in params] == [
+        ("event_type", inspect.Parameter.POSITIONAL_ONLY),
+        ("fields", inspect.Parameter.VAR_KEYWORD)]
+
+
 def test_capture_events_collects_inside_the_block() -> None:
     """eventbus.testing.capture_events collects what is published inside the block only."""
     from eventbus.testing import capture_events

@@ -282,3 +282,30 @@ def test_event_types_lists_built_ins_and_declared() -> None:
     assert types["TEST_LOSS_SPIKE"] is LossSpike
     assert eventbus.event_class("EPOCH_END") is EpochEnd
     assert math.isfinite(EpochEnd(epoch=0).timestamp)
+
+
+def test_signal_name_names_negative_exit_codes_and_numbers_unnamed_ones() -> None:
+    """signal_name: -9 -> "SIGKILL"; a number with no name -> "SIG<n>"; >= 0 -> None."""
+    import signal
+
+    assert eventbus.signal_name(-9) == "SIGKILL"
+    assert eventbus.signal_name(-int(signal.SIGTERM)) == "SIGTERM"
+    unnamed = next(n for n in range(1, 1000) if n not in set(signal.Signals))
+    assert eventbus.signal_name(-unnamed) == f"SIG{unnamed}"
+    assert eventbus.signal_name(-1000) == "SIG1000"
+    assert [eventbus.signal_name(code) for code in (0, 1, 137)] == [None, None, None]
+
+
+def test_a_validation_error_traceback_shows_the_generated_source_line() -> None:
+    """The generated validator/builder/__init__ are in linecache: tracebacks quote them."""
+    import traceback
+
+    for attempt in (lambda: eventbus.Bus("tb").record("WORKER_EXIT", worker_id="x",
+                                                      exit_code=0),
+                    lambda: WorkerExit(worker_id=0, exit_code="1")):
+        with pytest.raises(TypeError) as info:
+            attempt()
+        text = "".join(traceback.format_exception(info.value))
+        assert 'File "<eventbus generated WORKER_EXIT eventbus.events.WorkerExit>"' in text
+        generated = text.split("eventbus.events.WorkerExit>", 1)[1].splitlines()[1]
+        assert "_coerce(_T, " in generated, text

@@ -251,7 +251,7 @@ def _receiver() -> tuple[Any, list[Event]]:
 
 
 def _valid_batches() -> list[bytes]:
-    from subscribers.store_forwarder import BatchEncoder
+    from eventbus.wire import BatchEncoder
 
     ctx = eventbus.JobContext(rank=0, run_id="fuzz", restart_count=0)
     bus = eventbus.Bus("fuzz-batches")

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from subscribers._jobview import AGENT
-from subscribers._jobview import JobView
-from subscribers._jobview import Problem
-from subscribers._jobview import Record
-from subscribers._jobview import decode_line
-from subscribers._jobview import read_records
+from eventbus_app.readers.jobview import AGENT
+from eventbus_app.readers.jobview import JobView
+from eventbus_app.readers.records import Problem
+from eventbus_app.readers.records import Record
+from eventbus_app.readers.records import decode_line
+from eventbus_app.readers.records import read_records
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 NODE0 = FIXTURES / "job_node0.jsonl"

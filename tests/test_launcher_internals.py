@@ -1,6 +1,6 @@
 """Pins the private torch internals the launcher relies on, and the agent's own machinery.
 
-If one of these fails after a torch upgrade, eventbus.launcher.agent needs attention
+If one of these fails after a torch upgrade, eventbus_app.launcher.agent needs attention
 before anything else: the end-to-end tests would fail in less obvious ways.
 """
 
@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -26,13 +25,10 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 from torch.distributed.launcher import api as launcher_api
 
-from eventbus.launcher import RendezvousInfo
-from eventbus.launcher import register_agent_plugin
-from eventbus.launcher import unregister_agent_plugin
-from eventbus.launcher.agent import RELIABLE_RESTARTS_ENV
-from eventbus.launcher.agent import EventAgent
-from eventbus.launcher.agent import _peek_exit
-from eventbus.launcher.agent import event_agent
+from eventbus_app.launcher.agent import RELIABLE_RESTARTS_ENV
+from eventbus_app.launcher.agent import EventAgent
+from eventbus_app.launcher.agent import _peek_exit
+from eventbus_app.launcher.agent import event_agent
 from subscribers.jsonl import read_jsonl
 from tests.launcher_helpers import ROOT
 from tests.launcher_helpers import run_command
@@ -115,32 +111,49 @@ def test_peek_reads_an_exit_without_reaping_it() -> None:
         sleeps.wait(10)
 
 
-def test_plugin_registration_is_idempotent_and_validated() -> None:
-    """register_agent_plugin refuses non-callables and ignores a second registration."""
-    from eventbus.launcher import agent_plugin_factories
+def _fake_distribution(root: Path, entry_points: str, module: str) -> None:
+    """A distribution installed in ``root`` as importlib.metadata finds real ones."""
+    info = root / "eventbus_test_plugin-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: eventbus-test-plugin\n"
+                                   "Version: 1.0\n")
+    (info / "entry_points.txt").write_text(entry_points)
+    (root / "eventbus_test_plugin.py").write_text(module)
 
-    class Plugin:
-        def after_rendezvous(self, info: RendezvousInfo) -> Mapping[str, str]:
-            return {}
 
-        def before_exit(self, *, timeout: float) -> None:
-            pass
+def test_plugins_are_found_through_entry_points(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    """An installed distribution's `eventbus.agent_plugins` entry point becomes an agent
+    plugin (its factory called without arguments); one that fails to load is reported by
+    name and skipped, never fatal; default_plugins() is the store transport plus those."""
+    from eventbus_app.launcher import PLUGIN_ENTRY_POINT_GROUP
+    from eventbus_app.launcher import entry_point_plugins
+    from eventbus_app.launcher.agent import default_plugins
+    from eventbus_app.launcher.store_transport import StoreTransport
 
-    with pytest.raises(TypeError, match="callable"):
-        register_agent_plugin(42)  # type: ignore[arg-type]
-    register_agent_plugin(Plugin)
-    register_agent_plugin(Plugin)
-    try:
-        assert agent_plugin_factories().count(Plugin) == 1
-    finally:
-        unregister_agent_plugin(Plugin)
-    assert Plugin not in agent_plugin_factories()
+    _fake_distribution(
+        tmp_path,
+        f"[{PLUGIN_ENTRY_POINT_GROUP}]\ngood = eventbus_test_plugin:Plugin\n"
+        "broken = eventbus_test_plugin:Missing\n",
+        "class Plugin:\n"
+        "    def after_rendezvous(self, info):\n        return {}\n"
+        "    def before_exit(self, *, timeout):\n        pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with caplog.at_level("ERROR", logger="eventbus"):
+        plugins = entry_point_plugins()
+    assert [type(p).__name__ for p in plugins] == ["Plugin"]
+    assert "'broken'" in caplog.text and "eventbus_test_plugin:Missing" in caplog.text
+    defaults = default_plugins()
+    assert isinstance(defaults[0], StoreTransport)
+    assert [type(p).__name__ for p in defaults[1:]] == ["Plugin"]
 
 
 _PLUGIN_LAUNCHER = '''
 import json, sys
 from torch.distributed import TCPStore
-from eventbus.launcher import register_agent_plugin, main
+from eventbus_app.launcher import main
+from eventbus_app.launcher.agent import default_plugins
 
 class Plugin:
     def __init__(self):
@@ -166,13 +179,12 @@ class Plugin:
         # stands for "what the failed worker sent before it died"
         self.info.bus.record("METRIC", data={"drained_within": timeout})
 
-register_agent_plugin(Plugin)
-sys.exit(main(sys.argv[2:]))
+sys.exit(main(sys.argv[2:], plugins=[*default_plugins(), Plugin()]))
 '''
 
 
 def test_agent_plugin_sees_every_rendezvous_and_feeds_worker_env(tmp_path: Path) -> None:
-    """A registered plugin gets the long-lived store after each rendezvous (reachable, keys
+    """A plugin passed to the launcher gets the long-lived store after each rendezvous (reachable, keys
     kept across the restart), its env vars reach that attempt's workers, its drain runs
     before a failure is published, and before_exit runs once at the end."""
     log = tmp_path / "plugin.jsonl"
@@ -222,7 +234,7 @@ def test_event_agent_python_api_with_elastic_launch(tmp_path: Path, peek: bool,
     from eventbus.context import _holder
 
     if not peek:
-        monkeypatch.setattr("eventbus.launcher.agent._peek_exit", lambda pid: None)
+        monkeypatch.setattr("eventbus_app.launcher.agent._peek_exit", lambda pid: None)
     monkeypatch.setenv(RELIABLE_RESTARTS_ENV, "1")
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")

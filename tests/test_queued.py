@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -228,3 +229,27 @@ sink.close(10)
     for pid, epoch in rows:
         by_pid.setdefault(pid, []).append(int(epoch))
     assert sorted(by_pid.values(), key=len) == [[1000], list(range(100))]
+
+
+def test_drops_are_reported_rate_limited_and_every_drop_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Drops are reported at most once per report_interval plus once at close, and the
+    reports' "dropped N" figures add up to every drop the sink counted."""
+    gate = threading.Event()
+    sink = QueuedSink(lambda batch: gate.wait(5), name="gated", max_events=2,
+                      report_interval=1e9, flush_interval=0.01)
+    event = eventbus.EpochEnd(epoch=1)
+    with caplog.at_level(logging.WARNING, logger="eventbus"):
+        for _ in range(50):
+            sink(event)
+        gate.set()
+        assert sink.flush(5)
+        for _ in range(50):
+            sink(event)
+        sink.close(5)
+    reports = [r.getMessage() for r in caplog.records if "sink gated dropped" in r.getMessage()]
+    assert 1 <= len(reports) <= 2, reports
+    total = sum(sink.stats()["dropped"].values())
+    assert total >= 40
+    assert sum(int(m.split()[3]) for m in reports) == total
+    assert reports[-1].endswith(f"({total} so far: queue full: {total})")

@@ -24,18 +24,17 @@ import pytest
 import eventbus
 from eventbus import ALL
 from eventbus import EventType
-from eventbus.launcher import RendezvousInfo
-from eventbus.launcher import agent_plugin_factories
+from eventbus.wire import ENV_PREFIX
+from eventbus.wire import ENV_STORE
+from eventbus.wire import BatchEncoder
+from eventbus.wire import namespace
+from eventbus.wire import node_key
+from eventbus.wire import worker_key
+from eventbus_app.launcher import RendezvousInfo
+from eventbus_app.launcher.store_transport import StoreTransport
+from eventbus_app.launcher.store_transport import job_event_filter
 from publishers.store_receiver import StoreReceiver
-from publishers.store_receiver import StoreTransport
-from publishers.store_receiver import job_event_filter
-from subscribers.store_forwarder import ENV_PREFIX
-from subscribers.store_forwarder import ENV_STORE
-from subscribers.store_forwarder import BatchEncoder
 from subscribers.store_forwarder import StoreForwarder
-from subscribers.store_forwarder import namespace
-from subscribers.store_forwarder import node_key
-from subscribers.store_forwarder import worker_key
 
 torch_dist = pytest.importorskip("torch.distributed")
 
@@ -284,9 +283,11 @@ def test_job_event_filter_defaults_to_builtins_and_takes_exclusions() -> None:
         job_event_filter("-NOPE")
 
 
-def test_the_plugin_is_registered_for_the_launcher() -> None:
-    """`eventbus run` builds a StoreTransport in every agent."""
-    assert StoreTransport in agent_plugin_factories()
+def test_every_agent_runs_the_store_transport_by_default() -> None:
+    """`eventbus run` builds a StoreTransport in every agent (no registration needed)."""
+    from eventbus_app.launcher.agent import default_plugins
+
+    assert any(isinstance(p, StoreTransport) for p in default_plugins())
 
 
 def _info(store: Any, bus: eventbus.Bus, *, group_rank: int, attempt: int = 0,

@@ -23,10 +23,10 @@ import pytest
 import eventbus
 from eventbus import ALL
 from eventbus import EventType
+from eventbus.wire import ENV_PREFIX
+from eventbus.wire import ENV_STORE
+from eventbus.wire import worker_key
 from publishers.store_receiver import StoreReceiver
-from subscribers.store_forwarder import ENV_PREFIX
-from subscribers.store_forwarder import ENV_STORE
-from subscribers.store_forwarder import worker_key
 from tests.conftest import subprocess_env
 
 torch_dist = pytest.importorskip("torch.distributed")

@@ -1,4 +1,4 @@
-"""`eventbus plot` / subscribers.timeline: events JSONL -> a timeline picture."""
+"""`eventbus plot` / eventbus_app.readers.timeline: events JSONL -> a timeline picture."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from eventbus.cli import main as cli_main
-from subscribers._jobview import JobView
-from subscribers._jobview import read_records
-from subscribers.timeline import PlotUnavailableError
-from subscribers.timeline import plot_timeline
+from eventbus_app.cli import main as cli_main
+from eventbus_app.readers.jobview import JobView
+from eventbus_app.readers.records import read_records
+from eventbus_app.readers.timeline import PlotUnavailableError
+from eventbus_app.readers.timeline import plot_timeline
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 NODE0 = FIXTURES / "job_node0.jsonl"

@@ -133,6 +133,15 @@ def test_worker_killed_by_signal_names_the_signal() -> None:
     assert (got[0].exit_code, got[0].signal) == (-9, "SIGKILL")
 
 
+def test_an_unnamed_signal_is_named_as_the_launcher_names_it() -> None:
+    """A signal number with no name gives signal "SIG<n>" (eventbus.signal_name), not None."""
+    install_torchelastic_bridge()
+    with capture_events(EventType.WORKER_EXIT) as got:
+        torch_events.record(_status("FAILED", rank=0, exit_code=-1000), "eventbus")
+    assert (got[0].exit_code, got[0].signal) == (-1000, "SIG1000")
+    assert got[0].signal == eventbus.signal_name(-1000)
+
+
 def test_succeeded_and_terminated_workers() -> None:
     """SUCCEEDED -> exit 0 (not a failure); TERMINATED (agent's SIGTERM) -> -15, SIGTERM."""
     install_torchelastic_bridge()

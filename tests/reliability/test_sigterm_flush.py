@@ -59,10 +59,10 @@ def test_sigterm_mid_stream_flushes_everything_within_budget(
     """SIGTERM while the worker records as fast as it can: it exits (by SIGTERM, or by the
     script's own handler, which ran) within the budget; the agent receives 0..N-1 with no
     gap, no duplicate, and the sender's end marker."""
+    from eventbus.wire import ENV_PREFIX
+    from eventbus.wire import ENV_STORE
+    from eventbus.wire import worker_key
     from publishers.store_receiver import StoreReceiver
-    from subscribers.store_forwarder import ENV_PREFIX
-    from subscribers.store_forwarder import ENV_STORE
-    from subscribers.store_forwarder import worker_key
 
     prefix = f"eventbus/row14-{mode}/0"
     env = subprocess_env(**{ENV_STORE: f"127.0.0.1:{store.port}", ENV_PREFIX: prefix,

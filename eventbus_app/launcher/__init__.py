@@ -1,13 +1,12 @@
-"""``eventbus run``: torchrun with the bus attached.
+"""``eventbus run``: torchrun with the bus attached, and the agent's plugins.
 
-This module is torch-free; :mod:`eventbus.launcher.agent` (the agent) imports torch.
+This module is torch-free; :mod:`eventbus_app.launcher.agent` (the agent) imports torch,
+:mod:`eventbus_app.launcher.command` is the ``run`` command line.
 
 Agent plugins
 -------------
-Code that must run inside the agent process (the store receiver that brings worker events
-to the agent's bus, say) registers a factory::
-
-    from eventbus.launcher import register_agent_plugin
+Code that must run inside the agent process (the store transport that brings worker events
+to the agent's bus, say) is an :class:`AgentPlugin`::
 
     class MyPlugin:
         def after_rendezvous(self, info: RendezvousInfo) -> Mapping[str, str]:
@@ -16,12 +15,22 @@ to the agent's bus, say) registers a factory::
         def before_exit(self, *, timeout: float) -> None:
             ...  # drain within timeout; the agent publishes AGENT_EXIT afterwards
 
-    register_agent_plugin(MyPlugin)
+Plugins reach the agent in one of two ways, never by a module name in a string:
+
+* passed explicitly: ``EventAgent(..., plugins=[MyPlugin()])`` or
+  ``event_agent(plugins=[...])``; an explicit list is exactly the agent's plugins;
+* found through the entry-point group :data:`PLUGIN_ENTRY_POINT_GROUP`
+  (``eventbus.agent_plugins``) of installed distributions, each entry point naming a
+  factory called without arguments::
+
+      [project.entry-points."eventbus.agent_plugins"]
+      my_plugin = "my_package.plugins:MyPlugin"
+
+  Without an explicit list the agent runs the built-in store transport plus one plugin per
+  entry point (:func:`eventbus_app.launcher.agent.default_plugins`).
 
 Lifecycle, per agent process (one ``eventbus run``):
 
-* each factory is called once, when the agent is built (before the first rendezvous);
-  a factory that raises is reported and skipped;
 * ``after_rendezvous(info)`` runs after every completed rendezvous (first start, every
   restart, every membership change), before that attempt's workers start. The mapping it
   returns is put into the agent's ``os.environ``, which every worker of that attempt (and
@@ -33,17 +42,15 @@ Lifecycle, per agent process (one ``eventbus run``):
   decide, so that what those workers sent before they died (a NaN loss, say) is on the
   bus first. Budget: :data:`FAILURE_DRAIN_TIMEOUT_S` per plugin.
 
-A plugin method that raises is reported on the ``eventbus`` logger and never fails the
-job. Plugins run in the agent's monitor thread: they must not block for long.
-
-Modules listed in :data:`BUILTIN_PLUGIN_MODULES` are imported by the launcher before the
-agent is built; they register their factories at import time.
+A plugin method that raises, and an entry point that fails to load or to build, is
+reported on the ``eventbus`` logger and never fails the job. Plugins run in the agent's
+monitor thread: they must not block for long.
 """
 
 from __future__ import annotations
 
-import importlib
-import threading
+import importlib.metadata
+import logging
 from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -55,15 +62,13 @@ import attrs
 from eventbus.bus import Bus
 
 __all__ = [
-    "BUILTIN_PLUGIN_MODULES",
     "FAILURE_DRAIN_TIMEOUT_S",
+    "PLUGIN_ENTRY_POINT_GROUP",
     "AgentPlugin",
     "PluginFactory",
     "RendezvousInfo",
-    "agent_plugin_factories",
+    "entry_point_plugins",
     "main",
-    "register_agent_plugin",
-    "unregister_agent_plugin",
 ]
 
 
@@ -123,45 +128,32 @@ PluginFactory = Callable[[], AgentPlugin]
 #: the budget of an optional ``plugin.drain(timeout=...)`` when workers failed, in seconds
 FAILURE_DRAIN_TIMEOUT_S = 0.5
 
-#: modules the launcher imports before building the agent; each registers its plugin
-#: factories at import time (a module that is not installed is skipped)
-BUILTIN_PLUGIN_MODULES: tuple[str, ...] = ("publishers.store_receiver",)
+#: the entry-point group of third-party agent plugins (each names a factory)
+PLUGIN_ENTRY_POINT_GROUP = "eventbus.agent_plugins"
 
-_factories: list[PluginFactory] = []
-_lock = threading.Lock()
+logger = logging.getLogger("eventbus")
 
 
-def register_agent_plugin(factory: PluginFactory) -> PluginFactory:
-    """Register ``factory`` (a class or a function returning an :class:`AgentPlugin`).
-
-    Every agent built afterwards in this process calls it once. Registering the same
-    factory twice has no effect. Returns ``factory``, so it works as a decorator.
-    """
-    if not callable(factory):
-        raise TypeError(f"register_agent_plugin() takes a callable returning an AgentPlugin, "
-                        f"got {type(factory).__name__}")
-    with _lock:
-        if factory not in _factories:
-            _factories.append(factory)
-    return factory
-
-
-def unregister_agent_plugin(factory: PluginFactory) -> None:
-    """Forget ``factory``; unknown factories are ignored."""
-    with _lock:
-        if factory in _factories:
-            _factories.remove(factory)
+def entry_point_plugins(group: str = PLUGIN_ENTRY_POINT_GROUP) -> list[AgentPlugin]:
+    """One plugin per entry point of ``group`` in the installed distributions, in name
+    order. An entry point that cannot be loaded or built is reported and skipped."""
+    plugins: list[AgentPlugin] = []
+    for entry in sorted(importlib.metadata.entry_points(group=group), key=lambda e: e.name):
+        try:
+            factory = entry.load()
+            plugins.append(factory())
+        except Exception:
+            logger.exception("agent plugin entry point %r (%s) failed to load; the plugin is "
+                             "skipped", entry.name, entry.value)
+    return plugins
 
 
-def agent_plugin_factories() -> list[PluginFactory]:
-    """The registered factories, in registration order."""
-    with _lock:
-        return list(_factories)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *,
+         plugins: Sequence[AgentPlugin] | None = None) -> int:
     """``eventbus run [--events-jsonl PATH] [--reactor MODULE:ATTR]... [--log-events]
-    <torchrun options> SCRIPT [ARGS]``; returns the exit code."""
+    <torchrun options> SCRIPT [ARGS]``; returns the exit code. ``plugins``: see
+    :func:`eventbus_app.launcher.command.main`."""
     # The command line (and torch) load only when the command runs.
-    cli = importlib.import_module("eventbus.launcher.cli")
-    return int(cli.main(argv))
+    from eventbus_app.launcher.command import main as run_main
+
+    return run_main(argv, plugins=plugins)

@@ -3,7 +3,7 @@
 
 torchrun's own argument parser (``torch.distributed.run.get_args_parser``) with three
 more options, and torchrun's own launch path (``torch.distributed.run.run``) with the
-agent swapped for :class:`eventbus.launcher.agent.EventAgent`. Exit code: 0 when the job
+agent swapped for :class:`eventbus_app.launcher.agent.EventAgent`. Exit code: 0 when the job
 succeeded, 1 when it failed, as torchrun.
 """
 
@@ -19,7 +19,8 @@ from typing import Any
 
 from eventbus.bus import ALL
 from eventbus.bus import get_default_bus
-from eventbus.launcher import BUILTIN_PLUGIN_MODULES
+from eventbus_app.launcher import AgentPlugin
+from subscribers.jsonl import JsonlRecorder
 
 __all__ = ["build_parser", "load_reactor", "main"]
 
@@ -83,21 +84,19 @@ def load_reactor(spec: str) -> Any:
     return target
 
 
-def _import_builtin_plugins() -> None:
-    for name in BUILTIN_PLUGIN_MODULES:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            logger.debug("agent plugin module %s is not available", name)
+def main(argv: Sequence[str] | None = None, *,
+         plugins: Sequence[AgentPlugin] | None = None) -> int:
+    """Run the job; returns the exit code (0 success, 1 failure).
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the job; returns the exit code (0 success, 1 failure)."""
+    ``plugins``: the agent's plugins, exactly these (default:
+    :func:`eventbus_app.launcher.agent.default_plugins`); a launcher script of your own
+    adds one with ``main(argv, plugins=[*default_plugins(), MyPlugin()])``.
+    """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.multiprocessing.errors import record
     from torch.distributed.run import run as torchrun_run
 
-    from eventbus.launcher.agent import event_agent
+    from eventbus_app.launcher.agent import event_agent
 
     parser = build_parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -109,8 +108,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     recorder = None
     subscriptions = []
     if args.events_jsonl:
-        from subscribers.jsonl import JsonlRecorder
-
         try:
             recorder = JsonlRecorder(args.events_jsonl)
         except OSError as exc:
@@ -122,9 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         handler = eventbus.get_logging_handler()
         if handler.level == logging.NOTSET:
             handler.setLevel(logging.INFO)
-    _import_builtin_plugins()
     try:
-        with event_agent(bus=bus, reactors=reactors):
+        with event_agent(bus=bus, reactors=reactors, plugins=plugins):
             # torchrun's own error handling: the failure table and the root cause's error
             # file copied to the launcher's TORCHELASTIC_ERROR_FILE.
             record(torchrun_run)(args)

@@ -1,6 +1,6 @@
 """Row 17: huge payloads are cut to the documented limits, and say that they were cut.
 
-The store side (the store never receives more than the cap) is in test_17_store_cap.py.
+The store side (the store never receives more than the cap) is in test_store_push_cap.py.
 CI sizes by default; EVENTBUS_FULL_MATRIX=1 uses the matrix's 100 MiB and 1e6 keys.
 """
 

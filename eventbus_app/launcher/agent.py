@@ -56,16 +56,20 @@ from eventbus.events import Rendezvous
 from eventbus.events import TorchelasticRecord
 from eventbus.events import WorkerExit
 from eventbus.events import WorkerStart
-from eventbus.launcher import FAILURE_DRAIN_TIMEOUT_S
-from eventbus.launcher import AgentPlugin
-from eventbus.launcher import RendezvousInfo
-from eventbus.launcher import agent_plugin_factories
+from eventbus_app.launcher import FAILURE_DRAIN_TIMEOUT_S
+from eventbus_app.launcher import AgentPlugin
+from eventbus_app.launcher import RendezvousInfo
+from eventbus_app.launcher import entry_point_plugins
+from eventbus_app.launcher.store_transport import StoreTransport
+from publishers.torchelastic import install_torchelastic_bridge
+from publishers.torchelastic import uninstall_torchelastic_bridge
 
 __all__ = [
     "RELIABLE_RESTARTS_ENV",
     "TORCH_RECORDS_DESTINATION",
     "EventAgent",
     "Reactor",
+    "default_plugins",
     "event_agent",
 ]
 
@@ -193,11 +197,15 @@ _relay_bus.subscribe(ALL, on_event=_relay)
 
 def _route_torch_records(bus: Bus) -> str:
     """Install the torchelastic bridge for the agent's records; returns its destination."""
-    from publishers.torchelastic import install_torchelastic_bridge
-
     install_torchelastic_bridge(TORCH_RECORDS_DESTINATION, bus=_relay_bus)
     _relay.target = bus
     return TORCH_RECORDS_DESTINATION
+
+
+def default_plugins() -> list[AgentPlugin]:
+    """The plugins an agent runs unless it is given a list: the store transport (worker and
+    node events onto the agent's bus), then one per ``eventbus.agent_plugins`` entry point."""
+    return [StoreTransport(), *entry_point_plugins()]
 
 
 class EventAgent(LocalElasticAgent):
@@ -209,8 +217,8 @@ class EventAgent(LocalElasticAgent):
       what ``eventbus.record``, the logging handler and the JSONL recorder use);
     * ``reactors``: callables ``(WorkerExit) -> Decision | None`` consulted on each
       failed worker (see :meth:`add_reactor`);
-    * ``plugins``: :class:`eventbus.launcher.AgentPlugin` instances; default: one from
-      each registered factory;
+    * ``plugins``: :class:`eventbus_app.launcher.AgentPlugin` instances, exactly these;
+      default: :func:`default_plugins` (the store transport and the entry points);
     * ``reliable_restarts``: give each attempt a fresh worker store (sets
       ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` unless the environment already sets it),
       so a restarted ``init_process_group`` never meets the dead attempt's keys;
@@ -253,15 +261,8 @@ class EventAgent(LocalElasticAgent):
                                          and spec.event_log_handler in (None, "null"))
         if self.routes_torch_records:
             spec.event_log_handler = _route_torch_records(self.bus)
-        if plugins is None:
-            plugins = []
-            for factory in agent_plugin_factories():
-                try:
-                    plugins.append(factory())
-                except Exception:
-                    logger.exception("agent plugin factory %s raised; the plugin is skipped",
-                                     _name_of(factory))
-        self.plugins: list[AgentPlugin] = list(plugins)
+        self.plugins: list[AgentPlugin] = list(default_plugins() if plugins is None
+                                               else plugins)
         for reactor in reactors:
             self.add_reactor(reactor)
 
@@ -614,7 +615,5 @@ def event_agent(**options: Any) -> Iterator[list[EventAgent]]:
         launcher_api.LocalElasticAgent = original  # type: ignore[attr-defined]
         if any(agent.routes_torch_records for agent in built):
             # Give torch its event registry back (launch_agent's last records included).
-            from publishers.torchelastic import uninstall_torchelastic_bridge
-
             uninstall_torchelastic_bridge(TORCH_RECORDS_DESTINATION)
             _relay.target = None

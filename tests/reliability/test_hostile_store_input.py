@@ -28,7 +28,7 @@ class _Exploit:
 
 
 def _valid(seq: int) -> bytes:
-    from subscribers.store_forwarder import BatchEncoder
+    from eventbus.wire import BatchEncoder
 
     enc = BatchEncoder(kind="w", rank=0, sender="w0:valid")
     enc.seq = seq

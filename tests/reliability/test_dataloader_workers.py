@@ -54,10 +54,10 @@ def test_dataloader_workers_published_equals_delivered_plus_dropped(
     """Every event recorded in the main process and in 2 epochs x 4 forked DataLoader
     workers is delivered to the agent's bus or reported lost with a reason: the gap is 0
     (and with an idle store, nothing is lost at all)."""
+    from eventbus.wire import ENV_PREFIX
+    from eventbus.wire import ENV_STORE
+    from eventbus.wire import worker_key
     from publishers.store_receiver import StoreReceiver
-    from subscribers.store_forwarder import ENV_PREFIX
-    from subscribers.store_forwarder import ENV_STORE
-    from subscribers.store_forwarder import worker_key
 
     prefix = "eventbus/row12/0"
     env = subprocess_env(**{ENV_STORE: f"127.0.0.1:{store.port}", ENV_PREFIX: prefix,

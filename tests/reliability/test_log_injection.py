@@ -1,7 +1,7 @@
 """Row 18: line breaks, control and escape sequences in fields never split an event.
 
-One event is one JSON line (to_json) and one log line (the logging bridge). The JSONL
-recorder's side is in test_18_jsonl_injection.py.
+One event is one JSON line (to_json), one log line (the logging bridge) and one line of
+the JSONL recorder's file.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import pytest
 
 from tests.launcher_helpers import run_job
 
-JOB = Path(__file__).resolve().parent / "jobs" / "row22_worker.py"
+JOB = Path(__file__).resolve().parent / "jobs" / "restart_worker.py"
 EVENTS = 2_000
 
 

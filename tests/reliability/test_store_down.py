@@ -50,10 +50,10 @@ def test_store_killed_and_restarted_reported_loss_equals_actual(
     """Kill -9 the store server while a worker records 20,000 paced events, start a new
     one on the same port a second later: the worker exits 0 having never seen an error,
     and delivered + reported lost == recorded."""
+    from eventbus.wire import ENV_PREFIX
+    from eventbus.wire import ENV_STORE
+    from eventbus.wire import worker_key
     from publishers.store_receiver import StoreReceiver
-    from subscribers.store_forwarder import ENV_PREFIX
-    from subscribers.store_forwarder import ENV_STORE
-    from subscribers.store_forwarder import worker_key
 
     port = free_port()
     first = store_process(port)

@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import Any
 from typing import Literal
 
-from subscribers._jobview import AGENT
-from subscribers._jobview import JobView
-from subscribers._jobview import Record
-from subscribers._jobview import iter_tracks
-from subscribers._jobview import load_for_command
+from eventbus_app.readers.jobview import AGENT
+from eventbus_app.readers.jobview import JobView
+from eventbus_app.readers.jobview import iter_tracks
+from eventbus_app.readers.jobview import load_for_command
+from eventbus_app.readers.records import Record
 
 __all__ = ["chrome_trace", "export_trace", "main", "write_trace"]
 

@@ -1,0 +1,381 @@
+"""The store wire format: what a sender pushes to a c10d store queue and how a receiver
+reads it back. Both ends live here, side by side, so that they cannot drift apart:
+:mod:`subscribers.store_forwarder` encodes with :class:`BatchEncoder`,
+:mod:`publishers.store_receiver` decodes with :class:`BatchDecoder`.
+
+One ``queue_push`` value is UTF-8 JSON (never pickle)::
+
+    {"v": 1, "src": "<sender id>", "kind": "w" | "n", "rank": <rank or group rank>,
+     "seq": <sequence number of the first event>, "drop": {"<reason>": <count>, ...},
+     "ctx": [<JobContext dict>, ...],
+     "ev": [["<type>", {<typed fields>, "timestamp": t, "data": {...}, "context": <ctx index>}],
+            ...],
+     "end": true | false}
+
+Every sender (one process, or one agent for the job-wide view) numbers its events 0, 1, 2,
+... in the order it pushes them; ``drop`` carries the sender's cumulative counts of events
+it dropped before they got a number (full queue, closed forwarder). The receiver turns a
+jump in the numbers into an ``EVENTS_LOST`` "gap", a step back into "duplicate", and a
+growing ``drop`` count into "dropped by sender", so that for every sender
+``recorded = delivered + reported lost``. ``end`` marks the sender's last push.
+
+Keys: a job's queues are namespaced by run id and attempt (:func:`namespace`), because the
+store keeps queues across restarts of the worker group and they cannot be deleted. Worker
+``r`` pushes to :func:`worker_key`, the agent of group rank ``g`` > 0 pushes its job-wide
+view to :func:`node_key`, and group rank 0 acknowledges a node's end marker at
+:func:`ack_key`.
+
+Importing this module does not import torch; :func:`connect_store` does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+from typing import Literal
+
+import attrs
+
+from eventbus.context import JobContext
+from eventbus.context import context_from_dict
+from eventbus.encoding import LIMITS
+from eventbus.encoding import decode_json
+from eventbus.encoding import reject_constant
+from eventbus.encoding import sanitize
+from eventbus.events import Event
+from eventbus.events import event_class
+
+__all__ = [
+    "ENV_PREFIX",
+    "ENV_STORE",
+    "MAX_PUSH_BYTES",
+    "MAX_VALUE_BYTES",
+    "WIRE_VERSION",
+    "Batch",
+    "BatchDecoder",
+    "BatchEncoder",
+    "SenderKind",
+    "WireError",
+    "ack_key",
+    "connect_store",
+    "namespace",
+    "new_sender_id",
+    "node_key",
+    "queue_empty_error",
+    "worker_key",
+]
+
+#: ``host:port`` of the long-lived c10d store; the launcher sets it for its workers
+ENV_STORE = "EVENTBUS_AGENT_STORE"
+#: key namespace of the attempt the worker belongs to (see :func:`namespace`)
+ENV_PREFIX = "EVENTBUS_STORE_PREFIX"
+#: version of the wire format above
+WIRE_VERSION = 1
+#: a push carries at most this many bytes (the store accepts 8 MiB values; stay well below)
+MAX_PUSH_BYTES = 4 * 1024 * 1024
+#: the largest value a receiver decodes; larger ones are rejected unread. (Senders push at
+#: most :data:`MAX_PUSH_BYTES`; the store server itself refuses values over 8 MiB.)
+MAX_VALUE_BYTES = 6 * 1024 * 1024
+_MAX_SENDER_ID = 256
+_MAX_CONTEXTS = 256
+_MAX_DROP_REASONS = 32
+_MAX_CACHED_CONTEXTS = 4096
+
+#: ``"w"``: a worker process, numbered by global rank; ``"n"``: a node's agent, by group rank
+SenderKind = Literal["w", "n"]
+
+
+# -- keys -------------------------------------------------------------------------------
+
+
+def namespace(run_id: str, attempt: int) -> str:
+    """The key prefix of one attempt of one job: the store keeps queues across attempts."""
+    return f"eventbus/{run_id}/{attempt}"
+
+
+def worker_key(prefix: str, rank: int) -> str:
+    """The queue a worker of global rank ``rank`` pushes to (its node's agent pops it)."""
+    return f"{prefix}/w{rank}"
+
+
+def node_key(prefix: str, group_rank: int) -> str:
+    """The queue the agent of ``group_rank`` pushes its job-wide view to (group rank 0 pops)."""
+    return f"{prefix}/n{group_rank}"
+
+
+def ack_key(key: str, sender: str) -> str:
+    """Where the receiver acknowledges the end marker of ``sender`` on queue ``key``."""
+    return f"{key}/ack/{sender}"
+
+
+def new_sender_id(kind: SenderKind, rank: int) -> str:
+    """A sender id unique across processes, hosts, attempts and pid reuse."""
+    # Imported here: ``import eventbus`` loads this module in every process (the worker
+    # hook reads ENV_STORE); only senders need these.
+    import secrets
+    import socket
+
+    return f"{kind}{rank}:{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+# -- the store ----------------------------------------------------------------------------
+
+
+def connect_store(host: str, port: int, *, timeout: float) -> Any:
+    """A new client of the TCPStore at ``host:port`` (raises when it cannot connect in time).
+
+    ``timeout`` bounds the connect and every later operation of the client. Each end opens
+    its own client: a blocking call on a client shared with the rendezvous would stall it.
+    """
+    import datetime
+
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    return TCPStore(host, port, is_master=False, wait_for_workers=False,
+                    timeout=datetime.timedelta(seconds=timeout))
+
+
+def queue_empty_error() -> type[BaseException]:
+    """The exception a non-blocking ``queue_pop`` raises on an empty queue."""
+    import torch.distributed as dist
+
+    error: type[BaseException] = getattr(dist, "QueueEmptyError", RuntimeError)
+    return error
+
+
+# -- encoding ---------------------------------------------------------------------------
+
+
+_DUMPS = json.JSONEncoder(allow_nan=False, separators=(",", ":"), check_circular=False).encode
+
+
+def _entry(event: Event, contexts: dict[int, int], ctx_list: list[JobContext]) -> list[Any]:
+    d = event.__dict__.copy()
+    ctx = d["context"]
+    index = contexts.get(id(ctx))
+    if index is None:
+        index = contexts[id(ctx)] = len(ctx_list)
+        ctx_list.append(ctx)
+    d["context"] = index
+    return [str(type(event).type), d]
+
+
+def _safe_entry_text(entry: list[Any]) -> str:
+    """One event entry as JSON within the per-event limit, whatever its payload holds."""
+    try:
+        text = _DUMPS(entry)
+    except (ValueError, TypeError, RecursionError, OverflowError):
+        text = _DUMPS(sanitize(entry))
+    if len(text) > LIMITS.max_line_bytes:
+        name, d = entry
+        d = dict(d)
+        d["data"] = {"$truncated": "data over the event size limit"}
+        text = _DUMPS(sanitize([name, d]))
+    return text
+
+
+class BatchEncoder:
+    """Numbers one sender's events and encodes them into pushes of the wire format.
+
+    Not thread-safe: one encoder belongs to one sending thread.
+    """
+
+    def __init__(self, *, kind: SenderKind, rank: int, sender: str | None = None,
+                 max_push_bytes: int = MAX_PUSH_BYTES) -> None:
+        self.kind = kind
+        self.rank = rank
+        self.sender = sender or new_sender_id(kind, rank)
+        self.max_push_bytes = max_push_bytes
+        #: sequence number of the next event
+        self.seq = 0
+
+    def encode(self, events: Sequence[Event], *, dropped: dict[str, int] | None = None,
+               end: bool = False) -> list[tuple[bytes, int]]:
+        """The pushes (value, number of events) that carry ``events``, numbered in order."""
+        contexts: dict[int, int] = {}
+        ctx_list: list[JobContext] = []
+        entries = [_entry(e, contexts, ctx_list) for e in events]
+        head = {
+            "v": WIRE_VERSION, "src": self.sender, "kind": self.kind, "rank": self.rank,
+            "seq": self.seq, "drop": dropped or {},
+            "ctx": [c.to_dict() for c in ctx_list], "end": end, "ev": entries,
+        }
+        text: str | None
+        try:
+            text = _DUMPS(head)
+        except (ValueError, TypeError, RecursionError, OverflowError):
+            text = None
+        if text is not None and len(text) <= min(self.max_push_bytes, LIMITS.max_line_bytes):
+            self.seq += len(entries)
+            return [(text.encode("utf-8"), len(entries))]
+        # Slow path: something is not plain JSON, or the batch is large. Encode event by
+        # event (sanitizing and truncating what needs it) and split into pushes.
+        parts = [_safe_entry_text(entry) for entry in entries]
+        pushes: list[tuple[bytes, int]] = []
+        start = 0
+        while True:
+            size = 0
+            stop = start
+            while stop < len(parts) and (stop == start or
+                                         size + len(parts[stop]) + 1 < self.max_push_bytes - 4096):
+                size += len(parts[stop]) + 1
+                stop += 1
+            last = stop >= len(parts)
+            head["seq"] = self.seq
+            head["end"] = end and last
+            head["ev"] = []
+            prefix = _DUMPS(head)
+            assert prefix.endswith("[]}")
+            value = prefix[:-3] + "[" + ",".join(parts[start:stop]) + "]}"
+            pushes.append((value.encode("utf-8"), stop - start))
+            self.seq += stop - start
+            start = stop
+            if last:
+                return pushes
+
+
+# -- decoding ---------------------------------------------------------------------------
+
+
+class WireError(ValueError):
+    """Input a receiver refuses, with the reason it is counted under and how many events
+    the refusal costs (a whole batch for a bad header, one for a bad event)."""
+
+    def __init__(self, reason: str, count: int = 1) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.count = count
+
+
+@attrs.frozen(kw_only=True)
+class Batch:
+    """The checked header of one push; its events are decoded one by one with
+    :meth:`BatchDecoder.event`, so that one bad event costs only itself."""
+
+    #: the sender id
+    sender: str
+    #: the sequence number of the first entry
+    first: int
+    #: the undecoded ``[type, fields]`` entries
+    entries: list[Any]
+    #: whether this is the sender's last push
+    end: bool
+    #: the sender's cumulative drops, per reason
+    dropped: dict[str, int]
+    #: the batch's contexts; None where a context claims another rank (spoofed)
+    contexts: list[JobContext | None]
+
+
+class BatchDecoder:
+    """Reads pushes of the wire format from one queue owner, hostile input included.
+
+    Everything wrong raises :class:`WireError` with a reason; nothing else escapes for bad
+    input, nothing is ever unpickled, and nesting cannot raise ``RecursionError``.
+    Not thread-safe (it caches decoded contexts).
+    """
+
+    def __init__(self, *, max_value_bytes: int = MAX_VALUE_BYTES) -> None:
+        self.max_value_bytes = max_value_bytes
+        self._context_cache: dict[tuple[Any, ...], JobContext] = {}
+
+    def batch(self, raw: object, *, kind: SenderKind, rank: int) -> Batch:
+        """The header of ``raw`` (one popped value) from the queue of ``kind`` ``rank``."""
+        if not isinstance(raw, (bytes, bytearray)):
+            raise WireError("not bytes")
+        if len(raw) > self.max_value_bytes:
+            raise WireError("value too large")
+        try:
+            text = bytes(raw).decode("utf-8")
+        except UnicodeDecodeError:
+            raise WireError("not UTF-8") from None
+        try:
+            if "$float" in text:  # non-finite floats are tagged: revive them
+                batch = decode_json(text, max_chars=self.max_value_bytes)
+            else:  # the common case: skip the per-object hook (about 40% of the decode)
+                batch = json.loads(text, parse_constant=reject_constant)
+        except (ValueError, TypeError, RecursionError):
+            raise WireError("not JSON") from None
+        if type(batch) is not dict:
+            raise WireError("bad header: not an object")
+        if batch.get("v") != WIRE_VERSION:
+            raise WireError("bad header: unknown wire version")
+        sender = batch.get("src")
+        if type(sender) is not str or not 0 < len(sender) <= _MAX_SENDER_ID:
+            raise WireError("bad header: src")
+        first = batch.get("seq")
+        if type(first) is not int or first < 0:
+            raise WireError("bad header: seq")
+        entries = batch.get("ev")
+        if type(entries) is not list:
+            raise WireError("bad header: ev")
+        n = max(len(entries), 1)
+        if batch.get("kind") != kind or batch.get("rank") != rank:
+            raise WireError("spoofed sender", n)
+        end = batch.get("end", False)
+        dropped = batch.get("drop", {})
+        if type(end) is not bool:
+            raise WireError("bad header: end", n)
+        if (type(dropped) is not dict or len(dropped) > _MAX_DROP_REASONS
+                or not all(type(v) is int and v >= 0 for v in dropped.values())):
+            raise WireError("bad header: drop", n)
+        contexts = self._contexts(batch.get("ctx"), kind, rank, n)
+        return Batch(sender=sender, first=first, entries=entries, end=end, dropped=dropped,
+                     contexts=contexts)
+
+    def _contexts(self, raw: object, kind: SenderKind, rank: int,
+                  n: int) -> list[JobContext | None]:
+        if type(raw) is not list or len(raw) > _MAX_CONTEXTS:
+            raise WireError("bad header: ctx", n)
+        out: list[JobContext | None] = []
+        for item in raw:
+            try:
+                cache_key = tuple(sorted(item.items())) if type(item) is dict else None
+            except TypeError:
+                cache_key = None
+            ctx = self._context_cache.get(cache_key) if cache_key is not None else None
+            if ctx is None:
+                try:
+                    ctx = context_from_dict(item)
+                except (TypeError, ValueError):
+                    raise WireError("bad context", n) from None
+                if cache_key is not None and len(self._context_cache) < _MAX_CACHED_CONTEXTS:
+                    self._context_cache[cache_key] = ctx
+            claimed = ctx.rank if kind == "w" else ctx.group_rank
+            # An event must come from the rank whose queue carries it: None marks the
+            # entry unusable and every event pointing at it is rejected as spoofed.
+            out.append(ctx if claimed is None or claimed == rank else None)
+        return out
+
+    @staticmethod
+    def event(entry: object, contexts: list[JobContext | None]) -> Event:
+        """One ``[type, fields]`` entry of a batch as its typed, validated event."""
+        if type(entry) is not list or len(entry) != 2:
+            raise WireError("bad event: not [type, fields]")
+        name, fields = entry
+        if type(name) is not str or type(fields) is not dict:
+            raise WireError("bad event: not [type, fields]")
+        try:
+            cls = event_class(name)
+        except ValueError:
+            raise WireError("unknown event type") from None
+        index = fields.pop("context", None)
+        if type(index) is not int or not 0 <= index < len(contexts):
+            raise WireError("bad event: context")
+        context = contexts[index]
+        if context is None:
+            raise WireError("spoofed rank")
+        timestamp = fields.pop("timestamp", None)
+        if type(timestamp) is int:
+            timestamp = float(timestamp)
+        if type(timestamp) is not float or not math.isfinite(timestamp):
+            raise WireError("bad event: timestamp")
+        data = fields.pop("data", None)
+        if data is not None and type(data) is not dict:
+            raise WireError("bad event: data")
+        try:
+            return cls(**fields, data=data, timestamp=timestamp, context=context)
+        except (TypeError, ValueError):
+            raise WireError("bad event: fields") from None

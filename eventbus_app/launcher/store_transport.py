@@ -1,0 +1,280 @@
+"""The agent half of the store transport: the plugin that brings every worker's events (and
+every other node's) onto the agent's bus.
+
+Two-level fan-in over the job's long-lived c10d store (the wire format is
+:mod:`eventbus.wire`):
+
+* every agent drains the queues of its own workers (one per global rank and attempt) with a
+  :class:`publishers.store_receiver.StoreReceiver` and republishes on its bus (its JSONL,
+  logging handler and reactors see worker events), and points its workers' forwarders at
+  the store through their environment;
+* the agent of every other node forwards what ``job_events`` selects of its bus to one
+  queue per node (a :class:`subscribers.store_forwarder.StoreForwarder` of kind ``"n"``);
+  the agent of group rank 0 drains those, one queue per node, so that its bus holds the
+  job-wide view.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from collections.abc import Mapping
+from typing import Any
+
+from eventbus.events import Event
+from eventbus.events import EventType
+from eventbus.events import event_class
+from eventbus.wire import ENV_PREFIX
+from eventbus.wire import ENV_STORE
+from eventbus.wire import ack_key
+from eventbus.wire import namespace
+from eventbus.wire import node_key
+from eventbus.wire import worker_key
+from eventbus_app.launcher import RendezvousInfo
+from publishers.store_receiver import StoreReceiver
+from subscribers.store_forwarder import StoreForwarder
+
+__all__ = ["ENV_JOB_EVENTS", "StoreTransport", "job_event_filter"]
+
+logger = logging.getLogger("eventbus")
+
+#: which event types the other nodes forward to group rank 0 (see :func:`job_event_filter`)
+ENV_JOB_EVENTS = "EVENTBUS_JOB_EVENTS"
+
+
+def _is_builtin(event: Event) -> bool:
+    return type(type(event).type) is EventType
+
+
+def job_event_filter(spec: str | None = None) -> Callable[[Event], bool]:
+    """The predicate selecting what a node forwards to group rank 0.
+
+    ``spec`` (default: ``$EVENTBUS_JOB_EVENTS``, else ``"builtin"``) is a comma-separated
+    list: ``builtin`` (every built-in type), ``all`` (every type), type names to add, and
+    ``-NAME`` to keep a type on its node. A spec of only exclusions starts from
+    ``builtin``: ``EVENTBUS_JOB_EVENTS=-METRIC`` keeps per-step metrics local.
+    """
+    text = os.environ.get(ENV_JOB_EVENTS, "builtin") if spec is None else spec
+    tokens = [t.strip() for t in text.split(",") if t.strip()]
+    exclude = frozenset(t[1:] for t in tokens if t.startswith("-"))
+    include = [t for t in tokens if not t.startswith("-")] or ["builtin"]
+    every = "all" in include
+    builtin = "builtin" in include
+    names = frozenset(t for t in include if t not in ("all", "builtin"))
+    for name in names | exclude:
+        event_class(name)  # an unknown name is a typo: say so now (ValueError naming it)
+
+    def select(event: Event) -> bool:
+        name = str(type(event).type)
+        if name in exclude:
+            return False
+        return every or name in names or (builtin and _is_builtin(event))
+
+    return select
+
+
+class StoreTransport:
+    """The agent plugin: worker queues -> this agent's bus; other nodes -> group rank 0.
+
+    ``job_events`` selects what a node other than group rank 0 forwards (see
+    :func:`job_event_filter`). Queues of a finished attempt are drained until they have been
+    empty for ``linger`` seconds.
+    """
+
+    def __init__(
+        self,
+        *,
+        job_events: Callable[[Event], object] | str | None = None,
+        poll_interval: float = 0.01,
+        max_idle_interval: float = 0.5,
+        job_poll_interval: float = 0.02,
+        job_max_idle_interval: float = 1.0,
+        linger: float = 30.0,
+        connect_timeout: float = 30.0,
+    ) -> None:
+        if callable(job_events):
+            self.job_filter: Callable[[Event], object] = job_events
+        else:
+            try:
+                self.job_filter = job_event_filter(job_events)
+            except ValueError as exc:
+                # A typo must not cost the job its worker events: say so, keep the default.
+                logger.error("%s: %s; forwarding every built-in type to group rank 0 instead",
+                             ENV_JOB_EVENTS, exc)
+                self.job_filter = job_event_filter("builtin")
+        self.poll_interval = poll_interval
+        self.job_poll_interval = job_poll_interval
+        self.max_idle_interval = max_idle_interval
+        self.job_max_idle_interval = job_max_idle_interval
+        self.linger = linger
+        self.connect_timeout = connect_timeout
+        self.info: RendezvousInfo | None = None
+        self.receiver: StoreReceiver | None = None
+        self.job_receiver: StoreReceiver | None = None
+        self.job_forwarder: StoreForwarder | None = None
+        self._node_ends: set[str] = set()
+        self._lock = threading.Lock()
+
+    # -- AgentPlugin ----------------------------------------------------------------------
+    def after_rendezvous(self, info: RendezvousInfo) -> Mapping[str, str]:
+        """Watch this attempt's worker queues (and node queues on group rank 0); return the
+        workers' environment that points their forwarders at the store."""
+        with self._lock:
+            previous, self.info = self.info, info
+            prefix = namespace(info.run_id, info.restart_count)
+            if self.receiver is None:
+                self.receiver = self._start_receiver(info, self.poll_interval,
+                                                     self.max_idle_interval)
+            receiver = self.receiver
+            self._retire_all(receiver)
+            for rank in info.global_ranks:
+                receiver.watch(worker_key(prefix, rank), kind="w", rank=rank)
+            if info.group_rank == 0:
+                self._close_job_forwarder(timeout=1.0)
+                self._watch_nodes(info, prefix)
+            else:
+                self._forward_job_view(info, prefix, previous)
+            return {ENV_STORE: f"{info.store_host}:{info.store_port}", ENV_PREFIX: prefix}
+
+    def drain(self, *, timeout: float) -> None:
+        """Pull in what the workers pushed before the monitor saw them fail (the launcher
+        calls this before it publishes a failure), so reactors such as
+        ``StopOnNonFiniteLoss`` judge a failure with the workers' last events on the bus."""
+        receiver = self.receiver
+        if receiver is not None:
+            receiver.drain(timeout=timeout)
+
+    def before_exit(self, *, timeout: float) -> None:
+        """Drain the workers' queues; forward the rest of this node's view to group rank 0
+        and wait for its acknowledgement (other nodes), or wait for every node's last push
+        (group rank 0); all within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            info = self.info
+            receiver = self.receiver
+            if receiver is None or info is None:
+                return
+            receiver.stop()
+            # Alone, the workers' queues get the whole budget; with other nodes, half of
+            # it, the rest goes to the job-wide handshake.
+            share = 1.0 if info.group_world_size == 1 else 0.5
+            receiver.drain(timeout=max(0.0, (deadline - time.monotonic()) * share))
+            receiver.report_leftovers()
+            if info.group_rank != 0 and self.job_forwarder is not None:
+                self._finish_job_view(deadline)
+            job = self.job_receiver
+            if job is not None:
+                job.stop()
+                self._wait_for_nodes(info, job, deadline)
+                job.report_leftovers()
+                job.close()
+            receiver.close()
+            for sender in receiver.unended():
+                logger.warning("store receiver: %s never sent its end marker (killed, or "
+                               "stopped by SIGKILL/os._exit): the events it queued last may "
+                               "be lost", sender)
+
+    def _start_receiver(self, info: RendezvousInfo, poll_interval: float,
+                        max_idle_interval: float,
+                        on_end: Callable[[str, str], object] | None = None) -> StoreReceiver:
+        receiver = StoreReceiver(bus=info.bus, host=info.store_host, port=info.store_port,
+                                 connect_timeout=self.connect_timeout,
+                                 poll_interval=poll_interval,
+                                 max_idle_interval=max_idle_interval, on_end=on_end)
+        receiver.start()
+        return receiver
+
+    def _retire_all(self, receiver: StoreReceiver) -> None:
+        # The previous attempt's queues: drained until they have been empty for `linger`.
+        for key in receiver.queues():
+            receiver.retire(key, after=self.linger)
+
+    # -- job-wide view ------------------------------------------------------------------
+    def _watch_nodes(self, info: RendezvousInfo, prefix: str) -> None:
+        if self.job_receiver is None:
+            if info.group_world_size == 1:
+                return  # a single node: no other node's view to receive
+            self.job_receiver = self._start_receiver(info, self.job_poll_interval,
+                                                     self.job_max_idle_interval,
+                                                     on_end=self._on_node_end)
+        job = self.job_receiver
+        self._retire_all(job)
+        for group_rank in range(1, info.group_world_size):
+            job.watch(node_key(prefix, group_rank), kind="n", rank=group_rank)
+        self._node_ends.clear()
+
+    def _on_node_end(self, key: str, sender: str) -> None:
+        self._node_ends.add(key)
+        job = self.job_receiver
+        if job is not None:
+            try:
+                job.client.set(ack_key(key, sender), "1")
+            except Exception as exc:
+                logger.warning("store receiver: cannot acknowledge %s on %s: %s", sender, key,
+                               exc)
+
+    def _wait_for_nodes(self, info: RendezvousInfo, job: StoreReceiver,
+                        deadline: float) -> None:
+        prefix = namespace(info.run_id, info.restart_count)
+        expected = {node_key(prefix, g) for g in range(1, info.group_world_size)}
+        while True:
+            popped = job.drain_once(every=True)
+            if expected <= self._node_ends and popped == 0:
+                return
+            if time.monotonic() >= deadline:
+                missing = sorted(expected - self._node_ends)
+                if missing:
+                    logger.warning("store receiver: no end marker from %s before the agent's "
+                                   "exit deadline; their last events may be missing", missing)
+                return
+            if not popped:
+                time.sleep(0.01)
+
+    def _forward_job_view(self, info: RendezvousInfo, prefix: str,
+                          previous: RendezvousInfo | None) -> None:
+        key = node_key(prefix, info.group_rank)
+        fwd = self.job_forwarder
+        if fwd is not None and previous is not None and previous.group_rank == info.group_rank:
+            with fwd._client_lock:
+                fwd.key = key
+            return
+        self._close_job_forwarder(timeout=1.0)
+        self.job_forwarder = StoreForwarder(
+            host=info.store_host, port=info.store_port, key=key, rank=info.group_rank,
+            kind="n", bus=info.bus, where=self.job_filter,
+            connect_timeout=self.connect_timeout, flush_interval=0.05)
+
+    def _close_job_forwarder(self, *, timeout: float) -> None:
+        fwd, self.job_forwarder = self.job_forwarder, None
+        if fwd is not None:
+            fwd.close(timeout)
+
+    def _finish_job_view(self, deadline: float) -> None:
+        fwd = self.job_forwarder
+        if fwd is None:
+            return
+        fwd.close(max(0.0, (deadline - time.monotonic()) / 2))
+        acked = ack_key(fwd.key, fwd.sender)
+        client = fwd._client
+        while client is not None and time.monotonic() < deadline:
+            try:
+                if client.check([acked]):
+                    return
+            except Exception:
+                break
+            time.sleep(0.02)
+        logger.warning("store transport: group rank 0 did not acknowledge this node's last "
+                       "push (%s) in time; its last events may be missing from the job view",
+                       fwd.key)
+
+    def stats(self) -> dict[str, Any]:
+        """The receivers' and the job forwarder's statistics."""
+        return {
+            "workers": self.receiver.stats() if self.receiver else None,
+            "nodes": self.job_receiver.stats() if self.job_receiver else None,
+            "job_forwarder": self.job_forwarder.stats() if self.job_forwarder else None,
+        }
+
