@@ -184,34 +184,25 @@ def test_example_runs(block: Block, tmp_path: Path) -> None:
         assert proc.returncode == 0, f"{command}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
 
 
-#: where each subcommand's parser is built (the new layout first, then the one before it)
+#: where each subcommand's parser is built
 PARSER_MODULES = {
-    "run": ("eventbus_app.launcher.command", "eventbus.launcher.cli"),
-    "trace": ("eventbus_app.readers.trace", "subscribers.trace"),
-    "plot": ("eventbus_app.readers.timeline", "subscribers.timeline"),
-    "tail": ("eventbus_app.readers.tail", "subscribers.tail"),
+    "run": "eventbus_app.launcher.command",
+    "trace": "eventbus_app.readers.trace",
+    "plot": "eventbus_app.readers.timeline",
+    "tail": "eventbus_app.readers.tail",
 }
 
 
-def _cli_commands() -> Any:
-    try:
-        return importlib.import_module("eventbus_app.cli").COMMANDS
-    except ImportError:  # the layout before the application got its own package
-        return importlib.import_module("eventbus.cli").COMMANDS
-
-
 def _parser_of(subcommand: str) -> argparse.ArgumentParser | None:
-    for module_name in PARSER_MODULES.get(subcommand, ()):
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        for name in ("build_parser", "_parser"):
-            factory = getattr(module, name, None)
-            if callable(factory):
-                parser = factory()
-                if isinstance(parser, argparse.ArgumentParser):
-                    return parser
+    if subcommand not in PARSER_MODULES:
+        return None
+    module = importlib.import_module(PARSER_MODULES[subcommand])
+    for name in ("build_parser", "_parser"):
+        factory = getattr(module, name, None)
+        if callable(factory):
+            parser = factory()
+            if isinstance(parser, argparse.ArgumentParser):
+                return parser
     return None
 
 
@@ -235,7 +226,7 @@ def _make_targets() -> set[str]:
 def test_command_lines_parse(block: Block) -> None:
     """Every eventbus command line in a shell block names a subcommand whose parser accepts
     it, and every make target it names exists."""
-    commands = _cli_commands()
+    commands = importlib.import_module("eventbus_app.cli").COMMANDS
     for command in _commands(block):
         words = shlex.split(command, comments=True)
         if words[:1] == ["make"]:
