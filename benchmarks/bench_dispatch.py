@@ -33,7 +33,7 @@ SUBSCRIBER_COUNTS = (0, 1, 10)
 #: the row of the hand-inlined eventbus.record that the bound method replaced
 INLINED_ROW = "eventbus.record(), default bus, former inlined copy"
 
-#: PERFORMANCE.md's targets: (what, eventbus row, peer row, limit on eventbus / peer)
+#: the dispatch targets: (what, eventbus row, peer row, limit on eventbus / peer)
 TARGETS = [
     ("record() at 0 subscribers <= 3x a direct call", "eventbus record()", 0,
      "direct call", 0, 3.0),

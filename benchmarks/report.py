@@ -65,7 +65,7 @@ def _dispatch(result: dict[str, Any]) -> list[str]:
             cells.append(f"{mine[c] / peer:.2f}" if peer else "")
         rows.append([name, *cells])
     out += _table(["peer", *(f"{c} subs" for c in counts)], rows)
-    out += ["", "### Targets (PERFORMANCE.md)", ""]
+    out += ["", "### Targets", ""]
     out += _table(["target", "ratio", "limit", "met"],
                   [[t["target"], f"{t['ratio']:.3f}", f"{t['limit']:.2f}",
                     "yes" if t["met"] else "**no**"] for t in result["targets"]])

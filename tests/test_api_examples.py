@@ -1,5 +1,5 @@
-"""The user's examples (the design document's, imports translated) run verbatim, in a fresh
-interpreter, and print what they promise; so do the README's logging examples."""
+"""The user's example (the design document's, imports translated) runs verbatim, in a fresh
+interpreter, and prints what it promises. (The README's and docs' examples: test_docs.py.)"""
 
 # ruff: noqa: E501  (the user's example is kept verbatim, long comment lines included)
 
@@ -8,15 +8,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import textwrap
-from pathlib import Path
-
-import pytest
 
 from tests.conftest import ROOT
 from tests.conftest import subprocess_env
 
-#: the user's example, verbatim (shared/API.md), comments included
+#: the user's example, verbatim (the API promise's), comments included
 USER_EXAMPLE = '''\
 import logging, sys
 import eventbus as events
@@ -90,50 +86,3 @@ def test_user_example_then_later_events() -> None:
     ]
     # INFO below the last-resort's WARNING: only the failure shows, on stderr
     assert proc.stderr == "WORKER_EXIT worker_id=1 exit_code=3\n"
-
-
-def _readme_logging_blocks() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    start = text.index("## Logging")
-    end = text.index("\n## ", start + 1)
-    return re.findall(r"```python\n(.*?)```", text[start:end], flags=re.S)
-
-
-def test_readme_has_logging_examples() -> None:
-    """The README's logging section shows runnable examples."""
-    assert len(_readme_logging_blocks()) >= 3
-
-
-def _check_promises(block: str, printed: str) -> None:
-    for promised in re.findall(r"# -> (.+)", block):
-        pattern = re.escape(promised.strip()).replace(r"\.\.\.", ".*")
-        assert re.search(pattern, printed), (promised, printed)
-
-
-_IN_PROCESS_BLOCKS = [b for b in _readme_logging_blocks() if "launch.py" not in b]
-
-
-@pytest.mark.parametrize("block", _IN_PROCESS_BLOCKS,
-                         ids=[f"block{i}" for i in range(len(_IN_PROCESS_BLOCKS))])
-def test_readme_logging_example_runs(block: str) -> None:
-    """Each python block of the README's logging section runs as written; the lines it says
-    it prints (``# -> ...`` comments) are printed."""
-    block = textwrap.dedent(block)
-    proc = _run(block)
-    assert proc.returncode == 0, proc.stderr
-    _check_promises(block, proc.stdout + proc.stderr)
-
-
-@pytest.mark.slow
-def test_readme_launcher_example_runs_a_real_job(tmp_path: Path) -> None:
-    """The README's launch.py, run as its comment says on a 2-worker job, prints both exits."""
-    (block,) = [b for b in _readme_logging_blocks() if "launch.py" in b]
-    (tmp_path / "launch.py").write_text(block)
-    (tmp_path / "train.py").write_text("print('training')\n")
-    proc = subprocess.run(
-        [sys.executable, "launch.py", "--standalone", "--nproc-per-node", "2",
-         "--monitor-interval", "0.1", "train.py"],
-        capture_output=True, text=True, env=subprocess_env(), cwd=tmp_path, timeout=180,
-        check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    _check_promises(block, proc.stdout)

@@ -1,4 +1,4 @@
-"""Delivery semantics of the bus (README "Delivery semantics")."""
+"""Delivery semantics of the bus (docs/events.md, "Delivery semantics")."""
 
 from __future__ import annotations
 

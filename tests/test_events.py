@@ -29,7 +29,7 @@ def capture(bus: eventbus.Bus, event_type: Any = eventbus.ALL) -> list[Event]:
 
 
 def test_event_type_is_a_str_enum_with_the_built_ins() -> None:
-    """EventType members are strings equal to their names, and every API.md member exists."""
+    """EventType members are strings equal to their names, and every promised built-in exists."""
     for name in BUILT_INS:
         member = EventType[name]
         assert isinstance(member, str)

@@ -1,7 +1,7 @@
 """The store transport in one process: forwarder -> real TCPStore -> receiver.
 
 Pins the wire format, batching, per-sender numbering with gap/duplicate/drop reports,
-decode validation and limits (RELIABILITY row 19), non-blocking pops on the receiver's own
+decode validation and limits (reliability row 19), non-blocking pops on the receiver's own
 client (row 21), and the two-level fan-in of the agent plugin.
 """
 
@@ -142,7 +142,7 @@ def test_sequence_gap_and_duplicates_are_reported_not_hidden(store: Any) -> None
 def test_sender_side_drops_are_reported_so_recorded_equals_delivered_plus_lost(
         store: Any) -> None:
     """Events the forwarder's full queue dropped arrive as 'dropped by sender' reports:
-    recorded = delivered + reported (RELIABILITY row 12's equation)."""
+    recorded = delivered + reported (reliability row 12's equation)."""
     src = eventbus.Bus("src")
     dst, got = _bus_with_log("dst")
     fwd = StoreForwarder(host="127.0.0.1", port=store.port, key=KEY, rank=0, bus=src,

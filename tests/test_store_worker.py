@@ -1,5 +1,5 @@
 """The worker side in real child processes: `import eventbus` attaches the forwarder from
-the launcher's environment, and exits of every kind flush it (RELIABILITY rows 12-14, 20).
+the launcher's environment, and exits of every kind flush it (reliability rows 12-14, 20).
 
 Each test runs a child python with ``EVENTBUS_AGENT_STORE``/``EVENTBUS_STORE_PREFIX``/
 ``RANK`` set, against a real TCPStore, and drains the queue with a real StoreReceiver.

@@ -5,7 +5,7 @@ https://ui.perfetto.dev (or ``chrome://tracing``) opens.
 :func:`export_trace` (files in, file out) or :func:`chrome_trace` (a
 :class:`~subscribers._jobview.JobView` in, the trace dict out).
 
-The layout (see docs/viz.md for the whole format):
+The layout (see docs/seeing-the-job.md for the whole format):
 
 * one *process* per node (``pid`` 1, 2, ... in node order, named ``node 0 (hostname)``),
   with one *thread* per track: ``agent`` (``tid`` 0) and ``rank N`` (``tid`` N + 1);

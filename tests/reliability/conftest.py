@@ -1,4 +1,4 @@
-"""Fixtures of the fault and bad-input matrix (shared/RELIABILITY.md).
+"""Fixtures of the fault and bad-input matrix (the cases of docs/guarantees.md).
 
 Each row's test prints its figure (``row N: ...``) through :func:`figure`, which also lists
 every figure in pytest's terminal summary, so ``pytest tests/reliability`` shows the

@@ -109,7 +109,7 @@ def test_any_payload_stays_under_the_line_cap(
 
 
 def test_limits_are_documented_numbers() -> None:
-    """The limits the README documents are the ones the encoder applies."""
+    """The limits docs/guarantees.md documents are the ones the encoder applies."""
     assert LIMITS.max_string == 16_384
     assert LIMITS.max_items == 1_000
     assert LIMITS.max_depth == 32
