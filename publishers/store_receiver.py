@@ -153,7 +153,7 @@ class StoreReceiver:
 
         A queue found empty is polled less and less often, up to ``max_idle_interval``
         apart; one that gave a value is polled again at once. Idle queues cost the store
-        one pop per ``max_idle_interval`` each (see the README's scaling section).
+        one pop per ``max_idle_interval`` each (see docs/across-processes.md, Scaling).
         """
         popped = 0
         with self._lock:
