@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from eventbus.events import Event
+from eventbus_app.sinks.base import SINK_QUEUE
+from eventbus_app.sinks.base import STALL_TYPE
 from eventbus_app.sinks.base import EventSink
 from eventbus_app.sinks.base import attempt_of
 from eventbus_app.sinks.base import describe
@@ -38,6 +40,9 @@ from subscribers.queued import QueueSettings
 __all__ = ["WEBHOOK_MAX_PER_MINUTE", "WebhookSink"]
 
 logger = logging.getLogger("eventbus")
+
+#: the types a post may come from (with WORKER_STALLED)
+_POSTED_TYPES = frozenset({"WORKER_EXIT", "WORKER_RESTART", "AGENT_EXIT"})
 
 #: posts started per minute at most, by default
 WEBHOOK_MAX_PER_MINUTE = 20
@@ -60,7 +65,15 @@ class WebhookSink(EventSink):
         self._starts: collections.deque[float] = collections.deque()
         self._pending: list[Event] = []  # failed exits waiting for the agent's decision
         self._closing = threading.Event()
-        super().__init__(label=self.url, settings=settings)
+        # One event per batch: what is not posted when close() gives up stays queued, and
+        # is counted as dropped ("closed before delivery") rather than lost in flight.
+        super().__init__(label=self.url, settings=settings or SINK_QUEUE, max_batch=1)
+
+    def __call__(self, event: Event) -> None:
+        """Enqueue the events a post may come from; the rest (metrics, ...) never queue."""
+        kind = str(event.type)
+        if kind in _POSTED_TYPES or kind == STALL_TYPE:
+            super().__call__(event)
 
     def write(self, events: Sequence[Event]) -> None:
         for event in events:
