@@ -190,7 +190,10 @@ class SinksPlugin:
         ok = close_sinks(self.sinks, timeout=budget)
         for sink in self.sinks:
             stats = getattr(sink, "stats", None)
-            dropped = stats().get("dropped") if callable(stats) else None
+            raw = stats() if callable(stats) else {}
+            dropped = dict(raw.get("dropped") or {})
+            if raw.get("failed"):
+                dropped["backend raised"] = raw["failed"]
             if dropped:
                 print(f"eventbus: sink {getattr(sink, 'name', sink)!s} dropped "
                       f"{sum(dropped.values())} events ({dropped})", file=sys.stderr)

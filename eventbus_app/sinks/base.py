@@ -169,6 +169,12 @@ class EventSink(QueuedSink):
         """Hand ``events`` to the backend (runs on the queue's thread)."""
         raise NotImplementedError
 
+    def count_lost(self, reason: str, n: int) -> None:
+        """Count ``n`` events the backend lost after the queue handed them over (an
+        exporter's failed batch, say), as dropped for ``reason``; callable from any thread."""
+        with self._cond:
+            self._drop(reason, n)
+
     def shutdown(self) -> None:
         """Release the backend: flush its own buffers, stop its server (may block)."""
 

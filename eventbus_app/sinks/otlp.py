@@ -11,6 +11,8 @@
   ``eventbus.exit_code`` and ``eventbus.signal``; status ERROR for a failed or stalled worker.
   Workers' ``METRIC``, epoch and checkpoint events are span events of their worker's span.
 
+Spans of a failed export are counted as dropped (``"export failed"``) in ``stats()``; the
+counters are cumulative, so a failed metrics export is made up by the next one.
 Counters (monotonic sums): ``eventbus.events`` by ``type``, ``eventbus.worker.exits`` by
 ``exit_code``, ``eventbus.restarts``, ``eventbus.stalls``. Spans are batched; metrics are
 exported every ``export_interval`` seconds and at close. :meth:`close` flushes both within
@@ -55,6 +57,31 @@ def _ns(timestamp: float) -> int:
     return int(timestamp * 1e9)
 
 
+def _counting(exporter: Any, sink: OtlpSink) -> Any:
+    """``exporter`` whose failed exports count their spans as dropped ("export failed") in
+    ``sink``'s stats: the SDK's batch processor would otherwise lose them silently."""
+    from opentelemetry.sdk.trace.export import SpanExporter
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    class Counting(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            try:
+                result: SpanExportResult = exporter.export(spans)
+            except Exception:
+                result = SpanExportResult.FAILURE
+            if result is not SpanExportResult.SUCCESS:
+                sink.count_lost("export failed", len(spans))
+            return result
+
+        def shutdown(self) -> None:
+            exporter.shutdown()
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return bool(exporter.force_flush(timeout_millis))
+
+    return Counting()
+
+
 class OtlpSink(EventSink):
     """``OtlpSink(URL)``: see the module docstring."""
 
@@ -77,7 +104,8 @@ class OtlpSink(EventSink):
         resource = Resource.create({"service.name": service_name})
         self._tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
         self._tracer_provider.add_span_processor(BatchSpanProcessor(
-            OTLPSpanExporter(endpoint=f"{self.url}/v1/traces", timeout=export_timeout),
+            _counting(OTLPSpanExporter(endpoint=f"{self.url}/v1/traces",
+                                       timeout=export_timeout), self),
             schedule_delay_millis=int(export_interval * 1000),
             export_timeout_millis=int(export_timeout * 1000)))
         reader = PeriodicExportingMetricReader(
