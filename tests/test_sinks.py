@@ -43,7 +43,8 @@ def test_tensorboard_writes_each_ranks_scalars_and_the_restart(tmp_path: Path) -
         assert loss == [(step, round(rank + step / 10, 4)) for step in range(6)]
         attempts = [(s.step, s.value) for s in acc.Scalars("eventbus/attempt")]
         assert attempts == [(0, 0.0), (3, 1.0)]
-        texts = [t.tensor_proto.string_val[0].decode() for t in acc.Tensors("eventbus/text_summary")]
+        texts = [t.tensor_proto.string_val[0].decode()
+                 for t in acc.Tensors("eventbus/text_summary")]
         assert any("restarts the worker group as attempt 1" in t for t in texts), texts
     acc = EventAccumulator(str(tmp_path / "tb" / "rank1"), size_guidance={"tensors": 0})
     acc.Reload()
@@ -55,9 +56,7 @@ def _decode_otlp(requests: list[tuple[str, bytes]]) -> tuple[list, dict[str, flo
     from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
         ExportMetricsServiceRequest,
     )
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-        ExportTraceServiceRequest,
-    )
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     spans = []
     sums: dict[str, float] = {}
@@ -219,7 +218,8 @@ def test_mlflow_logs_one_run_with_steps_and_the_outcome(tmp_path: Path,
     history = client.get_metric_history(run.info.run_id, "rank1/loss")
     assert sorted((m.step, round(m.value, 4)) for m in history) == \
         [(s, round(1 + s / 10, 4)) for s in range(6)]
-    assert client.get_metric_history(run.info.run_id, "eventbus/failures")[-1].value == 2  # rank 1, then rank 0 stopped
+    failures = client.get_metric_history(run.info.run_id, "eventbus/failures")
+    assert failures[-1].value == 2  # rank 1, then rank 0 stopped by the agent
 
 
 @pytest.mark.parametrize(("spec", "words"), [

@@ -68,7 +68,7 @@ def test_one_job_feeds_every_sink(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
                         break
                 time.sleep(0.2)
             (tmp_path / "out" / "release").write_text("")
-            stdout, stderr = proc.communicate(timeout=JOB_TIMEOUT_S)
+            _, stderr = proc.communicate(timeout=JOB_TIMEOUT_S)
         finally:
             if proc.poll() is None:
                 proc.kill()
