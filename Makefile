@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[test,plot,bench]"
+	$(PY) -m pip install -q -e ".[test,plot,bench,sinks]"
 	touch $(STAMP)
 
 venv: $(STAMP)

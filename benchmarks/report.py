@@ -75,6 +75,20 @@ def _dispatch(result: dict[str, Any]) -> list[str]:
     return out
 
 
+def _sinks(result: dict[str, Any]) -> list[str]:
+    out = ["## Sinks: METRIC events per second, and the cost on the agent's thread", "",
+           f"Median of {result['rounds']} rounds of {result['batch']:,} `METRIC` events "
+           "(MLflow: a fifth as many) handed to the sink as the bus does, then flushed: "
+           "`events/s` is what the backend sustains (local TensorBoard folder, OTLP/HTTP "
+           "receiver on 127.0.0.1, MLflow file store), `enqueue ns/event` what `record()` "
+           "and the agent's monitor thread pay per event, the backend's thread running "
+           "alongside (see benchmarks/bench_sinks.py).", ""]
+    rows = [[name, _num(row["events/s"]), _ns(row["enqueue ns/event"]),
+             _num(int(row["dropped"]))] for name, row in result["rows"].items()]
+    out += _table(["sink", "events/s", "enqueue ns/event", "dropped"], rows)
+    return out
+
+
 def _logging(result: dict[str, Any]) -> list[str]:
     out = ["## Logging: ns per event", "",
            f"Median of {result['repeats']} interleaved rounds, same format, both to "
@@ -139,7 +153,7 @@ def render(results: dict[str, Any], *, machine: dict[str, str], versions: dict[s
     out += [""]
     out += _table(["package", "version"], [[k, v] for k, v in versions.items()])
     sections = {"dispatch": _dispatch, "logging": _logging, "store": _store,
-                "memory": _memory}
+                "memory": _memory, "sinks": _sinks}
     for area, result in results.items():
         out.append("")
         out += sections[area](result)

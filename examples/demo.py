@@ -6,7 +6,9 @@ under ``python -m eventbus run`` with:
 * ``--events-jsonl OUT/events.jsonl``: every event of the job, one JSON line each;
 * ``--reactor examples.reactor:restart_on_crash``: rank 1 crashes on attempt 0, the
   reactor restarts the group, attempt 1 resumes from the last checkpoint and finishes;
-* ``--log-events``: the agent prints each event on the console as it happens.
+* ``--log-events``: the agent prints each event on the console as it happens;
+* ``--sink tensorboard:OUT/tb``: every rank's loss curve, the restart and the failure in
+  TensorBoard (``tensorboard --logdir OUT/tb``; docs/sinks.md).
 
 Then writes ``OUT/trace.json`` (open it at https://ui.perfetto.dev) and
 ``OUT/timeline.png``, and says where they are. ``OUT`` is ``./demo-out`` unless
@@ -63,6 +65,7 @@ def job_command(out: Path, epochs: int) -> list[str]:
         "--events-jsonl", _arg(out / "events.jsonl"),
         "--reactor", "examples.reactor:restart_on_crash",
         "--log-events",
+        "--sink", f"tensorboard:{_arg(out / 'tb')}",
         # torchrun's own options, unchanged
         "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
         "--monitor-interval", "0.1",
@@ -125,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     for stale in ("events.jsonl", "trace.json", "timeline.png"):
         (out / stale).unlink(missing_ok=True)  # the recorder appends: start clean
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    shutil.rmtree(out / "tb", ignore_errors=True)
 
     began = time.monotonic()
     code = run_job(out, args.epochs)
@@ -137,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     write_trace(chrome_trace(view, sources=[str(events)]), trace_path)
     written = [(events, f"{len(view.records)} events  (eventbus tail {_show(events)})"),
                (trace_path, "open https://ui.perfetto.dev and drop the file on it")]
+    if (out / "tb").is_dir():
+        written.append((out / "tb", f"TensorBoard: tensorboard --logdir {_show(out / 'tb')}"))
     if not args.no_plot:
         from eventbus_app.readers.timeline import PlotUnavailableError
         from eventbus_app.readers.timeline import plot_timeline

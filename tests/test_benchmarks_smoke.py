@@ -120,3 +120,17 @@ def test_python_dash_m_benchmarks_writes_the_report(tmp_path: Any) -> None:
     text = out.read_text(encoding="utf-8")
     assert "Smoke run" in text
     assert "## Logging: ns per event" in text
+
+
+def test_sinks_benchmark_measures_each_sink() -> None:
+    """bench_sinks: events/s and enqueue ns for TensorBoard, OTLP and MLflow, no drops."""
+    from benchmarks import bench_sinks
+
+    result = bench_sinks.run(quick=True)
+    assert {"tensorboard", "otlp", "mlflow"} <= set(result["rows"])
+    for row in result["rows"].values():
+        assert _positive(row["events/s"]) and _positive(row["enqueue ns/event"])
+        assert row["dropped"] == 0
+    text = render({"sinks": result}, machine={}, versions={}, when="now", quick=True,
+                  seconds={"sinks": 1.0})
+    assert "## Sinks" in text and "| otlp |" in text

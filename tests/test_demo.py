@@ -63,6 +63,21 @@ def test_demo_tells_the_user_what_happened_and_what_to_open(
     assert f"demo: the files are in {out}/" in text
     for name in ("events.jsonl", "trace.json", "timeline.png"):
         assert f"  {name}" in text
+    assert f"tensorboard --logdir {out / 'tb'}" in text
+
+
+@pytest.mark.slow
+def test_demo_writes_each_ranks_curve_to_tensorboard(
+        demo: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    """The TensorBoard sink wrote rank0/ and rank1/ runs with the loss of both attempts."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _, out = demo
+    for rank in (0, 1):
+        acc = EventAccumulator(str(out / "tb" / f"rank{rank}"), size_guidance={"scalars": 0})
+        acc.Reload()
+        assert acc.Scalars("loss")
+        assert [s.value for s in acc.Scalars("eventbus/attempt")][-1] == 1.0
 
 
 @pytest.mark.slow

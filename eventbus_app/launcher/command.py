@@ -49,6 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument(
         "--log-events", action="store_true",
         help="log every event on the agent's console (eventbus.get_logging_handler())")
+    # -- sinks (docs/sinks.md) --
+    group.add_argument(
+        "--sink", metavar="NAME:ARG", action="append", default=[],
+        help="send the events to a sink: tensorboard:DIR, otlp:URL, prometheus:PORT, "
+             "webhook:URL, mlflow:TRACKING_URI, or an 'eventbus.sinks' entry point; "
+             "repeatable (docs/sinks.md)")
+    # -- end sinks --
     return parser
 
 
@@ -107,6 +114,26 @@ def main(argv: Sequence[str] | None = None, *,
     bus = get_default_bus()
     recorder = None
     subscriptions = []
+    # -- sinks (docs/sinks.md): built before the job so a bad --sink is a usage error --
+    sinks: list[Any] = []
+    if args.sink:
+        from eventbus_app.sinks import SinkError
+        from eventbus_app.sinks import SinksPlugin
+        from eventbus_app.sinks import make_sink
+
+        try:
+            for spec in args.sink:
+                sinks.append(make_sink(spec))
+        except SinkError as exc:
+            from eventbus_app.sinks import close_sinks
+
+            close_sinks(sinks, timeout=1.0)
+            parser.error(str(exc))
+        sink_plugin = SinksPlugin(bus, sinks)
+        from eventbus_app.launcher.agent import default_plugins
+
+        plugins = [*(default_plugins() if plugins is None else plugins), sink_plugin]
+    # -- end sinks --
     if args.events_jsonl:
         try:
             recorder = JsonlRecorder(args.events_jsonl)
@@ -133,4 +160,6 @@ def main(argv: Sequence[str] | None = None, *,
         if recorder is not None and not recorder.close(timeout=RECORDER_CLOSE_TIMEOUT_S):
             print(f"eventbus: {args.events_jsonl}: not every event was written "
                   f"({recorder.stats()})", file=sys.stderr)
+        if sinks:  # -- sinks: closed within SINKS_CLOSE_TIMEOUT_S in all --
+            sink_plugin.close()
     return 0

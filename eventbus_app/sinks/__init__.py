@@ -1,0 +1,202 @@
+"""Sinks: events leave the agent for TensorBoard, OpenTelemetry, Prometheus, MLflow, a webhook.
+
+``eventbus run --sink NAME:ARG`` (repeatable) builds one sink per option with
+:func:`make_sink` and subscribes it to every event on the agent's bus; the same objects
+work in a single process::
+
+    publishers.get_default_event_publisher().subscribe_all(on_event=TensorBoardSink("tb"))
+
+Every sink is a :class:`~eventbus_app.sinks.base.EventSink`, i.e. a bounded
+:class:`subscribers.queued.QueuedSink`: a slow or dead backend costs dropped, counted events
+and never slows ``record()`` nor the agent's monitor. ``NAME`` is a built-in
+(:data:`BUILTIN_SINKS`) or the name of an entry point of the group
+:data:`SINK_ENTRY_POINT_GROUP` (``eventbus.sinks``), whose target is called with ``ARG``
+and returns the subscriber. See docs/sinks.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import Any
+
+from eventbus.bus import ALL
+from eventbus.bus import Bus
+from eventbus_app.launcher import RendezvousInfo
+from eventbus_app.sinks.base import SINK_CLOSE_TIMEOUT_S
+from eventbus_app.sinks.base import EventSink
+from eventbus_app.sinks.base import MissingExtraError
+from eventbus_app.sinks.base import SinkArgumentError
+
+__all__ = [
+    "BUILTIN_SINKS",
+    "SINKS_CLOSE_TIMEOUT_S",
+    "SINK_CLOSE_TIMEOUT_S",
+    "SINK_ENTRY_POINT_GROUP",
+    "EventSink",
+    "MissingExtraError",
+    "SinkArgumentError",
+    "SinkError",
+    "SinksPlugin",
+    "close_sinks",
+    "make_sink",
+]
+
+logger = logging.getLogger("eventbus")
+
+#: the entry-point group of third-party sinks: name -> a callable (ARG) -> subscriber
+SINK_ENTRY_POINT_GROUP = "eventbus.sinks"
+
+#: the budget of closing every sink of a run together, at the end of ``eventbus run``
+SINKS_CLOSE_TIMEOUT_S = 10.0
+
+#: built-in sink name -> "module:class" (imported only when used)
+BUILTIN_SINKS: dict[str, str] = {
+    "mlflow": "eventbus_app.sinks.mlflow:MlflowSink",
+    "otlp": "eventbus_app.sinks.otlp:OtlpSink",
+    "prometheus": "eventbus_app.sinks.prometheus:PrometheusSink",
+    "tensorboard": "eventbus_app.sinks.tensorboard:TensorBoardSink",
+    "webhook": "eventbus_app.sinks.webhook:WebhookSink",
+}
+
+
+class SinkError(ValueError):
+    """``--sink NAME:ARG`` cannot be built; the message names the sink and the fix."""
+
+
+def _factory(name: str) -> Callable[[str], Any]:
+    target = BUILTIN_SINKS.get(name)
+    if target is not None:
+        module, _, attr = target.partition(":")
+        factory: Callable[[str], Any] = getattr(importlib.import_module(module), attr)
+        return factory
+    for entry in importlib.metadata.entry_points(group=SINK_ENTRY_POINT_GROUP):
+        if entry.name == name:
+            try:
+                loaded: Callable[[str], Any] = entry.load()
+            except Exception as exc:
+                raise SinkError(f"--sink {name}: the entry point {entry.value!r} failed to "
+                                f"load ({type(exc).__name__}: {exc})") from exc
+            return loaded
+    known = sorted({*BUILTIN_SINKS, *(e.name for e in
+                                      importlib.metadata.entry_points(
+                                          group=SINK_ENTRY_POINT_GROUP))})
+    raise SinkError(f"--sink {name}: unknown sink; the sinks are {', '.join(known)} (others "
+                    f"register under the entry-point group {SINK_ENTRY_POINT_GROUP!r})")
+
+
+def make_sink(spec: str) -> Any:
+    """The subscriber ``--sink NAME:ARG`` names (``ARG`` may contain colons).
+
+    Raises :class:`SinkError` naming the sink and the fix: an unknown name, a malformed
+    ``ARG``, a missing optional extra, a third-party factory that fails.
+    """
+    name, sep, arg = spec.partition(":")
+    if not sep or not name:
+        raise SinkError(f"--sink {spec!r}: expected NAME:ARG, e.g. --sink tensorboard:runs/tb")
+    factory = _factory(name)
+    try:
+        sink = factory(arg)
+    except MissingExtraError as exc:
+        raise SinkError(f"--sink {name}: {exc}") from exc
+    except SinkArgumentError as exc:
+        raise SinkError(f"--sink {spec!r}: {exc}") from exc
+    except Exception as exc:
+        raise SinkError(f"--sink {spec!r}: the sink could not be built "
+                        f"({type(exc).__name__}: {exc})") from exc
+    if not callable(sink):
+        raise SinkError(f"--sink {name}: {type(sink).__name__} is not callable; a sink's "
+                        "factory returns a subscriber, a callable (event) -> None")
+    return sink
+
+
+def close_sinks(sinks: Sequence[Any], *, timeout: float = SINKS_CLOSE_TIMEOUT_S) -> bool:
+    """Close ``sinks`` side by side, returning within ``timeout`` (each gets at most its
+    own default budget too). True when every sink delivered everything in time."""
+    deadline = time.monotonic() + timeout
+    results: dict[int, bool] = {}
+
+    def close_one(index: int, sink: Any) -> None:
+        own = getattr(getattr(sink, "settings", None), "close_timeout", SINK_CLOSE_TIMEOUT_S)
+        try:
+            results[index] = bool(sink.close(timeout=min(timeout, own)))
+        except Exception:
+            logger.exception("closing sink %r failed", sink)
+            results[index] = False
+
+    threads = []
+    for index, sink in enumerate(sinks):
+        if callable(getattr(sink, "close", None)):
+            thread = threading.Thread(target=close_one, args=(index, sink), daemon=True,
+                                      name=f"eventbus-close-sink-{index}")
+            thread.start()
+            threads.append((index, thread))
+    for _, thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    late = [index for index, _ in threads if index not in results]
+    if late:
+        logger.warning("%d sink(s) did not close within %.1f s: %s", len(late), timeout,
+                       ", ".join(repr(sinks[i]) for i in late))
+    return not late and all(results.values())
+
+
+class SinksPlugin:
+    """The sinks of one ``eventbus run``: subscribed to every event on the agent's ``bus``
+    from the start (``AGENT_START`` included), kept on the agent of group rank 0 (the one
+    with the job-wide view), closed at the first rendezvous on any other node.
+
+    An :class:`eventbus_app.launcher.AgentPlugin`; :meth:`close` runs after the agent
+    published ``AGENT_EXIT`` (so the sinks see the outcome), within
+    :data:`SINKS_CLOSE_TIMEOUT_S`.
+    """
+
+    def __init__(self, bus: Bus, sinks: Sequence[Any], *,
+                 close_timeout: float = SINKS_CLOSE_TIMEOUT_S) -> None:
+        self.sinks = list(sinks)
+        self.close_timeout = close_timeout
+        self._subscriptions = [bus.subscribe(ALL, on_event=sink) for sink in self.sinks]
+        self._decided = False
+        self._closed = False
+
+    def after_rendezvous(self, info: RendezvousInfo) -> Mapping[str, str]:
+        if not self._decided:
+            self._decided = True
+            if info.group_rank != 0:
+                logger.info("sinks run on the agent of group rank 0; this node's (group rank "
+                            "%d) are closed", info.group_rank)
+                self.close(timeout=1.0)
+        return {}
+
+    def before_exit(self, *, timeout: float) -> None:
+        """Nothing: the sinks close after ``AGENT_EXIT`` (see :meth:`close`)."""
+
+    def close(self, *, timeout: float | None = None) -> bool:
+        """Unsubscribe and close every sink within ``timeout`` (default
+        ``close_timeout``); drops are reported on stderr. True if all was delivered."""
+        if self._closed:
+            return True
+        self._closed = True
+        for sub in self._subscriptions:
+            sub.cancel()
+        started = time.monotonic()
+        budget = self.close_timeout if timeout is None else timeout
+        ok = close_sinks(self.sinks, timeout=budget)
+        for sink in self.sinks:
+            stats = getattr(sink, "stats", None)
+            raw = stats() if callable(stats) else {}
+            dropped = dict(raw.get("dropped") or {})
+            if raw.get("failed"):
+                dropped["backend raised"] = raw["failed"]
+            if dropped:
+                print(f"eventbus: sink {getattr(sink, 'name', sink)!s} dropped "
+                      f"{sum(dropped.values())} events ({dropped})", file=sys.stderr)
+        logger.info("sinks closed in %.2f s (budget %.1f s)", time.monotonic() - started,
+                    budget)
+        return ok

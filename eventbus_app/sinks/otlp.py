@@ -1,0 +1,240 @@
+"""``otlp:URL``: OpenTelemetry traces and metrics over OTLP/HTTP (protobuf).
+
+``URL`` is the collector's base URL: spans go to ``URL/v1/traces``, metrics to
+``URL/v1/metrics`` (the ``otel`` extra: ``opentelemetry-sdk`` and
+``opentelemetry-exporter-otlp-proto-http``). Spans, with the events' own timestamps:
+
+* ``eventbus job`` from ``AGENT_START`` to ``AGENT_EXIT`` (status ERROR when it failed);
+* ``eventbus attempt <n>``, a child of the job, per attempt of the worker group;
+* ``eventbus worker <rank>``, a child of its attempt, from ``WORKER_START`` to
+  ``WORKER_EXIT``, with ``eventbus.rank``, ``eventbus.attempt``, ``process.pid``,
+  ``eventbus.exit_code`` and ``eventbus.signal``; status ERROR for a failed or stalled worker.
+  Workers' ``METRIC``, epoch and checkpoint events are span events of their worker's span.
+
+Spans of a failed export are counted as dropped (``"export failed"``) in ``stats()``; the
+counters are cumulative, so a failed metrics export is made up by the next one.
+Counters (monotonic sums): ``eventbus.events`` by ``type``, ``eventbus.worker.exits`` by
+``exit_code``, ``eventbus.restarts``, ``eventbus.stalls``. Spans are batched; metrics are
+exported every ``export_interval`` seconds and at close. :meth:`close` flushes both within
+its budget (default :data:`OTLP_CLOSE_TIMEOUT_S`); each HTTP export gives up after
+``export_timeout`` seconds.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from collections.abc import Sequence
+from typing import Any
+
+from eventbus.events import Event
+from eventbus_app.sinks.base import EventSink
+from eventbus_app.sinks.base import SinkArgumentError
+from eventbus_app.sinks.base import attempt_of
+from eventbus_app.sinks.base import is_stall
+from eventbus_app.sinks.base import numbers_of
+from eventbus_app.sinks.base import rank_of
+from eventbus_app.sinks.base import require_extra
+from subscribers.queued import QueueSettings
+
+__all__ = ["OTLP_CLOSE_TIMEOUT_S", "OtlpSink", "check_url"]
+
+#: the default budget of close(): the last spans and metrics exported, or given up
+OTLP_CLOSE_TIMEOUT_S = 5.0
+
+_SPAN_EVENT_TYPES = frozenset({"METRIC", "EPOCH_START", "EPOCH_END", "CHECKPOINT_SAVED"})
+
+
+def check_url(sink: str, url: str) -> str:
+    """``url`` without a trailing slash, or :class:`SinkArgumentError` naming the sink."""
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise SinkArgumentError(f"{sink}: {url!r} is not an http(s) URL; e.g. "
+                                f"--sink {sink}:http://127.0.0.1:4318")
+    return url.rstrip("/")
+
+
+def _ns(timestamp: float) -> int:
+    return int(timestamp * 1e9)
+
+
+def _counting(exporter: Any, sink: OtlpSink) -> Any:
+    """``exporter`` whose failed exports count their spans as dropped ("export failed") in
+    ``sink``'s stats: the SDK's batch processor would otherwise lose them silently."""
+    from opentelemetry.sdk.trace.export import SpanExporter
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    class Counting(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            try:
+                result: SpanExportResult = exporter.export(spans)
+            except Exception:
+                result = SpanExportResult.FAILURE
+            if result is not SpanExportResult.SUCCESS:
+                sink.count_lost("export failed", len(spans))
+            return result
+
+        def shutdown(self) -> None:
+            exporter.shutdown()
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return bool(exporter.force_flush(timeout_millis))
+
+    return Counting()
+
+
+class OtlpSink(EventSink):
+    """``OtlpSink(URL)``: see the module docstring."""
+
+    kind = "otlp"
+
+    def __init__(self, url: str, *, settings: QueueSettings | None = None,
+                 export_timeout: float = 2.0, export_interval: float = 5.0,
+                 service_name: str = "eventbus") -> None:
+        self.url = check_url("otlp", url)
+        require_extra("otlp", "otel", "opentelemetry.sdk.trace",
+                      "opentelemetry.exporter.otlp.proto.http.trace_exporter")
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        resource = Resource.create({"service.name": service_name})
+        self._tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+        self._tracer_provider.add_span_processor(BatchSpanProcessor(
+            _counting(OTLPSpanExporter(endpoint=f"{self.url}/v1/traces",
+                                       timeout=export_timeout), self),
+            schedule_delay_millis=int(export_interval * 1000),
+            export_timeout_millis=int(export_timeout * 1000)))
+        reader = PeriodicExportingMetricReader(
+            OTLPMetricExporter(endpoint=f"{self.url}/v1/metrics", timeout=export_timeout),
+            export_interval_millis=export_interval * 1000,
+            export_timeout_millis=export_timeout * 1000)
+        self._meter_provider = MeterProvider(resource=resource, metric_readers=[reader],
+                                             shutdown_on_exit=False)
+        self._tracer = self._tracer_provider.get_tracer("eventbus")
+        meter = self._meter_provider.get_meter("eventbus")
+        self._events = meter.create_counter("eventbus.events", description="events by type")
+        self._exits = meter.create_counter("eventbus.worker.exits",
+                                           description="worker exits by exit code")
+        self._restarts = meter.create_counter("eventbus.restarts",
+                                              description="worker group restarts")
+        self._stalls = meter.create_counter("eventbus.stalls", description="stalled workers")
+        self._job: Any = None
+        self._attempts: dict[int, Any] = {}
+        self._workers: dict[tuple[int, int], Any] = {}  # (attempt, rank) -> span
+        super().__init__(label=self.url, settings=settings)
+
+    # -- spans --------------------------------------------------------------------------
+    def _job_span(self, event: Event) -> Any:
+        if self._job is None:
+            self._job = self._tracer.start_span(
+                "eventbus job", start_time=_ns(event.timestamp),
+                attributes={"eventbus.run_id": event.run_id or ""})
+        return self._job
+
+    def _attempt_span(self, attempt: int, event: Event) -> Any:
+        span = self._attempts.get(attempt)
+        if span is None:
+            from opentelemetry import trace
+
+            ctx = trace.set_span_in_context(self._job_span(event))
+            span = self._tracer.start_span(f"eventbus attempt {attempt}", context=ctx,
+                                           start_time=_ns(event.timestamp),
+                                           attributes={"eventbus.attempt": attempt})
+            self._attempts[attempt] = span
+        return span
+
+    def _worker_span(self, attempt: int, rank: int, event: Event) -> Any:
+        span = self._workers.get((attempt, rank))
+        if span is None:
+            from opentelemetry import trace
+
+            ctx = trace.set_span_in_context(self._attempt_span(attempt, event))
+            span = self._tracer.start_span(
+                f"eventbus worker {rank}", context=ctx, start_time=_ns(event.timestamp),
+                attributes={"eventbus.rank": rank, "eventbus.attempt": attempt})
+            self._workers[(attempt, rank)] = span
+        return span
+
+    def _end_attempt(self, attempt: int, end: int) -> None:
+        for key in [k for k in self._workers if k[0] == attempt]:
+            self._workers.pop(key).end(end_time=end)
+        span = self._attempts.pop(attempt, None)
+        if span is not None:
+            span.end(end_time=end)
+
+    def write(self, events: Sequence[Event]) -> None:
+        from opentelemetry.trace import Status
+        from opentelemetry.trace import StatusCode
+
+        for event in events:
+            kind = str(event.type)
+            self._events.add(1, {"type": kind})
+            attempt = attempt_of(event)
+            if kind == "AGENT_START":
+                self._job_span(event)
+            elif kind == "WORKER_START":
+                span = self._worker_span(attempt, rank_of(event) or 0, event)
+                pid = getattr(event, "worker_pid", None)
+                if pid is not None:
+                    span.set_attribute("process.pid", pid)
+            elif kind == "WORKER_EXIT":
+                code = int(getattr(event, "exit_code", 0))
+                self._exits.add(1, {"exit_code": str(code)})
+                rank = rank_of(event) or 0
+                span = self._worker_span(attempt, rank, event)
+                pid = getattr(event, "worker_pid", None)
+                if pid is not None:
+                    span.set_attribute("process.pid", pid)
+                span.set_attribute("eventbus.exit_code", code)
+                if getattr(event, "signal", None):
+                    span.set_attribute("eventbus.signal", str(event.signal))  # type: ignore[attr-defined]
+                if code != 0:
+                    message = getattr(event, "message", None) or f"exit code {code}"
+                    span.set_status(Status(StatusCode.ERROR, str(message)[:500]))
+                span.end(end_time=_ns(event.timestamp))
+                del self._workers[(attempt, rank)]
+            elif is_stall(event):
+                self._stalls.add(1)
+                span = self._worker_span(attempt, rank_of(event) or 0, event)
+                span.add_event("WORKER_STALLED", timestamp=_ns(event.timestamp))
+                span.set_status(Status(StatusCode.ERROR, "stalled"))
+            elif kind == "WORKER_RESTART":
+                self._restarts.add(1)
+                self._end_attempt(attempt - 1, _ns(event.timestamp))
+                self._attempt_span(attempt, event)
+            elif kind == "AGENT_EXIT":
+                end = _ns(event.timestamp)
+                for open_attempt in list(self._attempts):
+                    self._end_attempt(open_attempt, end)
+                job = self._job_span(event)
+                if event.is_failure:
+                    job.set_status(Status(StatusCode.ERROR,
+                                          str(getattr(event, "reason", None) or "failed")))
+                job.set_attribute("eventbus.state", str(getattr(event, "state", "")))
+                job.end(end_time=end)
+                self._job = None
+            elif kind in _SPAN_EVENT_TYPES and event.rank is not None:
+                attributes: dict[str, Any] = dict(numbers_of(event.data))
+                step = getattr(event, "step", None)
+                if isinstance(step, int):
+                    attributes["step"] = step
+                self._worker_span(attempt, event.rank, event).add_event(
+                    kind, attributes=attributes, timestamp=_ns(event.timestamp))
+
+    def shutdown(self) -> None:
+        # Spans still open (no AGENT_EXIT seen: the agent was killed) end now.
+        import time
+
+        now = _ns(time.time())
+        for open_attempt in list(self._attempts):
+            self._end_attempt(open_attempt, now)
+        for span in self._workers.values():
+            span.end(end_time=now)
+        if self._job is not None:
+            self._job.end(end_time=now)
+        self._tracer_provider.shutdown()
+        self._meter_provider.shutdown()

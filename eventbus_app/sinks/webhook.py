@@ -1,0 +1,145 @@
+"""``webhook:URL``: failures, stalls, restarts and an unsuccessful end POSTed as JSON.
+
+Stdlib only (``urllib``). Each post's body is ``{"text": ..., "event": ...}``: ``text`` is
+one readable sentence (which rank, what happened, which attempt, what the agent decided:
+what Slack-compatible incoming webhooks display) and ``event`` the event's ``to_dict()``.
+A failed worker's post waits for the agent's decision (the ``WORKER_RESTART`` or
+``AGENT_EXIT`` that follows it, in the same or the next batch) and says it; a restart that
+follows failures already posted with it is not posted again.
+
+Delivery, on the sink's own thread: each POST gives up after ``timeout`` seconds
+(default 5) and is retried ``retries`` times (default 2) with exponential backoff from
+``backoff`` seconds (0.5, 1, ...); at most ``max_per_minute`` posts (default
+:data:`WEBHOOK_MAX_PER_MINUTE`) start in any minute: a post over the limit, or one that
+still failed after its retries, is dropped and counted in ``stats()["dropped"]`` (reasons
+``"rate limited"`` and ``"post failed"``). Closing stops retries at once.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from typing import Any
+
+from eventbus.events import Event
+from eventbus_app.sinks.base import SINK_QUEUE
+from eventbus_app.sinks.base import STALL_TYPE
+from eventbus_app.sinks.base import EventSink
+from eventbus_app.sinks.base import attempt_of
+from eventbus_app.sinks.base import describe
+from eventbus_app.sinks.base import is_stall
+from eventbus_app.sinks.otlp import check_url
+from subscribers.queued import QueueSettings
+
+__all__ = ["WEBHOOK_MAX_PER_MINUTE", "WebhookSink"]
+
+logger = logging.getLogger("eventbus")
+
+#: the types a post may come from (with WORKER_STALLED)
+_POSTED_TYPES = frozenset({"WORKER_EXIT", "WORKER_RESTART", "AGENT_EXIT"})
+
+#: posts started per minute at most, by default
+WEBHOOK_MAX_PER_MINUTE = 20
+
+
+class WebhookSink(EventSink):
+    """``WebhookSink(URL)``: see the module docstring."""
+
+    kind = "webhook"
+
+    def __init__(self, url: str, *, settings: QueueSettings | None = None,
+                 timeout: float = 5.0, retries: int = 2, backoff: float = 0.5,
+                 max_per_minute: int = WEBHOOK_MAX_PER_MINUTE) -> None:
+        self.url = check_url("webhook", url)
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.max_per_minute = max_per_minute
+        self.posted = 0
+        self._starts: collections.deque[float] = collections.deque()
+        self._pending: list[Event] = []  # failed exits waiting for the agent's decision
+        self._closing = threading.Event()
+        # One event per batch: what is not posted when close() gives up stays queued, and
+        # is counted as dropped ("closed before delivery") rather than lost in flight.
+        super().__init__(label=self.url, settings=settings or SINK_QUEUE, max_batch=1)
+
+    def __call__(self, event: Event) -> None:
+        """Enqueue the events a post may come from; the rest (metrics, ...) never queue."""
+        kind = str(event.type)
+        if kind in _POSTED_TYPES or kind == STALL_TYPE:
+            super().__call__(event)
+
+    def write(self, events: Sequence[Event]) -> None:
+        for event in events:
+            kind = str(event.type)
+            if kind == "WORKER_EXIT" and event.is_failure:
+                self._pending.append(event)
+            elif is_stall(event):
+                self._post(describe(event), event)
+            elif kind == "WORKER_RESTART":
+                if self._pending:
+                    left = getattr(event, "restarts_left", None)
+                    self._post_pending(
+                        f"the agent restarts the worker group as attempt {attempt_of(event)}"
+                        + (f" ({left} restarts left)" if left is not None else ""))
+                else:
+                    self._post(describe(event), event)
+            elif kind == "AGENT_EXIT":
+                decision = ("the agent stops the job" if event.is_failure
+                            else "the job then succeeded")
+                self._post_pending(decision)
+                if event.is_failure:
+                    self._post(describe(event), event)
+
+    def _post_pending(self, decision: str) -> None:
+        pending, self._pending = self._pending, []
+        for event in pending:
+            self._post(describe(event, decision=decision), event)
+
+    def _post(self, text: str, event: Event) -> None:
+        now = time.monotonic()
+        while self._starts and now - self._starts[0] >= 60.0:
+            self._starts.popleft()
+        if len(self._starts) >= self.max_per_minute:
+            self._drop("rate limited", 1)
+            return
+        self._starts.append(now)
+        body = json.dumps({"text": text, "event": event.to_dict()}, default=str).encode()
+        delay = self.backoff
+        for attempt in range(self.retries + 1):
+            if self._closing.is_set() and attempt:
+                break
+            try:
+                request = urllib.request.Request(
+                    self.url, data=body, method="POST",
+                    headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                    response.read()
+                self.posted += 1
+                return
+            except (OSError, urllib.error.URLError, ValueError) as exc:
+                error = exc
+            if attempt < self.retries and self._closing.wait(delay):
+                break
+            delay *= 2
+        self._drop("post failed", 1)
+        logger.debug("webhook %s: post failed (%s)", self.url, error)
+
+    def stats(self) -> dict[str, Any]:
+        out = super().stats()
+        out["posted"] = self.posted
+        return out
+
+    def close(self, timeout: float | None = None) -> bool:
+        self._closing.set()  # no more retries nor backoff waits
+        return super().close(timeout)
+
+    def shutdown(self) -> None:
+        # Failures still waiting for a decision go out with what is known (one try each).
+        self._post_pending("the agent's decision was not seen")
