@@ -270,3 +270,38 @@ def test_exit_code_and_loss_reactors_have_no_opinion_on_stalls() -> None:
     assert budget(stall) is eventbus.Decision.RESTART
     assert budget(eventbus.WorkerStalled(worker_id=1, silent_s=5.0,
                                          data={"attempt": 1})) is eventbus.Decision.STOP
+
+
+def test_stalls_and_slow_ranks_show_on_their_rank_in_the_trace_and_timeline(
+        tmp_path: Path) -> None:
+    """The trace has a 'stall' and a 'slow' instant on the rank's own thread (the stack in
+    its args); the timeline draws both (and a legend entry) without error."""
+    import json
+
+    from eventbus_app.readers.trace import export_trace
+
+    lines = (ROOT / "tests" / "fixtures" / "job_node0.jsonl").read_text().splitlines()
+    start = next(json.loads(line) for line in lines if '"WORKER_START"' in line
+                 and '"worker_id":1' in line)
+    ctx = JobContext(**start["context"])
+    extra = [eventbus.WorkerStalled(worker_id=1, silent_s=301.5, timeout_s=300.0,
+                                    data={"stack": "File x.py in spin_forever"},
+                                    timestamp=start["timestamp"] + 3, context=ctx),
+             eventbus.WorkerSlow(worker_id=1, factor=3.0, step_time_s=0.3,
+                                 timestamp=start["timestamp"] + 2, context=ctx)]
+    path = tmp_path / "job.jsonl"
+    path.write_text("\n".join([*lines, *(e.to_json() for e in extra)]) + "\n")
+    trace = export_trace([path], tmp_path / "trace.json")
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"]
+               if e["ph"] == "M" and e["name"] == "thread_name"}
+    found = {e["cat"]: e for e in trace["traceEvents"] if e.get("cat") in ("stall", "slow")}
+    assert set(found) == {"stall", "slow"}
+    for event in found.values():
+        assert threads[(event["pid"], event["tid"])] == "rank 1"
+    assert found["stall"]["name"] == "rank 1 stalled (silent 301.5 s)"
+    assert "spin_forever" in found["stall"]["args"]["data"]["stack"]
+    pytest.importorskip("matplotlib")
+    from eventbus_app.cli import main as cli_main
+
+    assert cli_main(["plot", str(path), "-o", str(tmp_path / "job.png")]) == 0
+    assert (tmp_path / "job.png").stat().st_size > 0

@@ -331,7 +331,8 @@ class EventAgent(LocalElasticAgent):
         if not watch.overdue(attempt, live):
             return None
         self._drain_plugins()  # what the worker sent just now counts as progress
-        stalls = watch.stalled(attempt, live)
+        # the longest silent first: the likeliest cause, which the restart reason names
+        stalls = sorted(watch.stalled(attempt, live), key=lambda st: -st.silent_s)
         if not stalls:
             return None
         self.stalls += len(stalls)
