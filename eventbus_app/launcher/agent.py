@@ -68,6 +68,7 @@ from eventbus_app.launcher import AgentPlugin
 from eventbus_app.launcher import RendezvousInfo
 from eventbus_app.launcher import entry_point_plugins
 from eventbus_app.launcher import health
+from eventbus_app.launcher.stop_signal import StopSignal
 from eventbus_app.launcher.store_transport import StoreTransport
 from publishers.torchelastic import install_torchelastic_bridge
 from publishers.torchelastic import uninstall_torchelastic_bridge
@@ -285,6 +286,8 @@ class EventAgent(LocalElasticAgent):
         self._stack_dir: str | None = None
         self._health_subs: list[Subscription] = []
         self._next_slow_check = 0.0
+        #: the job-wide STOP key (several nodes only; see stop_signal.py)
+        self._stop_signal: StopSignal | None = None
         if stall_timeout is not None:
             self.stall_watch = health.StallWatch(stall_timeout)
             self._stack_dir = tempfile.mkdtemp(prefix="eventbus-stacks-")
@@ -298,7 +301,55 @@ class EventAgent(LocalElasticAgent):
     @property
     def stopped_by_reactor(self) -> bool:
         """Whether a reactor's STOP ended (or is ending) the job."""
-        return self._stop_reason is not None
+        return self._stop_reason is not None or self._remote_stop() is not None
+
+    def _remote_stop(self) -> str | None:
+        return self._stop_signal.remote if self._stop_signal is not None else None
+
+    def _watch_remote_stop(self, worker_group: WorkerGroup) -> None:
+        if self._stop_signal is not None or (worker_group.group_world_size or 1) < 2:
+            return
+        try:
+            info = self.rendezvous_info(worker_group)
+            self._stop_signal = StopSignal(host=info.store_host, port=info.store_port,
+                                           run_id=info.run_id, group_rank=info.group_rank,
+                                           group_world_size=info.group_world_size)
+            self._stop_signal.start()
+        except Exception:
+            logger.exception("eventbus: no job-wide STOP watch; a STOP on another node "
+                             "ends this one only when its workers lose their peers")
+
+    def _stop_for_remote(self, worker_group: WorkerGroup) -> RunResult | None:
+        """Another node's reactor stopped the job: stop ours, no restart."""
+        remote = self._remote_stop()
+        if remote is None:
+            return None
+        if self._stop_reason is None:
+            self._stop_reason = f"STOP on another node: {remote}"
+            logger.error("eventbus: %s: stopping this node's workers", self._stop_reason)
+        self._remaining_restarts = 0
+        pcontext = getattr(self, "_pcontext", None)
+        failures: dict[int, ProcessFailure] = {}
+        if pcontext is not None:
+            pids = {pid: local for local, pid in pcontext.pids().items()
+                    if isinstance(pid, int)}
+            health.stop_processes(pids, grace_s=self.stall_stop_grace_s,
+                                  alive=lambda pid: _peek_exit(pid) is None)
+            for pid, local_rank in pids.items():
+                code = _peek_exit(pid)
+                rank = worker_group.workers[local_rank].global_rank
+                failures[rank] = failure = ProcessFailure(
+                    local_rank=local_rank, pid=pid, exitcode=code if code is not None else -9,
+                    error_file="<N/A>")
+                if (self.attempt, rank) not in self._reported:
+                    self._reported.add((self.attempt, rank))
+                    self.bus.publish(WorkerExit(
+                        worker_id=rank, exit_code=int(failure.exitcode),
+                        worker_local_rank=local_rank, worker_pid=pid,
+                        signal=signal_name(int(failure.exitcode)),
+                        message="stopped by the agent: STOP on another node",
+                        data={"attempt": self.attempt, "stopped_by_agent": True}))
+        return RunResult(state=WorkerState.FAILED, failures=failures)
 
     def _check_slow(self, worker_group: WorkerGroup) -> None:
         watch = self.straggler_watch
@@ -474,11 +525,17 @@ class EventAgent(LocalElasticAgent):
         if result is not None and not result.is_failed():
             state, code, reason = str(result.state.value), 0, None
         elif result is not None:
-            state, code = "FAILED", self.stop_exit_code if self._stop_reason else 1
+            state, code = "FAILED", self.stop_exit_code if self.stopped_by_reactor else 1
             reason = self._stop_reason or self._failure_summary or "worker group failed"
         else:
-            state, code = "FAILED", 1
+            state, code = "FAILED", self.stop_exit_code if self.stopped_by_reactor else 1
             reason = f"{type(error).__name__}: {error}" if error is not None else None
+            if self._remote_stop() is not None:
+                reason = f"STOP on another node: {self._remote_stop()} ({reason})"
+        if self._stop_signal is not None:
+            if self._stop_signal.announced:
+                self._stop_signal.wait_for_acks()  # our process may host the store
+            self._stop_signal.close()
         self.bus.record(EventType.AGENT_EXIT, state=state, exit_code=code, reason=reason)
         for sub in [*self._reactor_subs, *self._health_subs]:
             sub.cancel()
@@ -505,6 +562,7 @@ class EventAgent(LocalElasticAgent):
                   "master_addr": worker_group.master_addr,
                   "master_port": worker_group.master_port},
         )
+        self._watch_remote_stop(worker_group)
         if self.plugins:
             self._after_rendezvous(worker_group)
 
@@ -561,6 +619,9 @@ class EventAgent(LocalElasticAgent):
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         # 1. Failures first, as they are: torch's wait() stops the survivors before it
         #    reports the failure.
+        remote = self._stop_for_remote(worker_group)
+        if remote is not None:
+            return remote
         spontaneous = self._peek_failures(worker_group)
         if spontaneous:
             self._decide(spontaneous)
@@ -663,8 +724,12 @@ class EventAgent(LocalElasticAgent):
         self._failure_summary = summary
         stops = [name for decision, name in decisions if decision is Decision.STOP]
         restarts = [name for decision, name in decisions if decision is Decision.RESTART]
+        if not stops and self._remote_stop() is not None:
+            stops = [f"another node ({self._remote_stop()})"]
         if stops:
             self._stop_reason = f"{summary}; STOP from {', '.join(stops)}"
+            if self._stop_signal is not None and self._remote_stop() is None:
+                self._stop_signal.announce(self._stop_reason)
             logger.error("eventbus: %s: stopping the job (restarts left: %d)",
                          self._stop_reason, self._remaining_restarts)
             # torch's monitor loop stops and fails the group when no restart is left.

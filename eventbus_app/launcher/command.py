@@ -153,6 +153,13 @@ def main(argv: Sequence[str] | None = None, *,
         if any(agent.stopped_by_reactor for agent in agents):
             return int(args.stop_exit_code)
         return 1
+    except Exception as exc:
+        # e.g. the rendezvous closed under this node after another node's STOP
+        if not any(agent.stopped_by_reactor for agent in agents):
+            raise
+        print(f"eventbus: the job was stopped by a reactor ({type(exc).__name__}: {exc})",
+              file=sys.stderr)
+        return int(args.stop_exit_code)
     finally:
         for sub in subscriptions:
             sub.cancel()

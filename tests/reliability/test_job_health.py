@@ -1,15 +1,20 @@
-"""Rows 24 and 25 (and the STOP half of 26): real ``python -m eventbus run --stall-timeout``
+"""Rows 24, 25 and 26: real ``python -m eventbus run --stall-timeout``
 jobs, 2 gloo workers on CPU (tests/jobs/health_job.py).
 
 A rank that spins forever in a Python loop (its peer recording on, or waiting for it in a
 gloo ``all_reduce``) becomes ``WORKER_STALLED`` with its stack, the group restarts and
 attempt 1 finishes; a reactor's STOP on a stall ends the job with ``--stop-exit-code``; a
 slow start, slow steady steps and an announced checkpoint write are never stalls; a 3x
-straggler gets ``WORKER_SLOW``, balanced ranks never do.
+straggler gets ``WORKER_SLOW``, balanced ranks never do; a STOP on one of two nodes
+ends both agents with the STOP exit code.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -124,3 +129,67 @@ def test_a_3x_straggler_gets_worker_slow(
                         f"factor {[round(e['factor'], 1) for e in slow]}")
     assert slow and {e["worker_id"] for e in slow} == {1}
     assert all(2.0 <= e["factor"] <= 4.5 for e in slow)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_stop_on_one_node_ends_both_agents_with_the_stop_exit_code(
+    tmp_path: Path, figure: Callable[[int, str], None],
+) -> None:
+    """Two agents (two nodes on this machine, c10d rendezvous), rank 3 exits 3 and the
+    reactor of its node STOPs: both agents end, both with --stop-exit-code and an
+    AGENT_EXIT carrying it, and neither starts a second attempt."""
+    from subscribers.jsonl import read_jsonl
+    from tests.launcher_helpers import JOBS
+    from tests.launcher_helpers import job_env
+
+    out = tmp_path / "out"
+    out.mkdir()
+    port = _free_port()
+    procs = []
+    for node in (0, 1):
+        cmd = [sys.executable, "-m", "eventbus", "run",
+               "--events-jsonl", str(tmp_path / f"node{node}.jsonl"),
+               "--reactor", "tests.jobs.reactors:exit_3_is_fatal", "--stop-exit-code", "42",
+               "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-nodes",
+               "--max-restarts", "2", "--monitor-interval", "0.1",
+               str(JOBS / "gloo_fail_once.py"), "--out", str(out), "--fail-rank", "3"]
+        procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=job_env(), text=True,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                      start_new_session=True))
+    ended: dict[int, float] = {}
+    errors: dict[int, str] = {}
+    try:
+        deadline = time.monotonic() + 240
+        while len(ended) < 2 and time.monotonic() < deadline:
+            for node, proc in enumerate(procs):
+                if node not in ended and proc.poll() is not None:
+                    ended[node] = time.time()
+            time.sleep(0.05)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            errors[procs.index(proc)] = proc.communicate(timeout=30)[1][-3000:]
+    assert len(ended) == 2, errors
+    failed_at = float((out / "attempt0_rank3.exit").read_text())
+    figure(26, "STOP on node of rank 3: agents ended "
+               + ", ".join(f"node {n} {ended[n] - failed_at:.1f} s" for n in sorted(ended))
+               + " after the failure; exit codes "
+               + str([p.returncode for p in procs]))
+    assert [p.returncode for p in procs] == [42, 42], errors
+    for node in (0, 1):
+        events = list(read_jsonl(tmp_path / f"node{node}.jsonl"))
+        (agent_exit,) = [e for e in events if e["type"] == "AGENT_EXIT"]
+        assert agent_exit["exit_code"] == 42 and "STOP" in agent_exit["reason"], agent_exit
+        assert not [e for e in events if e["type"] == "WORKER_RESTART"]
+        assert ended[node] - failed_at < 60, errors
