@@ -74,7 +74,8 @@ def test_agent_events_without_a_rank_are_ignored() -> None:
     clock = Clock()
     watch = health.StallWatch(1.0, clock=clock)
     watch.observe(_event(None))
-    assert watch.observed == 0
+    clock.now += 5
+    assert watch.stalled(0, [0]) == [] and watch._seen == {}
 
 
 def test_an_announced_quiet_period_is_not_a_stall() -> None:
@@ -305,3 +306,14 @@ def test_stalls_and_slow_ranks_show_on_their_rank_in_the_trace_and_timeline(
 
     assert cli_main(["plot", str(path), "-o", str(tmp_path / "job.png")]) == 0
     assert (tmp_path / "job.png").stat().st_size > 0
+
+
+def test_health_benchmark_reports_worker_and_agent_costs() -> None:
+    """benchmarks/bench_health.py runs (quick) and reports the worker's record() before and
+    after arming the stack dump, the agent's cost per event and its share of a core."""
+    from benchmarks import bench_health
+
+    result = bench_health.run(quick=True)
+    assert result["armed"] is True
+    assert result["worker_record_ns"]["before"] > 0 and result["worker_record_ns"]["ratio"] > 0
+    assert result["per_event_ns"] >= 0 and result["core_share_8_workers"] > 0

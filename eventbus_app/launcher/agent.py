@@ -292,11 +292,12 @@ class EventAgent(LocalElasticAgent):
             self.stall_watch = health.StallWatch(stall_timeout)
             self._stack_dir = tempfile.mkdtemp(prefix="eventbus-stacks-")
             os.environ[ENV_STACK_DIR] = self._stack_dir  # the workers inherit it
-            self._health_subs.append(self.bus.subscribe(ALL, on_event=self.stall_watch.observe))
         if slow_factor is not None:
             self.straggler_watch = health.StragglerWatch(slow_factor)
-            self._health_subs.append(self.bus.subscribe(
-                EventType.METRIC, on_event=self.straggler_watch.observe))
+        observe = health.observer(self.stall_watch, self.straggler_watch)
+        if observe is not None:
+            # every worker event is a heartbeat: ALL, one subscriber for both watches
+            self._health_subs.append(self.bus.subscribe(ALL, on_event=observe))
 
     @property
     def stopped_by_reactor(self) -> bool:

@@ -58,6 +58,7 @@ __all__ = [
     "Stall",
     "StallWatch",
     "StragglerWatch",
+    "observer",
     "parse_slow_factor",
     "parse_stall_timeout",
     "parse_stop_exit_code",
@@ -167,28 +168,31 @@ class StallWatch:
         self._seen: dict[tuple[int, int], _Seen] = {}
         self._reported: set[tuple[int, int]] = set()
         self._lock = threading.Lock()
-        #: events observed (a figure for the benchmark)
-        self.observed = 0
+        self._auto = timeout == "auto"
 
     def observe(self, event: Event) -> None:
-        """Note a worker's event (events without a rank, the agents' own, are skipped)."""
+        """Note a worker's event (events without a rank, the agents' own, are skipped).
+
+        The agent pays this per event: kept to a clock read, a dict lookup and stores.
+        """
         ctx = event.context
         rank = ctx.rank
         if rank is None:
             return
         key = (ctx.restart_count or 0, rank)
         now = self._clock()
-        self.observed += 1
         seen = self._seen.get(key)
         if seen is None:
-            seen = self._seen[key] = _Seen(now)
+            self._seen[key] = seen = _Seen(now)
         else:
-            interval = now - seen.last
-            seen.longest = max(seen.longest, interval)
+            if self._auto and now - seen.last > seen.longest:
+                seen.longest = now - seen.last
             seen.last = now
-        quiet = event.data.get(EXPECT_SILENCE_KEY) if event.data else None
-        if isinstance(quiet, (int, float)) and not isinstance(quiet, bool) and quiet > 0:
-            seen.quiet_until = now + float(quiet)
+        data = event.data
+        if data and EXPECT_SILENCE_KEY in data:
+            quiet = data[EXPECT_SILENCE_KEY]
+            if isinstance(quiet, (int, float)) and not isinstance(quiet, bool) and quiet > 0:
+                seen.quiet_until = now + float(quiet)
 
     def timeout_for(self, attempt: int, rank: int) -> float:
         """The timeout that applies to this worker now."""
@@ -326,6 +330,25 @@ class StragglerWatch:
         """Drop older attempts' steps."""
         for key in [k for k in self._steps if k[0] < attempt]:
             del self._steps[key]
+
+
+def observer(stall: StallWatch | None, straggler: StragglerWatch | None
+             ) -> Callable[[Event], None] | None:
+    """One bus subscriber (``ALL``) feeding both watches: one dispatch per event, not two."""
+    if stall is not None and straggler is not None:
+        stall_observe, straggler_observe = stall.observe, straggler.observe
+
+        def both(event: Event) -> None:
+            stall_observe(event)
+            if event.__class__ is Metric:
+                straggler_observe(event)
+
+        return both
+    if stall is not None:
+        return stall.observe
+    if straggler is not None:
+        return straggler.observe
+    return None
 
 
 # -- stacks --------------------------------------------------------------------------------
