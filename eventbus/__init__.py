@@ -41,6 +41,8 @@ from eventbus.events import Rendezvous
 from eventbus.events import TorchelasticRecord
 from eventbus.events import WorkerExit
 from eventbus.events import WorkerRestart
+from eventbus.events import WorkerSlow
+from eventbus.events import WorkerStalled
 from eventbus.events import WorkerStart
 from eventbus.events import event_class
 from eventbus.events import event_type
@@ -77,6 +79,8 @@ __all__ = [
     "UnknownFieldError",
     "WorkerExit",
     "WorkerRestart",
+    "WorkerSlow",
+    "WorkerStalled",
     "WorkerStart",
     "current_context",
     "event_class",

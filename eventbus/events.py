@@ -58,6 +58,8 @@ __all__ = [
     "TorchelasticRecord",
     "WorkerExit",
     "WorkerRestart",
+    "WorkerSlow",
+    "WorkerStalled",
     "WorkerStart",
     "event_class",
     "event_type",
@@ -84,6 +86,12 @@ class EventType(str, Enum):
     TORCHELASTIC = "TORCHELASTIC"
     #: events known to be lost, duplicated or dropped on the way (gaps, full queues)
     EVENTS_LOST = "EVENTS_LOST"
+    # -- job health (eventbus run --stall-timeout, docs/run.md "Job health") --------------
+    #: a live worker recorded nothing for longer than the stall timeout
+    WORKER_STALLED = "WORKER_STALLED"
+    #: a rank's recent steps are much slower than its peers'
+    WORKER_SLOW = "WORKER_SLOW"
+    # -- end job health -----------------------------------------------------------------
 
     __str__ = str.__str__
     __format__ = str.__format__  # type: ignore[assignment]
@@ -777,3 +785,40 @@ class EventsLost(Event):
     source: str
     count: int
     reason: str
+
+
+# -- job health (eventbus run --stall-timeout, docs/run.md "Job health") -------------------
+
+
+@event_type(EventType.WORKER_STALLED, failure=lambda e: True)
+class WorkerStalled(Event):
+    """A live worker recorded no event for longer than the stall timeout.
+
+    ``worker_id`` is its global rank, ``silent_s`` how long it had been silent when the
+    agent noticed. The agent puts every thread's Python stack of the worker in
+    ``data["stack"]`` (and its node peers' in ``data["peer_stacks"]``, rank -> text).
+    """
+
+    worker_id: int
+    silent_s: float
+    #: the timeout that was exceeded (the learned one with ``--stall-timeout auto``)
+    timeout_s: float | None = None
+    worker_local_rank: int | None = None
+    worker_pid: int | None = None
+
+
+@event_type(EventType.WORKER_SLOW)
+class WorkerSlow(Event):
+    """A rank's recent step time is ``factor`` times its peers' median (a straggler).
+
+    Reporting only: the job goes on; reactors may act on it.
+    """
+
+    worker_id: int
+    #: the rank's step time over its peers' median step time
+    factor: float
+    step_time_s: float | None = None
+    median_step_time_s: float | None = None
+    step: int | None = None
+
+# -- end job health ------------------------------------------------------------------------

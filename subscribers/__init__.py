@@ -8,6 +8,7 @@ from subscribers.jsonl import read_jsonl
 from subscribers.log_handler import EventLoggingHandler
 from subscribers.reactors import NonRetriableExitCodes
 from subscribers.reactors import RestartBudget
+from subscribers.reactors import StopAfterStalls
 from subscribers.reactors import StopOnNonFiniteLoss
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "JsonlRecorder",
     "NonRetriableExitCodes",
     "RestartBudget",
+    "StopAfterStalls",
     "StopOnNonFiniteLoss",
     "read_jsonl",
 ]

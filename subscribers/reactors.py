@@ -18,7 +18,13 @@ The reactors here:
 * :class:`RestartBudget`: at most ``max_restarts`` restarts per ``window_s`` seconds, with
   exponential backoff between them: a crash loop stops instead of burning the cluster;
 * :class:`StopOnNonFiniteLoss`: a worker reported a NaN/inf loss before the failure:
-  restarting from the same checkpoint reproduces it, so stop.
+  restarting from the same checkpoint reproduces it, so stop;
+* :class:`StopAfterStalls`: the same rank stalled ``k`` times (``--stall-timeout``): it
+  will hang again, stop.
+
+With ``eventbus run --stall-timeout`` reactors are also called with each
+``WORKER_STALLED``: the reactors here tell the two apart (``RestartBudget`` counts a stall
+restart like a failure restart; the exit-code and loss reactors have no opinion on stalls).
 """
 
 from __future__ import annotations
@@ -37,10 +43,12 @@ from eventbus.events import Decision
 from eventbus.events import Event
 from eventbus.events import EventType
 from eventbus.events import WorkerExit
+from eventbus.events import WorkerStalled
 
 __all__ = [
     "NonRetriableExitCodes",
     "RestartBudget",
+    "StopAfterStalls",
     "StopOnNonFiniteLoss",
     "stop_on_nonfinite_loss",
 ]
@@ -69,6 +77,8 @@ class NonRetriableExitCodes:
         self.signals = names
 
     def __call__(self, event: WorkerExit) -> Decision | None:
+        if not isinstance(event, WorkerExit):
+            return None  # a stall has no exit code
         if event.exit_code in self.exit_codes:
             return Decision.STOP
         if event.signal is not None and event.signal.upper() in self.signals:
@@ -87,7 +97,8 @@ class RestartBudget:
     restarted) ``backoff_s * backoff_factor ** (n - 1)`` seconds, capped at
     ``max_backoff_s``, where ``n`` counts the restarts in the current window. Several
     workers failing in the same attempt count as one failure of the group.
-    ``--max-restarts`` still caps the total: the budget only ever restarts less.
+    ``--max-restarts`` still caps the total: the budget only ever restarts less. A stall
+    (``WORKER_STALLED``) restarts the group too and counts the same.
     """
 
     def __init__(self, max_restarts: int, window_s: float, *, backoff_s: float = 0.0,
@@ -144,6 +155,33 @@ class RestartBudget:
                 f"backoff {self.backoff_s:g}s x{self.backoff_factor:g})")
 
 
+class StopAfterStalls:
+    """STOP when the same rank has stalled ``k`` times (over every attempt of the run);
+    no decision before that (the group restarts), and none on failures.
+
+    >>> reactor = StopAfterStalls(2)   # the second stall of a rank ends the job
+    """
+
+    def __init__(self, k: int = 2) -> None:
+        if type(k) is not int or k < 1:
+            raise ValueError(f"k must be an int >= 1, got {k!r}")
+        self.k = k
+        self._lock = threading.Lock()
+        #: (run id, rank) -> stalls seen
+        self.stalls: dict[tuple[str | None, int], int] = {}
+
+    def __call__(self, event: Event) -> Decision | None:
+        if not isinstance(event, WorkerStalled):
+            return None
+        key = (event.context.run_id, event.worker_id)
+        with self._lock:
+            n = self.stalls[key] = self.stalls.get(key, 0) + 1
+        return Decision.STOP if n >= self.k else None
+
+    def __repr__(self) -> str:
+        return f"StopAfterStalls({self.k})"
+
+
 def _attempt(event: Event) -> int | None:
     attempt = event.data.get("attempt")
     if type(attempt) is int:
@@ -193,6 +231,8 @@ class StopOnNonFiniteLoss:
                 self.seen.setdefault(key, (event.context.rank, value))
 
     def __call__(self, event: WorkerExit) -> Decision | None:
+        if not isinstance(event, WorkerExit):
+            return None
         value = _number(event.data.get(self.key))
         if value is not None and not math.isfinite(value):
             return Decision.STOP

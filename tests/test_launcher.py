@@ -91,7 +91,7 @@ def test_non_retriable_exit_code_stops_at_once(tmp_path: Path) -> None:
     """STOP from a reactor fails the job with restarts left, and no second attempt runs."""
     run = run_job(tmp_path, eventbus_args=["--reactor", f"{REACTORS}:exit_3_is_fatal"],
                   torchrun_args=["--max-restarts", "2"])
-    assert run.returncode == 1, run.describe()
+    assert run.returncode == 3, run.describe()  # --stop-exit-code's default
     assert _started(run, 1) == set(), run.describe()
     assert run.of("WORKER_RESTART") == []
     assert len(run.of("WORKER_EXIT", worker_id=1, exit_code=3)) == 1
@@ -110,7 +110,7 @@ def test_nan_loss_reported_by_a_worker_stops_the_job(tmp_path: Path) -> None:
     is judged, so StopOnNonFiniteLoss stops the job with restarts left."""
     run = run_job(tmp_path, eventbus_args=["--reactor", f"{REACTORS}:stop_on_nan"],
                   torchrun_args=["--max-restarts", "2"], job_args=["--nan-loss"])
-    assert run.returncode == 1, run.describe()
+    assert run.returncode == 3, run.describe()  # --stop-exit-code's default
     assert run.of("WORKER_RESTART") == [], run.describe()
     nan = [e for e in run.of("METRIC", rank=1) if math.isnan(e["data"].get("loss", 0.0))]
     assert len(nan) == 1, run.describe()

@@ -28,7 +28,9 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +38,7 @@ from collections.abc import Iterator
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
+from typing import Literal
 
 from torch.distributed.elastic.agent.server.api import RunResult
 from torch.distributed.elastic.agent.server.api import WorkerGroup
@@ -43,6 +46,7 @@ from torch.distributed.elastic.agent.server.api import WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
+from eventbus._worker_hook import ENV_STACK_DIR
 from eventbus.bus import ALL
 from eventbus.bus import Bus
 from eventbus.bus import Subscription
@@ -55,12 +59,16 @@ from eventbus.events import EventType
 from eventbus.events import Rendezvous
 from eventbus.events import TorchelasticRecord
 from eventbus.events import WorkerExit
+from eventbus.events import WorkerSlow
+from eventbus.events import WorkerStalled
 from eventbus.events import WorkerStart
 from eventbus.events import signal_name
 from eventbus_app.launcher import FAILURE_DRAIN_TIMEOUT_S
 from eventbus_app.launcher import AgentPlugin
 from eventbus_app.launcher import RendezvousInfo
 from eventbus_app.launcher import entry_point_plugins
+from eventbus_app.launcher import health
+from eventbus_app.launcher.stop_signal import StopSignal
 from eventbus_app.launcher.store_transport import StoreTransport
 from publishers.torchelastic import install_torchelastic_bridge
 from publishers.torchelastic import uninstall_torchelastic_bridge
@@ -76,8 +84,9 @@ __all__ = [
 
 logger = logging.getLogger("eventbus")
 
-#: a reactor: called with each failed worker's ``WORKER_EXIT``; ``None`` = no decision
-Reactor = Callable[[WorkerExit], "Decision | str | None"]
+#: a reactor: called with each failed worker's ``WORKER_EXIT`` and each ``WORKER_STALLED``
+#: (``Any``: a reactor typed ``(WorkerExit) -> ...`` is accepted); ``None`` = no decision
+Reactor = Callable[[Any], "Decision | str | None"]
 
 #: torch reads it at every rendezvous; "1" gives each attempt a fresh worker store
 RELIABLE_RESTARTS_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
@@ -229,6 +238,10 @@ class EventAgent(LocalElasticAgent):
         reliable_restarts: bool = True,
         torch_records: bool = True,
         plugin_exit_timeout: float = 5.0,
+        stall_timeout: float | Literal["auto"] | None = None,
+        slow_factor: float | None = health.DEFAULT_SLOW_FACTOR,
+        stop_exit_code: int = health.DEFAULT_STOP_EXIT_CODE,
+        stall_stop_grace_s: float = health.STALL_STOP_GRACE_S,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -257,6 +270,159 @@ class EventAgent(LocalElasticAgent):
                                                else plugins)
         for reactor in reactors:
             self.add_reactor(reactor)
+        self._init_health(stall_timeout=stall_timeout, slow_factor=slow_factor,
+                          stop_exit_code=stop_exit_code,
+                          stall_stop_grace_s=stall_stop_grace_s)
+
+    # -- job health (docs/run.md "Job health"; the rules live in launcher/health.py) ---------
+    def _init_health(self, *, stall_timeout: float | Literal["auto"] | None,
+                     slow_factor: float | None, stop_exit_code: int,
+                     stall_stop_grace_s: float) -> None:
+        self.stop_exit_code = int(stop_exit_code)
+        self.stall_stop_grace_s = float(stall_stop_grace_s)
+        self.stalls = 0
+        self.stall_watch: health.StallWatch | None = None
+        self.straggler_watch: health.StragglerWatch | None = None
+        self._stack_dir: str | None = None
+        self._health_subs: list[Subscription] = []
+        self._next_slow_check = 0.0
+        #: the job-wide STOP key (several nodes only; see stop_signal.py)
+        self._stop_signal: StopSignal | None = None
+        if stall_timeout is not None:
+            self.stall_watch = health.StallWatch(stall_timeout)
+            self._stack_dir = tempfile.mkdtemp(prefix="eventbus-stacks-")
+            os.environ[ENV_STACK_DIR] = self._stack_dir  # the workers inherit it
+        if slow_factor is not None:
+            self.straggler_watch = health.StragglerWatch(slow_factor)
+        observe = health.observer(self.stall_watch, self.straggler_watch)
+        if observe is not None:
+            # every worker event is a heartbeat: ALL, one subscriber for both watches
+            self._health_subs.append(self.bus.subscribe(ALL, on_event=observe))
+
+    @property
+    def stopped_by_reactor(self) -> bool:
+        """Whether a reactor's STOP ended (or is ending) the job."""
+        return self._stop_reason is not None or self._remote_stop() is not None
+
+    def _remote_stop(self) -> str | None:
+        return self._stop_signal.remote if self._stop_signal is not None else None
+
+    def _watch_remote_stop(self, worker_group: WorkerGroup) -> None:
+        if self._stop_signal is not None or (worker_group.group_world_size or 1) < 2:
+            return
+        try:
+            info = self.rendezvous_info(worker_group)
+            self._stop_signal = StopSignal(host=info.store_host, port=info.store_port,
+                                           run_id=info.run_id, group_rank=info.group_rank,
+                                           group_world_size=info.group_world_size)
+            self._stop_signal.start()
+        except Exception:
+            logger.exception("eventbus: no job-wide STOP watch; a STOP on another node "
+                             "ends this one only when its workers lose their peers")
+
+    def _stop_for_remote(self, worker_group: WorkerGroup) -> RunResult | None:
+        """Another node's reactor stopped the job: stop ours, no restart."""
+        remote = self._remote_stop()
+        if remote is None:
+            return None
+        if self._stop_reason is None:
+            self._stop_reason = f"STOP on another node: {remote}"
+            logger.error("eventbus: %s: stopping this node's workers", self._stop_reason)
+        self._remaining_restarts = 0
+        pcontext = getattr(self, "_pcontext", None)
+        failures: dict[int, ProcessFailure] = {}
+        if pcontext is not None:
+            pids = {pid: local for local, pid in pcontext.pids().items()
+                    if isinstance(pid, int)}
+            health.stop_processes(pids, grace_s=self.stall_stop_grace_s,
+                                  alive=lambda pid: _peek_exit(pid) is None)
+            for pid, local_rank in pids.items():
+                code = _peek_exit(pid)
+                rank = worker_group.workers[local_rank].global_rank
+                failures[rank] = failure = ProcessFailure(
+                    local_rank=local_rank, pid=pid, exitcode=code if code is not None else -9,
+                    error_file="<N/A>")
+                if (self.attempt, rank) not in self._reported:
+                    self._reported.add((self.attempt, rank))
+                    self.bus.publish(WorkerExit(
+                        worker_id=rank, exit_code=int(failure.exitcode),
+                        worker_local_rank=local_rank, worker_pid=pid,
+                        signal=signal_name(int(failure.exitcode)),
+                        message="stopped by the agent: STOP on another node",
+                        data={"attempt": self.attempt, "stopped_by_agent": True}))
+        return RunResult(state=WorkerState.FAILED, failures=failures)
+
+    def _check_slow(self, worker_group: WorkerGroup) -> None:
+        watch = self.straggler_watch
+        if watch is None or worker_group.group_rank not in (0, None):
+            return
+        now = time.monotonic()
+        if now < self._next_slow_check:
+            return
+        self._next_slow_check = now + 1.0
+        for slow in watch.check(self.attempt):
+            self.bus.publish(WorkerSlow(
+                worker_id=slow.rank, factor=round(slow.factor, 3),
+                step_time_s=slow.step_time_s, median_step_time_s=slow.median_step_time_s,
+                step=slow.step, data={"attempt": self.attempt,
+                                      "slow_factor": watch.factor}))
+
+    def _check_stalls(self, worker_group: WorkerGroup) -> RunResult | None:
+        """Publish the stalled workers and let the reactors decide; then stop the group and
+        return a FAILED result, which torch's loop restarts (one of ``--max-restarts``) or
+        ends the job with. None while no worker is stalled."""
+        watch = self.stall_watch
+        pcontext = getattr(self, "_pcontext", None)
+        if watch is None or pcontext is None:
+            return None
+        attempt = self.attempt
+        live: dict[int, tuple[int, int]] = {}  # global rank -> (local rank, pid)
+        for local_rank, pid in sorted(pcontext.pids().items()):
+            if isinstance(pid, int) and _peek_exit(pid) is None:
+                live[worker_group.workers[local_rank].global_rank] = (local_rank, pid)
+        if not watch.overdue(attempt, live):
+            return None
+        self._drain_plugins()  # what the worker sent just now counts as progress
+        # the longest silent first: the likeliest cause, which the restart reason names
+        stalls = sorted(watch.stalled(attempt, live), key=lambda st: -st.silent_s)
+        if not stalls:
+            return None
+        self.stalls += len(stalls)
+        stacks = (health.StackDumper(self._stack_dir).capture(pid for _, pid in live.values())
+                  if self._stack_dir else {})
+        events = []
+        for stall in stalls:
+            local_rank, pid = live[stall.rank]
+            peers = {str(rank): stacks.get(p, "") for rank, (_, p) in sorted(live.items())
+                     if rank != stall.rank}
+            events.append(WorkerStalled(
+                worker_id=stall.rank, silent_s=round(stall.silent_s, 3),
+                timeout_s=stall.timeout_s, worker_local_rank=local_rank, worker_pid=pid,
+                data={"attempt": attempt, "stack": stacks.get(pid, ""),
+                      "peer_stacks": peers}))
+        self._decide(events)
+        # Stop the whole group now, with a short grace: a worker blocked in a collective
+        # ignores SIGTERM until the collective's own timeout (30 min with gloo/NCCL).
+        health.stop_processes({pid: rank for rank, (_, pid) in live.items()},
+                              grace_s=self.stall_stop_grace_s,
+                              alive=lambda pid: _peek_exit(pid) is None)
+        failures: dict[int, ProcessFailure] = {}
+        for rank, (local_rank, pid) in sorted(live.items()):
+            code = _peek_exit(pid)
+            failure = ProcessFailure(local_rank=local_rank, pid=pid,
+                                     exitcode=code if code is not None else -9,
+                                     error_file="<N/A>")
+            failures[rank] = failure
+            if (attempt, rank) not in self._reported:
+                self._reported.add((attempt, rank))
+                self.bus.publish(WorkerExit(
+                    worker_id=rank, exit_code=int(failure.exitcode),
+                    worker_local_rank=local_rank, worker_pid=pid,
+                    signal=signal_name(int(failure.exitcode)),
+                    message="stopped by the agent: the group stalled",
+                    data={"attempt": attempt, "stopped_by_agent": True,
+                          "stalled": any(s.rank == rank for s in stalls)}))
+        return RunResult(state=WorkerState.FAILED, failures=failures)
 
     # -- reactors ---------------------------------------------------------------------------
     def add_reactor(self, reactor: Reactor) -> Subscription:
@@ -282,7 +448,7 @@ class EventAgent(LocalElasticAgent):
             if decisions is None:  # not one of this agent's failure reports
                 return
             try:
-                decision = _decision_of(reactor(event))  # type: ignore[arg-type]
+                decision = _decision_of(reactor(event))
             except Exception:
                 self.reactor_errors += 1
                 logger.exception("reactor %s raised on %s; counted as no decision",
@@ -294,9 +460,12 @@ class EventAgent(LocalElasticAgent):
         sub = self.bus.subscribe(EventType.WORKER_EXIT, on_event=consult,
                                  where=_is_failure)
         self._reactor_subs.append(sub)
+        # the same reactor decides on stalls (docs/run.md "Job health")
+        self._reactor_subs.append(self.bus.subscribe(EventType.WORKER_STALLED,
+                                                     on_event=consult))
         return sub
 
-    def _publish_failure(self, event: WorkerExit) -> list[tuple[Decision, str]]:
+    def _publish_failure(self, event: Event) -> list[tuple[Decision, str]]:
         decisions: list[tuple[Decision, str]] = []
         self._collecting.decisions = decisions
         try:
@@ -357,14 +526,22 @@ class EventAgent(LocalElasticAgent):
         if result is not None and not result.is_failed():
             state, code, reason = str(result.state.value), 0, None
         elif result is not None:
-            state, code = "FAILED", 1
+            state, code = "FAILED", self.stop_exit_code if self.stopped_by_reactor else 1
             reason = self._stop_reason or self._failure_summary or "worker group failed"
         else:
-            state, code = "FAILED", 1
+            state, code = "FAILED", self.stop_exit_code if self.stopped_by_reactor else 1
             reason = f"{type(error).__name__}: {error}" if error is not None else None
+            if self._remote_stop() is not None:
+                reason = f"STOP on another node: {self._remote_stop()} ({reason})"
+        if self._stop_signal is not None:
+            if self._stop_signal.announced:
+                self._stop_signal.wait_for_acks()  # our process may host the store
+            self._stop_signal.close()
         self.bus.record(EventType.AGENT_EXIT, state=state, exit_code=code, reason=reason)
-        for sub in self._reactor_subs:
+        for sub in [*self._reactor_subs, *self._health_subs]:
             sub.cancel()
+        if self._stack_dir is not None:
+            shutil.rmtree(self._stack_dir, ignore_errors=True)
 
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
         started = time.perf_counter()
@@ -386,6 +563,7 @@ class EventAgent(LocalElasticAgent):
                   "master_addr": worker_group.master_addr,
                   "master_port": worker_group.master_port},
         )
+        self._watch_remote_stop(worker_group)
         if self.plugins:
             self._after_rendezvous(worker_group)
 
@@ -442,9 +620,18 @@ class EventAgent(LocalElasticAgent):
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         # 1. Failures first, as they are: torch's wait() stops the survivors before it
         #    reports the failure.
+        remote = self._stop_for_remote(worker_group)
+        if remote is not None:
+            return remote
         spontaneous = self._peek_failures(worker_group)
         if spontaneous:
             self._decide(spontaneous)
+        else:
+            # 2. Stalls: live workers silent for too long (job health).
+            stalled = self._check_stalls(worker_group)
+            if stalled is not None:
+                return stalled
+        self._check_slow(worker_group)
         result: RunResult = super()._monitor_workers(worker_group)
         attempt = self.attempt
         if result.state in _FAILED_STATES:
@@ -525,20 +712,25 @@ class EventAgent(LocalElasticAgent):
             except Exception:
                 logger.exception("agent plugin %s raised in drain", _name_of(plugin))
 
-    def _decide(self, failures: list[WorkerExit]) -> None:
+    def _decide(self, failures: Sequence[WorkerExit | WorkerStalled]) -> None:
         """Publish each failure, collect the reactors' decisions, and apply them."""
         # What the failed workers sent before they died goes first (see AgentPlugin).
         self._drain_plugins()
         decisions: list[tuple[Decision, str]] = []
         for event in failures:
-            self._reported.add((self.attempt, event.worker_id))
+            if isinstance(event, WorkerExit):
+                self._reported.add((self.attempt, event.worker_id))
             decisions.extend(self._publish_failure(event))
         summary = _describe(failures[0])
         self._failure_summary = summary
         stops = [name for decision, name in decisions if decision is Decision.STOP]
         restarts = [name for decision, name in decisions if decision is Decision.RESTART]
+        if not stops and self._remote_stop() is not None:
+            stops = [f"another node ({self._remote_stop()})"]
         if stops:
             self._stop_reason = f"{summary}; STOP from {', '.join(stops)}"
+            if self._stop_signal is not None and self._remote_stop() is None:
+                self._stop_signal.announce(self._stop_reason)
             logger.error("eventbus: %s: stopping the job (restarts left: %d)",
                          self._stop_reason, self._remaining_restarts)
             # torch's monitor loop stops and fails the group when no restart is left.
@@ -556,6 +748,9 @@ class EventAgent(LocalElasticAgent):
         reason = self._restart_reason or "membership change: new nodes are waiting"
         self._restart_reason = None
         attempt = self._next_attempt()
+        for watch in (self.stall_watch, self.straggler_watch):
+            if watch is not None:
+                watch.forget_before(attempt)
         set_context(restart_count=attempt)
         self.bus.record(EventType.WORKER_RESTART, attempt=attempt,
                         restarts_left=self.remaining_restarts, reason=reason)
@@ -567,6 +762,9 @@ def _is_failure(event: Event) -> bool:
 
 
 def _describe(event: Event) -> str:
+    if isinstance(event, WorkerStalled):
+        return (f"rank {event.worker_id} stalled (no event for {event.silent_s:.1f} s, "
+                f"timeout {event.timeout_s or 0:g} s)")
     if isinstance(event, WorkerExit):
         how = f"signal {event.signal}" if event.signal else f"exit code {event.exit_code}"
         text = f"rank {event.worker_id} failed ({how})"

@@ -4,7 +4,8 @@
 torchrun's own argument parser (``torch.distributed.run.get_args_parser``) with three
 more options, and torchrun's own launch path (``torch.distributed.run.run``) with the
 agent swapped for :class:`eventbus_app.launcher.agent.EventAgent`. Exit code: 0 when the job
-succeeded, 1 when it failed, as torchrun.
+succeeded, 1 when it failed, as torchrun; ``--stop-exit-code`` (default 3) when a reactor's
+STOP ended it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from eventbus.bus import ALL
 from eventbus.bus import get_default_bus
 from eventbus_app.launcher import AgentPlugin
+from eventbus_app.launcher import health
 from subscribers.jsonl import JsonlRecorder
 
 __all__ = ["build_parser", "load_reactor", "main"]
@@ -56,6 +58,25 @@ def build_parser() -> argparse.ArgumentParser:
              "webhook:URL, mlflow:TRACKING_URI, or an 'eventbus.sinks' entry point; "
              "repeatable (docs/sinks.md)")
     # -- end sinks --
+    # -- job health (docs/run.md "Job health") ---------------------------------------------
+    group.add_argument(
+        "--stall-timeout", metavar="SECONDS|auto", type=health.parse_stall_timeout,
+        default=None,
+        help="a worker that recorded an event and then none for SECONDS while alive is "
+             "stalled: WORKER_STALLED with its stacks, reactors decide, the group restarts; "
+             f"auto: max({health.AUTO_FLOOR_S:g} s, {health.AUTO_FACTOR:g} x the longest "
+             "interval seen between the worker's events). Default: off")
+    group.add_argument(
+        "--slow-factor", metavar="FACTOR|off", type=health.parse_slow_factor,
+        default=health.DEFAULT_SLOW_FACTOR,
+        help="WORKER_SLOW when a rank's recent step time (METRIC step) is FACTOR x its "
+             f"peers' median (default {health.DEFAULT_SLOW_FACTOR:g}; off disables)")
+    group.add_argument(
+        "--stop-exit-code", metavar="N", type=health.parse_stop_exit_code,
+        default=health.DEFAULT_STOP_EXIT_CODE,
+        help="exit code when a reactor's STOP ended the job (default "
+             f"{health.DEFAULT_STOP_EXIT_CODE}: not torchrun's 1, so that a scheduler can "
+             "tell 'do not retry' from an ordinary failure)")
     return parser
 
 
@@ -146,14 +167,26 @@ def main(argv: Sequence[str] | None = None, *,
         handler = eventbus.get_logging_handler()
         if handler.level == logging.NOTSET:
             handler.setLevel(logging.INFO)
+    agents: list[Any] = []
     try:
-        with event_agent(bus=bus, reactors=reactors, plugins=plugins):
+        with event_agent(bus=bus, reactors=reactors, plugins=plugins,
+                         stall_timeout=args.stall_timeout, slow_factor=args.slow_factor,
+                         stop_exit_code=args.stop_exit_code) as agents:
             # torchrun's own error handling: the failure table and the root cause's error
             # file copied to the launcher's TORCHELASTIC_ERROR_FILE.
             record(torchrun_run)(args)
     except ChildFailedError as exc:
         print(str(exc), file=sys.stderr)
+        if any(agent.stopped_by_reactor for agent in agents):
+            return int(args.stop_exit_code)
         return 1
+    except Exception as exc:
+        # e.g. the rendezvous closed under this node after another node's STOP
+        if not any(agent.stopped_by_reactor for agent in agents):
+            raise
+        print(f"eventbus: the job was stopped by a reactor ({type(exc).__name__}: {exc})",
+              file=sys.stderr)
+        return int(args.stop_exit_code)
     finally:
         for sub in subscriptions:
             sub.cancel()

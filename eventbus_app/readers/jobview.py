@@ -309,7 +309,7 @@ class _Builder:
     def track_of(self, r: Record) -> int | Literal["agent"]:
         if r.rank is not None:
             return r.rank
-        if r.type in ("WORKER_START", "WORKER_EXIT"):
+        if r.type in ("WORKER_START", "WORKER_EXIT", "WORKER_STALLED", "WORKER_SLOW"):
             worker_id = _int_or_none(r.fields.get("worker_id"))
             if worker_id is not None:
                 return worker_id

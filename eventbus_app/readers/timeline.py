@@ -38,10 +38,12 @@ _RESTART = "#d62728"
 _CHECKPOINT = "#2ca02c"
 _RENDEZVOUS = "#6a3d9a"
 _STOPPED = "#555555"
+_SLOW = "#ff7f0e"
 #: event types with a mark of their own (everything else is an "other event" dot)
 _DRAWN_APART = frozenset({"WORKER_START", "WORKER_EXIT", "WORKER_RESTART", "RENDEZVOUS",
                           "AGENT_START", "AGENT_EXIT", "EPOCH_START", "EPOCH_END",
-                          "CHECKPOINT_SAVED", "METRIC", "TORCHELASTIC"})
+                          "CHECKPOINT_SAVED", "METRIC", "TORCHELASTIC",
+                          "WORKER_STALLED", "WORKER_SLOW"})
 #: above this many failures and stops, their exit codes are left to the trace
 _MAX_EXIT_LABELS = 40
 
@@ -153,7 +155,7 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
     # point events, by kind: (xs, ys)
     points: dict[str, tuple[list[float], list[float]]] = {}
     restarts: list[list[tuple[float, float]]] = []
-    labelled: list[tuple[float, int, str, str]] = []  # x, row, text, colour
+    labelled: list[tuple[float, float, str, str]] = []  # x, row, text, colour
 
     def point(kind: str, t: float, y: float) -> None:
         xs, ys = points.setdefault(kind, ([], []))
@@ -179,6 +181,11 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
             restarts.append([(t, min(node_rows) - 0.45), (t, max(node_rows) + 0.45)])
         elif r.type == "CHECKPOINT_SAVED":
             point("checkpoint", t, row - 0.32)
+        elif r.type == "WORKER_STALLED":  # job health
+            point("stall", t, row - 0.3)  # above the row: the stop mark follows it
+            labelled.append((t, row - 0.3, f"stalled {r.fields.get('silent_s')} s", _FAILURE))
+        elif r.type == "WORKER_SLOW":
+            point("slow", t, row + 0.3)
         elif r.type == "METRIC":
             continue  # numbers, not moments: they belong in the trace's counters
         elif r.type in ("AGENT_START", "AGENT_EXIT"):
@@ -196,6 +203,9 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
         "failure": {"marker": "X", "markersize": 11, "color": _FAILURE,
                     "markeredgecolor": "white"},
         "checkpoint": {"marker": "v", "markersize": 7, "color": _CHECKPOINT},
+        "stall": {"marker": "*", "markersize": 13, "color": _FAILURE,
+                  "markeredgecolor": "white"},
+        "slow": {"marker": ">", "markersize": 6, "color": _SLOW},
         "agent": {"marker": "|", "markersize": 14, "markeredgewidth": 2, "color": "#333333"},
         "agent failure": {"marker": "|", "markersize": 14, "markeredgewidth": 2,
                           "color": _FAILURE},
@@ -207,8 +217,8 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
         ax.plot(xs, ys, linestyle="none", zorder=6, **styles[kind])
     # exit codes next to their marks, while there are few enough to read
     if len(labelled) <= _MAX_EXIT_LABELS:
-        for t, row, text, colour in labelled:
-            ax.annotate(text, (t, row), xytext=(6, -9), textcoords="offset points",
+        for t, y, text, colour in labelled:
+            ax.annotate(text, (t, y), xytext=(6, -9), textcoords="offset points",
                         fontsize=8, color=colour, zorder=6)
 
     n_ranks = sum(len(n.ranks) for n in view.nodes)
@@ -229,6 +239,12 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
     if any(m.record.stopped_by_agent for m in view.markers):
         handles.append(Line2D([], [], color="white", marker="s", markerfacecolor=_STOPPED,
                               markersize=8, label="stopped by its agent"))
+    if "WORKER_STALLED" in kinds:
+        handles.append(Line2D([], [], color="white", marker="*", markerfacecolor=_FAILURE,
+                              markersize=12, label="stalled worker"))
+    if "WORKER_SLOW" in kinds:
+        handles.append(Line2D([], [], color="white", marker=">", markerfacecolor=_SLOW,
+                              markersize=8, label="slow rank (straggler)"))
     if "WORKER_RESTART" in kinds:
         handles.append(Line2D([], [], color=_RESTART, linestyle="--", label="restart"))
     if "CHECKPOINT_SAVED" in kinds:

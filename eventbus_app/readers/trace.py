@@ -85,6 +85,8 @@ _CATEGORY = {
     "WORKER_START": "worker",
     "EPOCH_START": "epoch",
     "EPOCH_END": "epoch",
+    "WORKER_STALLED": "stall",
+    "WORKER_SLOW": "slow",
 }
 
 
@@ -111,6 +113,10 @@ def _instant_name(record: Record) -> str:
         return f"torchelastic {f.get('name')}"
     if record.type == "EVENTS_LOST":
         return f"{f.get('count')} events lost"
+    if record.type == "WORKER_STALLED":  # job health: the stack is in args.data.stack
+        return f"rank {f.get('worker_id')} stalled (silent {f.get('silent_s')} s)"
+    if record.type == "WORKER_SLOW":
+        return f"rank {f.get('worker_id')} slow (x{f.get('factor')} its peers' median)"
     return record.type
 
 

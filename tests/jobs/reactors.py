@@ -24,3 +24,10 @@ def broken(event: WorkerExit) -> Decision:
 
 #: a worker that reported a NaN loss before failing will fail again: stop
 stop_on_nan = StopOnNonFiniteLoss()
+
+
+def stop_on_stall(event: object) -> Decision | None:
+    """STOP when a worker stalls; no decision on other failures."""
+    if getattr(event, "type", None) == "WORKER_STALLED":
+        return Decision.STOP
+    return None

@@ -1,0 +1,446 @@
+"""Job health on the agent: stalled workers, stragglers, and the stacks of a stalled node.
+
+Torch-free and clock-injectable, so that the rules are unit-tested without a job; the agent
+(:mod:`eventbus_app.launcher.agent`) feeds the watches the events that reach its bus and
+asks them once per monitor interval. The rules (docs/run.md, "Job health"):
+
+* **stall**: after a worker's first event in an attempt, no event for longer than the
+  timeout while its process lives. Any event type counts. Before the first event a worker
+  is never stalled. An event whose ``data["expect_silence_s"]`` is a number announces a
+  quiet period (a long checkpoint write): the worker is not stalled before that many
+  seconds after it, even past the timeout;
+* ``--stall-timeout auto``: per worker, ``max(AUTO_FLOOR_S, AUTO_FACTOR x`` the longest
+  interval seen between two of its events in the attempt``)``: 60 s at least, and five
+  times the longest quiet period the worker already came back from;
+* **straggler** (``WORKER_SLOW``): a rank's recent step time (over its last ``window``
+  ``METRIC`` events with a ``step``: elapsed time / steps; or the median of its
+  ``data["step_time_s"]`` when the events carry it, which lock-step training needs, since
+  there every rank waits for the slowest) is at least ``factor`` times the median of its
+  peers' and at least ``min_step_time_s``; reported at most once per rank per
+  ``report_interval_s``.
+
+The agent pays for the watch per event it receives, never the worker's ``record()``: one
+dict lookup and store (stall), and for ``METRIC`` events one deque append (straggler).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import signal
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Mapping
+from typing import Any
+from typing import Literal
+
+import attrs
+
+from eventbus.events import Event
+from eventbus.events import Metric
+
+__all__ = [
+    "AUTO_FACTOR",
+    "AUTO_FLOOR_S",
+    "DEFAULT_SLOW_FACTOR",
+    "DEFAULT_STOP_EXIT_CODE",
+    "EXPECT_SILENCE_KEY",
+    "MAX_STACK_CHARS",
+    "STALL_STOP_GRACE_S",
+    "Slow",
+    "StackDumper",
+    "Stall",
+    "StallWatch",
+    "StragglerWatch",
+    "observer",
+    "parse_slow_factor",
+    "parse_stall_timeout",
+    "parse_stop_exit_code",
+    "stop_processes",
+]
+
+#: ``--stop-exit-code`` default: not 1 (torchrun's ordinary failure, which schedulers
+#: retry), not 2 (a usage error), below 126 (the shell's) and 128 (killed by a signal);
+#: Kubeflow's ``restartPolicy: ExitCode`` treats 1-127 as permanent: "do not retry"
+DEFAULT_STOP_EXIT_CODE = 3
+#: ``--slow-factor`` default
+DEFAULT_SLOW_FACTOR = 2.0
+#: ``--stall-timeout auto``: never below this many seconds...
+AUTO_FLOOR_S = 60.0
+#: ... and this many times the longest interval the worker came back from
+AUTO_FACTOR = 5.0
+#: ``data[EXPECT_SILENCE_KEY] = seconds`` in any event announces a quiet period
+EXPECT_SILENCE_KEY = "expect_silence_s"
+#: a stalled group is stopped by SIGTERM, then SIGKILL after this many seconds (a worker
+#: blocked in a C call, a collective say, never runs its Python SIGTERM handler)
+STALL_STOP_GRACE_S = 5.0
+#: each stack in an event is cut to this many characters (its end, the innermost frames
+#: of the last thread, is kept whole by faulthandler's "most recent call first" order)
+MAX_STACK_CHARS = 32_000
+
+
+# -- the command line ----------------------------------------------------------------------
+
+
+def parse_stall_timeout(text: str) -> float | Literal["auto"]:
+    """``--stall-timeout``: seconds > 0 (finite) or ``auto``."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected seconds > 0 or 'auto', got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0 or 'auto', got {text!r}")
+    return value
+
+
+def parse_slow_factor(text: str) -> float | None:
+    """``--slow-factor``: a number > 1, or ``off`` (None)."""
+    if text.strip().lower() == "off":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a factor > 1 or 'off', got {text!r}") from None
+    if not math.isfinite(value) or value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a factor > 1 or 'off', got {text!r}")
+    return value
+
+
+def parse_stop_exit_code(text: str) -> int:
+    """``--stop-exit-code``: an int from 1 to 125 (0 would say "succeeded")."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an exit code 1-125, got {text!r}") from None
+    if not 1 <= value <= 125:
+        raise argparse.ArgumentTypeError(f"expected an exit code 1-125, got {text!r}")
+    return value
+
+
+# -- stalls --------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Stall:
+    """A worker found stalled: its global rank, how long it was silent, the timeout."""
+
+    rank: int
+    silent_s: float
+    timeout_s: float
+
+
+class _Seen:
+    __slots__ = ("last", "longest", "quiet_until")
+
+    def __init__(self, now: float) -> None:
+        self.last = now
+        self.longest = 0.0
+        self.quiet_until = 0.0
+
+
+class StallWatch:
+    """Per (attempt, global rank): when the worker's latest event arrived.
+
+    ``observe`` is the bus subscriber (any thread); ``overdue``/``stalled`` are asked by
+    the agent's monitor. ``timeout`` is seconds, or ``"auto"`` (see the module docstring).
+    Arrival times on the agent's clock are used, never the worker's timestamps.
+    """
+
+    def __init__(self, timeout: float | Literal["auto"], *, auto_floor_s: float = AUTO_FLOOR_S,
+                 auto_factor: float = AUTO_FACTOR,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if timeout != "auto" and not (isinstance(timeout, (int, float)) and timeout > 0):
+            raise ValueError(f"timeout must be seconds > 0 or 'auto', got {timeout!r}")
+        self.timeout = timeout
+        self.auto_floor_s = float(auto_floor_s)
+        self.auto_factor = float(auto_factor)
+        self._clock = clock
+        self._seen: dict[tuple[int, int], _Seen] = {}
+        self._reported: set[tuple[int, int]] = set()
+        self._lock = threading.Lock()
+        self._auto = timeout == "auto"
+
+    def observe(self, event: Event) -> None:
+        """Note a worker's event (events without a rank, the agents' own, are skipped).
+
+        The agent pays this per event: kept to a clock read, a dict lookup and stores.
+        """
+        ctx = event.context
+        rank = ctx.rank
+        if rank is None:
+            return
+        key = (ctx.restart_count or 0, rank)
+        now = self._clock()
+        seen = self._seen.get(key)
+        if seen is None:
+            self._seen[key] = seen = _Seen(now)
+        else:
+            if self._auto and now - seen.last > seen.longest:
+                seen.longest = now - seen.last
+            seen.last = now
+        data = event.data
+        if data and EXPECT_SILENCE_KEY in data:
+            quiet = data[EXPECT_SILENCE_KEY]
+            if isinstance(quiet, (int, float)) and not isinstance(quiet, bool) and quiet > 0:
+                seen.quiet_until = now + float(quiet)
+
+    def timeout_for(self, attempt: int, rank: int) -> float:
+        """The timeout that applies to this worker now."""
+        if self.timeout != "auto":
+            return float(self.timeout)
+        seen = self._seen.get((attempt, rank))
+        longest = seen.longest if seen is not None else 0.0
+        return max(self.auto_floor_s, self.auto_factor * longest)
+
+    def overdue(self, attempt: int, ranks: Iterable[int]) -> list[Stall]:
+        """The live workers ``ranks`` of ``attempt`` past their deadline, not yet reported."""
+        now = self._clock()
+        found = []
+        for rank in ranks:
+            key = (attempt, rank)
+            seen = self._seen.get(key)
+            if seen is None or key in self._reported:
+                continue  # no first event yet: never stalled
+            silent = now - seen.last
+            timeout = self.timeout_for(attempt, rank)
+            if silent > timeout and now > seen.quiet_until:
+                found.append(Stall(rank, silent, timeout))
+        return found
+
+    def stalled(self, attempt: int, ranks: Iterable[int]) -> list[Stall]:
+        """:meth:`overdue`, each worker reported once per attempt."""
+        with self._lock:
+            found = self.overdue(attempt, ranks)
+            self._reported.update((attempt, s.rank) for s in found)
+        return found
+
+    def forget_before(self, attempt: int) -> None:
+        """Drop what older attempts left (they can no longer stall)."""
+        with self._lock:
+            for key in [k for k in self._seen if k[0] < attempt]:
+                del self._seen[key]
+
+
+# -- stragglers ----------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Slow:
+    """A straggler: its rank, step time, its peers' median, the ratio, its latest step."""
+
+    rank: int
+    step_time_s: float
+    median_step_time_s: float
+    factor: float
+    step: int
+
+
+class StragglerWatch:
+    """Step times per (attempt, rank) from ``METRIC`` events; see the module docstring."""
+
+    def __init__(self, factor: float = DEFAULT_SLOW_FACTOR, *, window: int = 8,
+                 min_steps: int = 4, min_step_time_s: float = 0.05,
+                 report_interval_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not factor > 1:
+            raise ValueError(f"factor must be > 1, got {factor!r}")
+        if window < 2 or min_steps < 1:
+            raise ValueError("window >= 2 and min_steps >= 1 are required")
+        self.factor = float(factor)
+        self.window = int(window)
+        self.min_steps = int(min_steps)
+        self.min_step_time_s = float(min_step_time_s)
+        self.report_interval_s = float(report_interval_s)
+        self._clock = clock
+        #: (attempt, rank) -> recent (step, timestamp, own step time or None)
+        self._steps: dict[tuple[int, int], deque[tuple[int, float, float | None]]] = {}
+        self._last_report: dict[int, float] = {}
+
+    def observe(self, event: Event) -> None:
+        """Note a ``METRIC`` event's step (others, and those without step or rank, skip)."""
+        if not isinstance(event, Metric) or event.step is None:
+            return
+        ctx = event.context
+        if ctx.rank is None:
+            return
+        key = (ctx.restart_count or 0, ctx.rank)
+        own = event.data.get("step_time_s") if event.data else None
+        if not isinstance(own, (int, float)) or isinstance(own, bool):
+            own = None
+        steps = self._steps.get(key)
+        if steps is None:
+            steps = self._steps[key] = deque(maxlen=self.window + 1)
+        elif steps and event.step <= steps[-1][0]:
+            steps.clear()  # the step counter went back: a new epoch's numbering, say
+        steps.append((event.step, event.timestamp, None if own is None else float(own)))
+
+    def step_time(self, attempt: int, rank: int) -> float | None:
+        """The rank's recent step time, or None while it has too few steps."""
+        steps = self._steps.get((attempt, rank))
+        if not steps or len(steps) < 2:
+            return None
+        own = [s[2] for s in steps if s[2] is not None]
+        if len(own) >= self.min_steps:
+            return float(statistics.median(own))
+        first, last = steps[0], steps[-1]
+        done = last[0] - first[0]
+        if done < self.min_steps:
+            return None
+        return max(0.0, last[1] - first[1]) / done
+
+    def check(self, attempt: int) -> list[Slow]:
+        """The stragglers of ``attempt`` now, rate-limited per rank."""
+        times: dict[int, float] = {}
+        latest: dict[int, int] = {}
+        for (a, rank), steps in list(self._steps.items()):
+            if a != attempt:
+                continue
+            t = self.step_time(a, rank)
+            if t is not None:
+                times[rank] = t
+                latest[rank] = steps[-1][0]
+        if len(times) < 2:
+            return []
+        now = self._clock()
+        found = []
+        for rank, t in sorted(times.items()):
+            median = statistics.median([v for r, v in times.items() if r != rank])
+            if t < self.min_step_time_s or t < self.factor * median:
+                continue
+            last = self._last_report.get(rank)
+            if last is not None and now - last < self.report_interval_s:
+                continue
+            self._last_report[rank] = now
+            ratio = t / median if median > 0 else math.inf
+            found.append(Slow(rank, t, median, ratio if math.isfinite(ratio) else 1e9,
+                              latest[rank]))
+        return found
+
+    def forget_before(self, attempt: int) -> None:
+        """Drop older attempts' steps."""
+        for key in [k for k in self._steps if k[0] < attempt]:
+            del self._steps[key]
+
+
+def observer(stall: StallWatch | None, straggler: StragglerWatch | None
+             ) -> Callable[[Event], None] | None:
+    """One bus subscriber (``ALL``) feeding both watches: one dispatch per event, not two."""
+    if stall is not None and straggler is not None:
+        stall_observe, straggler_observe = stall.observe, straggler.observe
+
+        def both(event: Event) -> None:
+            stall_observe(event)
+            if event.__class__ is Metric:
+                straggler_observe(event)
+
+        return both
+    if stall is not None:
+        return stall.observe
+    if straggler is not None:
+        return straggler.observe
+    return None
+
+
+# -- stacks --------------------------------------------------------------------------------
+
+
+class StackDumper:
+    """Ask workers for their Python stacks through the files of ``directory``.
+
+    A worker of ``eventbus run`` with ``EVENTBUS_STACK_DIR`` set arms ``faulthandler`` on
+    a signal and writes the signal's number to ``<dir>/<pid>.sig``
+    (:func:`eventbus._worker_hook.arm_stack_dump`); this sends that signal and reads
+    what the worker's C handler appended to ``<dir>/<pid>.stack``. A worker without the
+    ``.sig`` file (opted out, or not a Python worker importing eventbus) is never signalled.
+    """
+
+    def __init__(self, directory: str, *, wait_s: float = 1.0) -> None:
+        self.directory = directory
+        self.wait_s = wait_s
+
+    def _path(self, pid: int, suffix: str) -> str:
+        return os.path.join(self.directory, f"{pid}.{suffix}")
+
+    def capture(self, pids: Iterable[int]) -> dict[int, str]:
+        """pid -> the stack text each armed, live worker wrote (others: a note why not)."""
+        offsets: dict[int, int] = {}
+        result: dict[int, str] = {}
+        for pid in pids:
+            try:
+                with open(self._path(pid, "sig"), encoding="utf-8") as f:
+                    signum = int(f.read().strip())
+            except (OSError, ValueError):
+                result[pid] = ("(no stack: the worker did not arm the stack dump; "
+                               "EVENTBUS_STACK_SIGNAL=off, or it never imported eventbus)")
+                continue
+            try:
+                offsets[pid] = os.path.getsize(self._path(pid, "stack"))
+                os.kill(pid, signum)
+            except OSError as exc:
+                result[pid] = f"(no stack: {exc})"
+                offsets.pop(pid, None)
+        deadline = time.monotonic() + self.wait_s
+        sizes = {pid: -1 for pid in offsets}
+        stable = 0
+        while offsets and time.monotonic() < deadline:
+            time.sleep(0.05)
+            now = {pid: _size(self._path(pid, "stack")) for pid in offsets}
+            grown = all(now[pid] > offsets[pid] for pid in offsets)
+            if grown and now == sizes:
+                stable += 1
+                if stable >= 2:
+                    break
+            else:
+                stable = 0
+            sizes = now
+        for pid, offset in offsets.items():
+            try:
+                with open(self._path(pid, "stack"), encoding="utf-8",
+                          errors="replace") as f:
+                    f.seek(offset)
+                    text = f.read()
+            except OSError as exc:
+                text = f"(no stack: {exc})"
+            if not text:
+                text = "(no stack: the worker wrote nothing within the wait)"
+            result[pid] = text[-MAX_STACK_CHARS:]
+        return result
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return -1
+
+
+def stop_processes(pids: Mapping[int, Any], *, grace_s: float,
+                   alive: Callable[[int], bool]) -> None:
+    """SIGTERM each pid, and SIGKILL those still ``alive`` after ``grace_s`` seconds."""
+    for pid in pids:
+        if alive(pid):
+            _kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
+        time.sleep(0.05)
+    for pid in pids:
+        if alive(pid):
+            _kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
+        time.sleep(0.05)
+
+
+def _kill(pid: int, signum: int) -> None:
+    with contextlib.suppress(OSError):
+        os.kill(pid, signum)
