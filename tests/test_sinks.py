@@ -147,9 +147,8 @@ def test_webhook_posts_the_failure_with_the_agents_decision() -> None:
     with receiver() as r:
         sink = make_sink(f"webhook:{r.url}/hook")
         feed(sink)
-        sink(make_event("WORKER_STALLED", rank=None, restart_count=1, worker_id=0)
-             if "WORKER_STALLED" in eventbus.event_types() else
-             make_event("AGENT_EXIT", restart_count=1, state="FAILED", reason="stopped"))
+        sink(make_event("WORKER_STALLED", rank=None, restart_count=1, worker_id=0,
+                        silent_s=12.5))
         assert sink.close(timeout=10.0)
         bodies = [json.loads(body) for path, body in r.requests if path == "/hook"]
     texts = [b["text"] for b in bodies]
@@ -157,7 +156,8 @@ def test_webhook_posts_the_failure_with_the_agents_decision() -> None:
                                "restarts the worker group as attempt 1 (0 restarts left)"), texts
     assert bodies[0]["event"]["type"] == "WORKER_EXIT" and bodies[0]["event"]["exit_code"] == 3
     assert RUN_ID in texts[0]
-    assert len(bodies) == 3  # both failed exits of attempt 0, then the stall or the failed end
+    assert len(bodies) == 3  # both failed exits of attempt 0, then the stall
+    assert texts[2].startswith("Rank 0 stalled on attempt 1: no event for 12.5 s"), texts
     assert sink.stats()["posted"] == 3 and not sink.stats()["dropped"]
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from typing import ClassVar
 
 from eventbus.events import Event
+from eventbus.events import WorkerStalled
 from subscribers.queued import QueuedSink
 from subscribers.queued import QueueSettings
 
@@ -26,7 +27,6 @@ __all__ = [
     "SINK_QUEUE",
     "EventSink",
     "MissingExtraError",
-    "STALL_TYPE",
     "SinkArgumentError",
     "attempt_of",
     "describe",
@@ -80,12 +80,11 @@ def numbers_of(data: dict[str, Any]) -> dict[str, float]:
 
 
 #: the stall event's type name, matched as a string: the type may not be declared (yet)
-STALL_TYPE = "WORKER_STALLED"
 
 
 def is_stall(event: Event) -> bool:
     """Whether ``event`` reports a stalled worker."""
-    return str(event.type) == STALL_TYPE
+    return isinstance(event, WorkerStalled)
 
 
 def rank_of(event: Event) -> int | None:
@@ -117,11 +116,11 @@ def describe(event: Event, *, decision: str | None = None) -> str:
         message = getattr(event, "message", None)
         if message:
             text += f" ({str(message).splitlines()[0][:200]})"
-    elif is_stall(event):
-        extra = ", ".join(f"{k}={v}" for k, v in event.fields().items() if k != "worker_id")
-        text = f"Rank {rank_of(event)} stalled on attempt {attempt}"
-        if extra:
-            text += f" ({extra})"
+    elif isinstance(event, WorkerStalled):
+        text = (f"Rank {rank_of(event)} stalled on attempt {attempt}: no event for "
+                f"{event.silent_s:.1f} s")
+        if event.timeout_s is not None:
+            text += f" (stall timeout {event.timeout_s:g} s)"
     elif kind == "WORKER_RESTART":
         left = getattr(event, "restarts_left", None)
         text = f"The agent restarts the worker group as attempt {attempt}"

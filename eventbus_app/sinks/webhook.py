@@ -29,7 +29,6 @@ from typing import Any
 
 from eventbus.events import Event
 from eventbus_app.sinks.base import SINK_QUEUE
-from eventbus_app.sinks.base import STALL_TYPE
 from eventbus_app.sinks.base import EventSink
 from eventbus_app.sinks.base import attempt_of
 from eventbus_app.sinks.base import describe
@@ -42,7 +41,7 @@ __all__ = ["WEBHOOK_MAX_PER_MINUTE", "WebhookSink"]
 logger = logging.getLogger("eventbus")
 
 #: the types a post may come from (with WORKER_STALLED)
-_POSTED_TYPES = frozenset({"WORKER_EXIT", "WORKER_RESTART", "AGENT_EXIT"})
+_POSTED_TYPES = frozenset({"WORKER_EXIT", "WORKER_STALLED", "WORKER_RESTART", "AGENT_EXIT"})
 
 #: posts started per minute at most, by default
 WEBHOOK_MAX_PER_MINUTE = 20
@@ -72,7 +71,7 @@ class WebhookSink(EventSink):
     def __call__(self, event: Event) -> None:
         """Enqueue the events a post may come from; the rest (metrics, ...) never queue."""
         kind = str(event.type)
-        if kind in _POSTED_TYPES or kind == STALL_TYPE:
+        if kind in _POSTED_TYPES:
             super().__call__(event)
 
     def write(self, events: Sequence[Event]) -> None:
