@@ -56,6 +56,7 @@ from subscribers.queued import QueuedSink
 from subscribers.queued import QueueSettings
 
 __all__ = [
+    "END_CONNECT_WAIT",
     "FORWARDER_QUEUE",
     "OS_EXIT_FLUSH_TIMEOUT",
     "StoreForwarder",
@@ -67,6 +68,9 @@ logger = logging.getLogger("eventbus")
 
 # -- the forwarder -----------------------------------------------------------------------
 
+
+#: the longest close() waits for a reconnect to push the end marker after an outage
+END_CONNECT_WAIT = 5.0
 
 #: the forwarder's queue: larger batches and a shorter idle wait than a file sink (one push
 #: carries thousands of events; a worker's events should reach the agent within ~20 ms)
@@ -182,6 +186,20 @@ class StoreForwarder:
             self._note_loss(0, error)
         return self._client
 
+    def _connect_for_end(self, wait: float) -> None:
+        # Attempts every 0.2 s (a closed port fails at once) until one connects or
+        # ``wait`` runs out; the queue's thread is stopped by now.
+        deadline = time.monotonic() + wait
+        while self._client is None and time.monotonic() < deadline:
+            with self._client_lock:
+                self._next_connect = 0.0
+                self._connect()
+                connector = self._connector
+            if connector is not None:
+                connector.join(max(0.0, deadline - time.monotonic()))
+            if self._client is None:
+                time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+
     def _connect_in_background(self) -> None:
         try:
             _probe_port(self.host, self.port, timeout=self.connect_timeout)
@@ -223,6 +241,7 @@ class StoreForwarder:
                     client.queue_push(self.key, value)
                 except Exception as exc:
                     self._client = None
+                    self._next_connect = 0.0  # the first reconnect at once, then paced
                     self._note_loss(n, f"queue_push failed: {_first_line(exc)}")
                 else:
                     self._pushes += 1
@@ -261,8 +280,11 @@ class StoreForwarder:
         # nothing to end: no connection just for the marker.
         sent = self.encoder.seq > 0 or any(self.sink.dropped.values())
         if not self._ended and self._pid == os.getpid() and sent:
-            # Only on a live client: a store that could not be reached so far must not
-            # hold an exiting process for another connect timeout.
+            # The end marker carries the numbering, so the receiver can count what the
+            # outage cost: one more connect for it, within what is left of the budget
+            # (at most END_CONNECT_WAIT: a dead store must not hold an exiting process).
+            if self._client is None and self._connected_once:
+                self._connect_for_end(min(END_CONNECT_WAIT, deadline - time.monotonic()))
             self._push_batch([], end=True, connect=False)
         return done and not self.lost
 
