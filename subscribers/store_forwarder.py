@@ -141,6 +141,7 @@ class StoreForwarder:
         #: the background connect in progress, if any (see _connect)
         self._connector: threading.Thread | None = None
         self._connected_once = False
+        self._waited = False
         self._connect_error = ""
         self._pid = os.getpid()
         self._ended = False
@@ -179,8 +180,14 @@ class StoreForwarder:
                 target=self._connect_in_background, name=f"eventbus-connect:{self.key}",
                 daemon=True)
             connector.start()
-        if connector is not None and not self._connected_once:
+        if connector is not None and not self._connected_once and not self._waited:
+            # Once: a server that accepts and never answers (not a store) keeps
+            # TCPStore(...) hanging past its timeout; later batches must not wait on it.
+            self._waited = True
             connector.join(self.connect_timeout)
+            if self._client is None and not self._connect_error:
+                self._connect_error = (f"the store at {self.host}:{self.port} did not "
+                                       f"answer within {self.connect_timeout:g} s")
         if self._client is None and self._connect_error:
             error, self._connect_error = self._connect_error, ""
             self._note_loss(0, error)
@@ -302,11 +309,21 @@ class StoreForwarder:
         return f"<StoreForwarder {self.sender} -> {self.host}:{self.port} {self.key}>"
 
 
+def _plain_key(prefix: str) -> bool:
+    # A key prefix as the launcher writes it ("eventbus/<run id>/<attempt>"): printable,
+    # bounded, no "..": an inherited value that is none of these is not ours.
+    return 0 < len(prefix) <= 512 and prefix.isprintable() and ".." not in prefix.split("/")
+
+
 def _first_line(exc: BaseException) -> str:
     # c10d's errors carry a C++ backtrace of ~20 lines: one line is the reason (and a
     # stable key for StoreForwarder.lost)
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+#: how long the probe listens for a server that speaks first (a store never does)
+_PROBE_LISTEN_S = 0.05
 
 
 def _probe_port(host: str, port: int, *, timeout: float) -> None:
@@ -315,8 +332,19 @@ def _probe_port(host: str, port: int, *, timeout: float) -> None:
     A plain socket connect, which fails at once on a closed port; ``TCPStore(...)`` would
     retry for seconds, past its own timeout (measured with torch 2.13: 2-4 s for 1 s).
     """
-    with socket.create_connection((host, port), timeout=timeout):
-        pass
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        # A c10d store says nothing until the client speaks. A server that speaks first
+        # or hangs up is not one, and TCPStore(...) on it retries in C++ past its timeout
+        # and can abort the process at exit (seen with torch 2.13): refuse it here.
+        sock.settimeout(_PROBE_LISTEN_S)
+        try:
+            first = sock.recv(1)
+        except TimeoutError:
+            return
+        except OSError as exc:
+            raise ConnectionError(f"not a c10d store: {exc}") from None
+        raise ConnectionError("not a c10d store: it " + ("spoke first" if first else
+                                                         "hung up at once"))
 
 
 _forwarders: weakref.WeakSet[StoreForwarder] = weakref.WeakSet()
@@ -463,11 +491,11 @@ def attach_from_env(environ: dict[str, str] | None = None) -> StoreForwarder | N
         rank = int(env.get("RANK", ""))
     except ValueError:
         port = rank = -1
-    if not host or port <= 0 or rank < 0 or not prefix:
+    if not host or not 0 < port < 65_536 or not 0 <= rank < 2**31 or not _plain_key(prefix):
         logger.warning("eventbus: %s=%r, %s=%r, RANK=%r do not describe a store to forward "
                        "to (expected host:port, a key prefix and an int rank); this worker's "
-                       "events stay in this process", ENV_STORE, address, ENV_PREFIX, prefix,
-                       env.get("RANK"))
+                       "events stay in this process", ENV_STORE, address[:200], ENV_PREFIX,
+                       prefix[:200], env.get("RANK", "")[:200])
         return None
     # Import torch now, in the importing thread: the queue's thread must not race the
     # training script's own `import torch`.
