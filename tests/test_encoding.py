@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 import eventbus
 from eventbus import LIMITS
@@ -70,6 +69,7 @@ def test_one_event_is_one_line() -> None:
 
 def test_tensors_in_data() -> None:
     """A 0-d tensor becomes its number; larger tensors a bounded summary; numpy likewise."""
+    torch = pytest.importorskip("torch")  # the rest of this module is torch-free
     event = EpochEnd(epoch=1, data={
         "loss": torch.tensor(0.25), "grad": torch.arange(1000.0).reshape(10, 100),
         "acc": np.float32(0.5), "hist": np.zeros((3, 3)), "nan": torch.tensor(float("nan")),
