@@ -46,18 +46,19 @@ PYTHONS ?= $(wildcard $(HOME)/.pyenv/versions/3.10.*/bin/python) \
 	$(wildcard $(HOME)/.pyenv/versions/3.12.*/bin/python) \
 	$(wildcard $(HOME)/.pyenv/versions/3.13.*/bin/python)
 TORCH_FREE_DEPS := "blinker>=1.8" "attrs>=23.1" "pytest>=8" "pytest-timeout>=2.2" \
-	"hypothesis>=6.100" "numpy>=1.24" "psygnal>=0.11" "pyee>=11"
+	"hypothesis>=6.100" "numpy>=1.24" "psygnal>=0.11" "pyee>=11" "matplotlib>=3.7"
 
 test-pythons:
-	@set -e; for py in $(PYTHONS); do \
+	@failed=""; for py in $(PYTHONS); do \
 	  v=$$($$py -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
 	  venv=.venv-py$$v; \
 	  if [ ! -f $$venv/.installed ]; then \
 	    $$py -m venv $$venv && $$venv/bin/pip install -q --no-deps -e . && \
 	    $$venv/bin/pip install -q $(TORCH_FREE_DEPS) && touch $$venv/.installed; fi; \
 	  echo "== Python $$v (no torch): fast tests"; \
-	  $$venv/bin/python -m pytest -q -p no:cacheprovider -m "not slow"; \
-	done
+	  $$venv/bin/python -m pytest -q -p no:cacheprovider -m "not slow" || failed="$$failed $$v"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "test-pythons failed on:$$failed"; exit 1; fi
 
 # The launcher hooks private torchelastic internals: check them, and one end-to-end restart
 # job, on another torch. PyPI's builds carry CUDA libraries: ~6 GB in the venv, ~5-7 min

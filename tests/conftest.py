@@ -25,7 +25,7 @@ HAS_TORCH = importlib.util.find_spec("torch") is not None
 _NEEDS_TORCH = re.compile(
     r"^\s*(import torch|from torch)|launcher_helpers|eventbus_app\.launcher|store_forwarder"
     r"|store_receiver|store_transport|publishers\.torchelastic|publishers import|STORE_SERVER"
-    r"|from matrix import|_worker_hook|\"run\"|torchelastic", re.M)
+    r"|from matrix import|_worker_hook|\"run\"|torchelastic|from benchmarks", re.M)
 _LEFT_OUT: list[str] = []
 
 
