@@ -13,9 +13,12 @@ The wire format, the keys and the numbering live in :mod:`eventbus.wire`.
 What can be lost, and how it shows:
 
 * the store is down or unreachable: pushes fail (the first push after the server died even
-  returns OK); the batch is counted, logged (rate-limited) on the ``eventbus`` logger, and
-  the forwarder reconnects at most every ``reconnect_interval`` seconds. If anything
-  arrives later, the receiver reports the gap, which counts the silently lost push too;
+  returns OK); each batch is counted lost at once (not held for a reconnect: a queue that
+  grows during an outage makes every full garbage collection, and so ``record()``, slow),
+  logged (rate-limited) on the ``eventbus`` logger, and a background thread reconnects at
+  most every ``reconnect_interval`` seconds; :meth:`StoreForwarder.close` tries for at most
+  :data:`END_CONNECT_WAIT` to push the end marker. If anything arrives later, the receiver
+  reports the gap, which counts the silently lost push too;
 * the process is SIGKILLed: what is still queued, at most the last ``flush_interval`` of
   events plus one in-flight batch, is lost, and nothing follows it to reveal the gap; the
   agent logs that the sender never sent its end marker. (``os._exit`` in a worker flushes
@@ -70,7 +73,7 @@ logger = logging.getLogger("eventbus")
 
 
 #: the longest close() waits for a reconnect to push the end marker after an outage
-END_CONNECT_WAIT = 5.0
+END_CONNECT_WAIT = 10.0
 
 #: the forwarder's queue: larger batches and a shorter idle wait than a file sink (one push
 #: carries thousands of events; a worker's events should reach the agent within ~20 ms)
