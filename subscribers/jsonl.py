@@ -106,8 +106,9 @@ class JsonlRecorder:
         return done
 
     def stats(self) -> dict[str, Any]:
-        """The queue's counts (enqueued, handled, failed, pending, dropped per reason) and
-        the lines written by this process."""
+        """The queue's counts (enqueued, handled, failed, pending, dropped per reason), the
+        lines written by this process, ``lines_lost`` to failed writes (a full or read-only
+        disk) and ``write_error`` (the last one, None once writing works again)."""
         out = self._sink.stats()
         out["lines_written"] = self.lines_written
         out["encode_errors"] = self.encode_errors
