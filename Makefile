@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test test-slow test-all lint demo bench clean
+.PHONY: venv test test-slow test-all lint demo bench clean test-pythons test-compat
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,5 +37,46 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m benchmarks
 
+# -- every Python and torch the package admits (docs/run.md, "Tested versions") --------
+# One venv per extra interpreter (pyenv's by default). This machine has a torch wheel for
+# 3.11 only (others would download GBs of CUDA builds), so there the package goes in with
+# --no-deps plus its torch-free dependencies, and tests/conftest.py leaves out (and names)
+# the test modules that need torch.
+PYTHONS ?= $(wildcard $(HOME)/.pyenv/versions/3.10.*/bin/python) \
+	$(wildcard $(HOME)/.pyenv/versions/3.12.*/bin/python) \
+	$(wildcard $(HOME)/.pyenv/versions/3.13.*/bin/python)
+TORCH_FREE_DEPS := "blinker>=1.8" "attrs>=23.1" "pytest>=8" "pytest-timeout>=2.2" \
+	"hypothesis>=6.100" "numpy>=1.24" "psygnal>=0.11" "pyee>=11" "matplotlib>=3.7"
+
+test-pythons:
+	@failed=""; for py in $(PYTHONS); do \
+	  v=$$($$py -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+	  venv=.venv-py$$v; \
+	  if [ ! -f $$venv/.installed ]; then \
+	    $$py -m venv $$venv && $$venv/bin/pip install -q --no-deps -e . && \
+	    $$venv/bin/pip install -q $(TORCH_FREE_DEPS) && touch $$venv/.installed; fi; \
+	  echo "== Python $$v (no torch): fast tests"; \
+	  $$venv/bin/python -m pytest -q -p no:cacheprovider -m "not slow" || failed="$$failed $$v"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "test-pythons failed on:$$failed"; exit 1; fi
+
+# The launcher hooks private torchelastic internals: check them, and one end-to-end restart
+# job, on another torch. PyPI's builds carry CUDA libraries: ~6 GB in the venv, ~5-7 min
+# to install here (measured, see docs/run.md); pip's cache keeps reruns to a reinstall.
+# Not in .ci/run for that reason; run by hand: make test-compat TORCH_COMPAT=2.8.0
+TORCH_COMPAT ?= 2.8.0
+COMPAT_VENV := .venv-compat-$(TORCH_COMPAT)
+
+test-compat:
+	@if [ ! -f $(COMPAT_VENV)/.installed ]; then \
+	  $(PYTHON) -m venv $(COMPAT_VENV) && \
+	  PIP_CONSTRAINT= PIP_CONFIG_FILE=/dev/null $(COMPAT_VENV)/bin/pip install -q \
+	    "torch==$(TORCH_COMPAT)" && \
+	  $(COMPAT_VENV)/bin/pip install -q --no-deps -e . && \
+	  $(COMPAT_VENV)/bin/pip install -q $(TORCH_FREE_DEPS) && \
+	  touch $(COMPAT_VENV)/.installed; fi
+	$(COMPAT_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_launcher_internals.py \
+	  "tests/test_launcher.py::test_reactor_restart_recovers_the_job"
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-py* .venv-compat-* .pytest_cache .mypy_cache .ruff_cache

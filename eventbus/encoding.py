@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from typing import Any
 from typing import Final
 
-__all__ = ["LIMITS", "Limits", "bounded_line", "decode_json", "dumps_line", "reject_constant",
-           "sanitize"]
+__all__ = ["LIMITS", "Limits", "bounded_line", "decode_json", "dumps_line", "event_line",
+           "reject_constant", "sanitize"]
 
 
 class Limits:
@@ -232,6 +232,83 @@ def bounded_line(event: Mapping[str, Any]) -> str:
         room = int(room * (cap / size) * 0.9)
     safe["data"] = {"$truncated": "data over the event size limit"}
     return dumps_line(safe)
+
+
+#: Nodes the pre-scan of :func:`event_line` visits before it hands the event to the bounded
+#: encoder anyway: a small event is checked whole in microseconds, a huge one is cut by
+#: :func:`sanitize`, whose cost is bounded by the line limit.
+_SCAN_NODES: Final = 4_096
+_MAX_KEY: Final = 256
+
+
+def _within_limits(values: Any) -> bool:
+    """True when every value in ``values`` is plain JSON that :func:`sanitize` would leave
+    unchanged.
+
+    Exact types only (a ``str`` subclass, a tuple or a tensor go the bounded way), so the
+    answer never depends on how an interpreter's ``json.dumps`` treats them. Iterative, with
+    scalars checked inline: this runs on every ``to_json()``.
+    """
+    max_string = LIMITS.max_string
+    max_items = LIMITS.max_items
+    max_depth = LIMITS.max_depth
+    max_bits = LIMITS.max_int_digits * 3
+    nodes = _SCAN_NODES
+    stack: list[tuple[Any, int]] = [(values, -1)]
+    while stack:
+        container, depth = stack.pop()
+        if len(container) > max_items:
+            return False
+        nodes -= len(container)
+        if nodes < 0:
+            return False
+        if type(container) is dict:
+            for key in container:
+                if type(key) is not str or len(key) > _MAX_KEY:
+                    return False
+            items = container.values()
+        else:
+            items = container
+        for item in items:
+            cls = type(item)
+            if cls is str:
+                if len(item) > max_string:
+                    return False
+            elif cls is float or cls is bool or item is None:
+                continue
+            elif cls is int:
+                if item.bit_length() > max_bits:
+                    return False
+            elif cls is dict or cls is list:
+                if depth + 1 >= max_depth:
+                    return False
+                stack.append((item, depth + 1))
+            else:
+                return False
+    return True
+
+
+def event_line(event: Mapping[str, Any]) -> str:
+    """An event's dict (as ``Event.to_dict()`` makes it) as one line of strict JSON within
+    :data:`LIMITS`, the same on every interpreter.
+
+    The fast path (plain JSON within the limits, found by a pre-scan bounded to
+    ``_SCAN_NODES`` nodes) is one ``json.dumps``; anything else (a long string, too many
+    items, deep nesting, a tensor, a float that is not finite, a line over
+    ``LIMITS.max_line_bytes``) goes through :func:`bounded_line`, which cuts and says so.
+    The limits used to be applied only when ``json.dumps`` raised, and Python 3.12's no
+    longer raises at depth 2,000, so the promise depended on the interpreter.
+    """
+    if not _within_limits(list(event.values())):
+        return bounded_line(event)
+    try:
+        line = dumps_line(event)
+    except Exception:  # a non-finite float (allow_nan=False), anything else odd
+        return bounded_line(event)
+    if len(line) <= LIMITS.max_line_bytes // 4 or \
+            len(line.encode("utf-8")) <= LIMITS.max_line_bytes:
+        return line
+    return bounded_line(event)
 
 
 # -- decoding -----------------------------------------------------------------------------

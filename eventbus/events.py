@@ -33,9 +33,8 @@ from eventbus.context import JobContext
 from eventbus.context import _holder
 from eventbus.context import context_from_dict
 from eventbus.encoding import LIMITS
-from eventbus.encoding import bounded_line
 from eventbus.encoding import decode_json
-from eventbus.encoding import dumps_line
+from eventbus.encoding import event_line
 from eventbus.errors import EventDecodeError
 from eventbus.errors import FieldTypeError
 from eventbus.errors import FieldValueError
@@ -212,15 +211,7 @@ class Event:
 
     def to_json(self) -> str:
         """One line of strict JSON (see :mod:`eventbus.encoding` for limits)."""
-        raw = self.to_dict()
-        try:
-            line = dumps_line(raw)
-        except Exception:  # anything in data may raise anything (a mapping's items(), ...)
-            return bounded_line(raw)
-        if len(line) <= LIMITS.max_line_bytes // 4 or \
-                len(line.encode("utf-8")) <= LIMITS.max_line_bytes:
-            return line
-        return bounded_line(raw)
+        return event_line(self.to_dict())
 
     @classmethod
     def from_json(cls, text: str | bytes | bytearray) -> Event:

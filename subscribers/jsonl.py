@@ -19,6 +19,7 @@ that is not an event).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 from typing import Literal
 
+from eventbus._reporting import RateLimiter
 from eventbus.encoding import decode_json
 from eventbus.events import Event
 from subscribers.queued import QueuedSink
@@ -37,6 +39,8 @@ __all__ = ["JsonlRead", "JsonlRecorder", "read_jsonl"]
 Fsync = Literal["never", "batch", "close"]
 
 _LINE_PREFIX = b'{"type":'
+
+logger = logging.getLogger("eventbus")
 
 
 class JsonlRecorder:
@@ -67,6 +71,13 @@ class JsonlRecorder:
         self._fd_lock = threading.Lock()
         self.lines_written = 0
         self.encode_errors = 0
+        #: lines lost because the write failed (disk full, file system read-only, EIO)
+        self.lines_lost = 0
+        #: the last write error, or None once writing works again
+        self.write_error: str | None = None
+        # A failed write may have left part of a line: the next write ends it first.
+        self._torn_tail = False
+        self._write_reports = RateLimiter()
         # Open (and end a torn last line) now, so a bad path fails here, not in the thread.
         self._open()
         self._sink = QueuedSink(self._write_batch, name=f"jsonl:{self.path}",
@@ -95,11 +106,14 @@ class JsonlRecorder:
         return done
 
     def stats(self) -> dict[str, Any]:
-        """The queue's counts (enqueued, handled, failed, pending, dropped per reason) and
-        the lines written by this process."""
+        """The queue's counts (enqueued, handled, failed, pending, dropped per reason), the
+        lines written by this process, ``lines_lost`` to failed writes (a full or read-only
+        disk) and ``write_error`` (the last one, None once writing works again)."""
         out = self._sink.stats()
         out["lines_written"] = self.lines_written
         out["encode_errors"] = self.encode_errors
+        out["lines_lost"] = self.lines_lost
+        out["write_error"] = self.write_error
         return out
 
     # -- writer side ------------------------------------------------------------------------
@@ -132,21 +146,64 @@ class JsonlRecorder:
                 self.encode_errors += 1
         if not lines:
             return
-        fd = self._open()
-        _write_all(fd, ("\n".join(lines) + "\n").encode("utf-8"))
+        data = ("\n".join(lines) + "\n").encode("utf-8")
+        prefix = b"\n" if self._torn_tail else b""  # end what a failed write left
+        data = prefix + data
+        written = 0
+        try:
+            fd = self._open()
+            written = _write_all(fd, data)
+            if self.fsync == "batch":
+                os.fsync(fd)
+        except OSError as exc:
+            # A full or read-only disk must not end the job nor spam its log: the lines
+            # that did not land are counted lost, reported at most once per
+            # report_interval, and the next batch tries again (writing resumes when space
+            # returns). The complete lines that landed before the error count as written.
+            written = getattr(exc, "eventbus_written", written)
+            landed = data[:written].count(b"\n") - (1 if prefix and written else 0)
+            self.lines_written += landed
+            self._torn_tail = (written > 0 and not data[:written].endswith(b"\n")) or \
+                (written == 0 and self._torn_tail)
+            self._write_failed(exc, len(lines) - landed)
+            return
+        self._torn_tail = False
+        if self.write_error is not None:
+            logger.warning("jsonl %s: writing again after %s; %d lines were lost",
+                           self.path, self.write_error, self.lines_lost)
+            self.write_error = None
         self.lines_written += len(lines)
-        if self.fsync == "batch":
-            os.fsync(fd)
+
+    def _write_failed(self, exc: OSError, n: int) -> None:
+        self.lines_lost += n
+        first = self.write_error is None
+        self.write_error = f"{type(exc).__name__}: {exc.strerror or exc}"
+        held = self._write_reports.allow(self._sink.settings.report_interval, n,
+                                         force=first)
+        if held is None:
+            return
+        logger.warning("jsonl %s: write failed (%s); %d lines lost (%d in all); writing "
+                       "resumes when the file can be written again", self.path,
+                       self.write_error, held + n, self.lines_lost)
 
     def __repr__(self) -> str:
         return f"<JsonlRecorder {str(self.path)!r} written={self.lines_written}>"
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _write_all(fd: int, data: bytes) -> int:
+    """Write all of ``data``; an ``OSError`` raised part-way carries ``eventbus_written``,
+    the bytes that reached the file before it."""
     view = memoryview(data)
+    done = 0
     while view:
-        written = os.write(fd, view)
+        try:
+            written = os.write(fd, view)
+        except OSError as exc:
+            exc.eventbus_written = done  # type: ignore[attr-defined]
+            raise
+        done += written
         view = view[written:]
+    return done
 
 
 class JsonlRead:

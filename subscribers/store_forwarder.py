@@ -13,9 +13,12 @@ The wire format, the keys and the numbering live in :mod:`eventbus.wire`.
 What can be lost, and how it shows:
 
 * the store is down or unreachable: pushes fail (the first push after the server died even
-  returns OK); the batch is counted, logged (rate-limited) on the ``eventbus`` logger, and
-  the forwarder reconnects at most every ``reconnect_interval`` seconds. If anything
-  arrives later, the receiver reports the gap, which counts the silently lost push too;
+  returns OK); each batch is counted lost at once (not held for a reconnect: a queue that
+  grows during an outage makes every full garbage collection, and so ``record()``, slow),
+  logged (rate-limited) on the ``eventbus`` logger, and a background thread reconnects at
+  most every ``reconnect_interval`` seconds; :meth:`StoreForwarder.close` tries for at most
+  :data:`END_CONNECT_WAIT` to push the end marker. If anything arrives later, the receiver
+  reports the gap, which counts the silently lost push too;
 * the process is SIGKILLed: what is still queued, at most the last ``flush_interval`` of
   events plus one in-flight batch, is lost, and nothing follows it to reveal the gap; the
   agent logs that the sender never sent its end marker. (``os._exit`` in a worker flushes
@@ -29,6 +32,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -55,6 +59,7 @@ from subscribers.queued import QueuedSink
 from subscribers.queued import QueueSettings
 
 __all__ = [
+    "END_CONNECT_WAIT",
     "FORWARDER_QUEUE",
     "OS_EXIT_FLUSH_TIMEOUT",
     "StoreForwarder",
@@ -66,6 +71,9 @@ logger = logging.getLogger("eventbus")
 
 # -- the forwarder -----------------------------------------------------------------------
 
+
+#: the longest close() waits for a reconnect to push the end marker after an outage
+END_CONNECT_WAIT = 10.0
 
 #: the forwarder's queue: larger batches and a shorter idle wait than a file sink (one push
 #: carries thousands of events; a worker's events should reach the agent within ~20 ms)
@@ -133,6 +141,11 @@ class StoreForwarder:
         self._client: Any = None
         self._client_lock = threading.Lock()
         self._next_connect = 0.0
+        #: the background connect in progress, if any (see _connect)
+        self._connector: threading.Thread | None = None
+        self._connected_once = False
+        self._waited = False
+        self._connect_error = ""
         self._pid = os.getpid()
         self._ended = False
         self._pushed_events = 0
@@ -147,19 +160,68 @@ class StoreForwarder:
 
     # -- the queue's thread -------------------------------------------------------------
     def _connect(self) -> Any:
-        if self._client is not None:
-            return self._client
-        now = time.monotonic()
-        if now < self._next_connect:
-            return None
-        self._next_connect = now + self.reconnect_interval
-        try:
-            self._client = connect_store(self.host, self.port, timeout=self.connect_timeout)
-        except Exception as exc:
-            self._note_loss(0, f"cannot connect to the store at {self.host}:{self.port}: "
-                               f"{exc}")
-            return None
+        """The live client, or None; never blocks the queue's thread for long.
+
+        Connecting runs on its own daemon thread, at most every ``reconnect_interval``
+        seconds. Before the first connection the queue's thread waits for it (bounded by
+        ``connect_timeout``: a worker's first events should not be lost to a connect that
+        takes milliseconds); once the store was reached and went away, the queue's thread
+        never waits: batches are counted lost at once and the queue stays short.
+
+        Why: with the store down, the queue's thread used to sit in ``TCPStore(...)``
+        (seconds per attempt, whatever its timeout) while up to ``max_events`` events piled
+        up; those hundreds of thousands of live objects made each full garbage collection,
+        run by whichever thread allocates (the caller of ``record()``), take 160-800 ms.
+        """
+        client = self._client
+        if client is not None:
+            return client
+        connector = self._connector
+        if connector is None and time.monotonic() >= self._next_connect:
+            self._next_connect = time.monotonic() + self.reconnect_interval
+            connector = self._connector = threading.Thread(
+                target=self._connect_in_background, name=f"eventbus-connect:{self.key}",
+                daemon=True)
+            connector.start()
+        if connector is not None and not self._connected_once and not self._waited:
+            # Once: a server that accepts and never answers (not a store) keeps
+            # TCPStore(...) hanging past its timeout; later batches must not wait on it.
+            self._waited = True
+            connector.join(self.connect_timeout)
+            if self._client is None and not self._connect_error:
+                self._connect_error = (f"the store at {self.host}:{self.port} did not "
+                                       f"answer within {self.connect_timeout:g} s")
+        if self._client is None and self._connect_error:
+            error, self._connect_error = self._connect_error, ""
+            self._note_loss(0, error)
         return self._client
+
+    def _connect_for_end(self, wait: float) -> None:
+        # Attempts every 0.2 s (a closed port fails at once) until one connects or
+        # ``wait`` runs out; the queue's thread is stopped by now.
+        deadline = time.monotonic() + wait
+        while self._client is None and time.monotonic() < deadline:
+            with self._client_lock:
+                self._next_connect = 0.0
+                self._connect()
+                connector = self._connector
+            if connector is not None:
+                connector.join(max(0.0, deadline - time.monotonic()))
+            if self._client is None:
+                time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+
+    def _connect_in_background(self) -> None:
+        try:
+            _probe_port(self.host, self.port, timeout=self.connect_timeout)
+            client = connect_store(self.host, self.port, timeout=self.connect_timeout)
+        except Exception as exc:
+            self._connect_error = (f"cannot connect to the store at {self.host}:{self.port}: "
+                                   f"{_first_line(exc)}")
+        else:
+            self._client = client
+            self._connected_once = True
+        finally:
+            self._connector = None
 
     def _push_batch(self, events: Sequence[Event], *, end: bool = False,
                     connect: bool = True) -> None:
@@ -168,6 +230,12 @@ class StoreForwarder:
                 self._note_loss(len(events), "forwarder already ended")
                 return
             dropped = dict(self.sink.dropped)
+            if connect and events and self._connect() is None:
+                # The store is away: number the batch (the receiver sees the gap if the
+                # store comes back) without encoding it, and let it go at once.
+                self.encoder.seq += len(events)
+                self._note_loss(len(events), "store unreachable")
+                return
             try:
                 pushes = self.encoder.encode(events, dropped=dropped, end=end)
             except Exception as exc:  # never expected; do not let the thread die
@@ -183,7 +251,8 @@ class StoreForwarder:
                     client.queue_push(self.key, value)
                 except Exception as exc:
                     self._client = None
-                    self._note_loss(n, f"queue_push failed: {exc}")
+                    self._next_connect = 0.0  # the first reconnect at once, then paced
+                    self._note_loss(n, f"queue_push failed: {_first_line(exc)}")
                 else:
                     self._pushes += 1
                     self._pushed_events += n
@@ -221,8 +290,11 @@ class StoreForwarder:
         # nothing to end: no connection just for the marker.
         sent = self.encoder.seq > 0 or any(self.sink.dropped.values())
         if not self._ended and self._pid == os.getpid() and sent:
-            # Only on a live client: a store that could not be reached so far must not
-            # hold an exiting process for another connect timeout.
+            # The end marker carries the numbering, so the receiver can count what the
+            # outage cost: one more connect for it, within what is left of the budget
+            # (at most END_CONNECT_WAIT: a dead store must not hold an exiting process).
+            if self._client is None and self._connected_once:
+                self._connect_for_end(min(END_CONNECT_WAIT, deadline - time.monotonic()))
             self._push_batch([], end=True, connect=False)
         return done and not self.lost
 
@@ -238,6 +310,44 @@ class StoreForwarder:
 
     def __repr__(self) -> str:
         return f"<StoreForwarder {self.sender} -> {self.host}:{self.port} {self.key}>"
+
+
+def _plain_key(prefix: str) -> bool:
+    # A key prefix as the launcher writes it ("eventbus/<run id>/<attempt>"): printable,
+    # bounded, no "..": an inherited value that is none of these is not ours.
+    return 0 < len(prefix) <= 512 and prefix.isprintable() and ".." not in prefix.split("/")
+
+
+def _first_line(exc: BaseException) -> str:
+    # c10d's errors carry a C++ backtrace of ~20 lines: one line is the reason (and a
+    # stable key for StoreForwarder.lost)
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+#: how long the probe listens for a server that speaks first (a store never does)
+_PROBE_LISTEN_S = 0.05
+
+
+def _probe_port(host: str, port: int, *, timeout: float) -> None:
+    """Raise ``OSError`` unless something accepts TCP connections at ``host:port``.
+
+    A plain socket connect, which fails at once on a closed port; ``TCPStore(...)`` would
+    retry for seconds, past its own timeout (measured with torch 2.13: 2-4 s for 1 s).
+    """
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        # A c10d store says nothing until the client speaks. A server that speaks first
+        # or hangs up is not one, and TCPStore(...) on it retries in C++ past its timeout
+        # and can abort the process at exit (seen with torch 2.13): refuse it here.
+        sock.settimeout(_PROBE_LISTEN_S)
+        try:
+            first = sock.recv(1)
+        except TimeoutError:
+            return
+        except OSError as exc:
+            raise ConnectionError(f"not a c10d store: {exc}") from None
+        raise ConnectionError("not a c10d store: it " + ("spoke first" if first else
+                                                         "hung up at once"))
 
 
 _forwarders: weakref.WeakSet[StoreForwarder] = weakref.WeakSet()
@@ -384,11 +494,11 @@ def attach_from_env(environ: dict[str, str] | None = None) -> StoreForwarder | N
         rank = int(env.get("RANK", ""))
     except ValueError:
         port = rank = -1
-    if not host or port <= 0 or rank < 0 or not prefix:
+    if not host or not 0 < port < 65_536 or not 0 <= rank < 2**31 or not _plain_key(prefix):
         logger.warning("eventbus: %s=%r, %s=%r, RANK=%r do not describe a store to forward "
                        "to (expected host:port, a key prefix and an int rank); this worker's "
-                       "events stay in this process", ENV_STORE, address, ENV_PREFIX, prefix,
-                       env.get("RANK"))
+                       "events stay in this process", ENV_STORE, address[:200], ENV_PREFIX,
+                       prefix[:200], env.get("RANK", "")[:200])
         return None
     # Import torch now, in the importing thread: the queue's thread must not race the
     # training script's own `import torch`.

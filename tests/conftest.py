@@ -2,16 +2,49 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import eventbus
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+#: torch is importable here. `make test-pythons` runs the suite on Pythons for which this
+#: machine has no torch wheel: there, the rule below leaves out every test module that
+#: needs torch (it imports torch or a torch-backed part, or starts workers and jobs that
+#: do), names them in the summary, and the torch-free rest runs.
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+_NEEDS_TORCH = re.compile(
+    r"^\s*(import torch|from torch)|launcher_helpers|eventbus_app\.launcher|store_forwarder"
+    r"|store_receiver|store_transport|publishers\.torchelastic|publishers import|STORE_SERVER"
+    r"|from matrix import|_worker_hook|\"run\"|torchelastic|from benchmarks", re.M)
+_LEFT_OUT: list[str] = []
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Without torch, leave out the test modules that need it (see HAS_TORCH)."""
+    if HAS_TORCH or collection_path.suffix != ".py" or \
+            not collection_path.name.startswith("test_"):
+        return None
+    if _NEEDS_TORCH.search(collection_path.read_text(encoding="utf-8")):
+        _LEFT_OUT.append(collection_path.name)
+        return True
+    return None
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Say which modules the no-torch rule left out, so a smaller run is never silent."""
+    if _LEFT_OUT:
+        terminalreporter.write_line(f"torch is not installed: {len(_LEFT_OUT)} test modules "
+                                    f"that need it were left out: {', '.join(_LEFT_OUT)}")
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:

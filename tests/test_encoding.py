@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 import eventbus
 from eventbus import LIMITS
@@ -70,6 +69,7 @@ def test_one_event_is_one_line() -> None:
 
 def test_tensors_in_data() -> None:
     """A 0-d tensor becomes its number; larger tensors a bounded summary; numpy likewise."""
+    torch = pytest.importorskip("torch")  # the rest of this module is torch-free
     event = EpochEnd(epoch=1, data={
         "loss": torch.tensor(0.25), "grad": torch.arange(1000.0).reshape(10, 100),
         "acc": np.float32(0.5), "hist": np.zeros((3, 3)), "nan": torch.tensor(float("nan")),
@@ -166,3 +166,33 @@ def test_from_json_of_a_subclass_checks_the_type() -> None:
     with pytest.raises(ValueError, match="expected a WorkerExit"):
         WorkerExit.from_json(EpochEnd(epoch=1).to_json())
     assert isinstance(eventbus.EpochEnd.from_json(EpochEnd(epoch=1).to_json()), EpochEnd)
+
+
+def test_a_string_just_over_the_limit_alone_in_data_is_cut() -> None:
+    """A 16,394-character string, the only value in data, is cut to 16,384 and says so."""
+    line = EpochEnd(epoch=1, data={"s": "x" * (LIMITS.max_string + 10)}).to_json()
+    s = strict_loads(line)["data"]["s"]
+    assert s == "x" * LIMITS.max_string + "...[truncated 10 chars]"
+
+
+def test_items_and_depth_limits_hold_without_json_raising() -> None:
+    """1,001 keys, 1,001 list items and depth 33 are cut even where json.dumps copes."""
+    deep: Any = "bottom"
+    for _ in range(LIMITS.max_depth + 1):
+        deep = [deep]
+    event = EpochEnd(epoch=1, data={"keys": {str(i): i for i in range(LIMITS.max_items + 1)},
+                                    "items": list(range(LIMITS.max_items + 1)),
+                                    "deep": deep})
+    d = strict_loads(event.to_json())["data"]
+    assert d["keys"]["$truncated"] == "1 more keys"
+    assert d["items"][-1] == {"$truncated": "1 more items"}
+    assert "$truncated" in json.dumps(d["deep"])
+
+
+def test_plain_data_within_the_limits_is_written_as_given() -> None:
+    """The fast path keeps plain JSON at the limits exactly (no cut, no marker)."""
+    data = {"s": "y" * LIMITS.max_string, "items": list(range(LIMITS.max_items)),
+            "f": 0.5, "n": None, "b": True}
+    line = EpochEnd(epoch=1, data=data).to_json()
+    assert strict_loads(line)["data"] == data
+    assert "$truncated" not in line

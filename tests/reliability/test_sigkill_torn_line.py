@@ -18,7 +18,9 @@ import eventbus
 from subscribers.jsonl import JsonlRecorder
 from subscribers.jsonl import read_jsonl
 
-LINE_CHARS = 1_000_000  # under LIMITS.max_line_bytes: written whole, one line per event
+# under LIMITS.max_line_bytes, in strings under LIMITS.max_string: written whole, one line
+# per event
+LINE_CHARS = 1_000_000
 
 SCRIPT = r"""
 import sys
@@ -27,7 +29,7 @@ from subscribers.jsonl import JsonlRecorder
 
 recorder = JsonlRecorder(sys.argv[1])
 eventbus.get_default_bus().subscribe(eventbus.ALL, on_event=recorder)
-blob = "x" * int(sys.argv[2])
+blob = ["x" * 10_000] * (int(sys.argv[2]) // 10_000)
 i = 0
 while True:
     eventbus.record("METRIC", step=i, data={"blob": blob})

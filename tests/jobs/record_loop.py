@@ -1,0 +1,54 @@
+"""A worker that records numbered events until ``<out>/stop`` exists (at most 60 s).
+
+At the end it writes ``<out>/rank<R>.result``: events recorded, record() errors, and the
+events its store forwarder counted lost.
+
+Writes ``<out>/rank<R>.pid`` first, so a test can find (and end) workers an agent left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import eventbus
+from eventbus import EventType
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    args = parser.parse_args()
+    out = Path(args.out)
+    rank = int(os.environ["RANK"])
+    (out / f"rank{rank}.pid").write_text(str(os.getpid()))
+    # the agent may stop this worker (SIGTERM) before the time is up: count until then
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    deadline = time.monotonic() + args.seconds
+    i = errors = 0
+    try:
+        while time.monotonic() < deadline and not (out / "stop").exists():
+            try:
+                eventbus.record(EventType.EPOCH_END, epoch=i, data={"rank": rank})
+            except Exception:
+                errors += 1
+            i += 1
+            time.sleep(0.01)
+    finally:
+        from subscribers import store_forwarder
+
+        fwd = store_forwarder._worker_forwarder
+        if fwd is not None:
+            fwd.close(5.0)
+            lost = sum(fwd.stats()["lost"].values())
+            (out / f"rank{rank}.result").write_text(f"{i} {errors} {lost}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
