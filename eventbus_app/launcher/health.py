@@ -88,32 +88,29 @@ MAX_STACK_CHARS = 32_000
 # -- the command line ----------------------------------------------------------------------
 
 
-def parse_stall_timeout(text: str) -> float | Literal["auto"]:
-    """``--stall-timeout``: seconds > 0 (finite) or ``auto``."""
-    if text.strip().lower() == "auto":
-        return "auto"
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected seconds > 0 or 'auto', got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected seconds > 0 or 'auto', got {text!r}")
-    return value
-
-
-def parse_slow_factor(text: str) -> float | None:
-    """``--slow-factor``: a number > 1, or ``off`` (None)."""
-    if text.strip().lower() == "off":
+def _number_or(text: str, keyword: str, *, above: float, what: str) -> float | None:
+    """A finite number > ``above``, or None for ``keyword``; anything else is a usage error
+    that says what is expected."""
+    if text.strip().lower() == keyword:
         return None
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a factor > 1 or 'off', got {text!r}") from None
-    if not math.isfinite(value) or value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a factor > 1 or 'off', got {text!r}")
+        value = math.nan
+    if not math.isfinite(value) or value <= above:
+        raise argparse.ArgumentTypeError(f"expected {what} or {keyword!r}, got {text!r}")
     return value
+
+
+def parse_stall_timeout(text: str) -> float | Literal["auto"]:
+    """``--stall-timeout``: seconds > 0 (finite) or ``auto``."""
+    value = _number_or(text, "auto", above=0, what="seconds > 0")
+    return "auto" if value is None else value
+
+
+def parse_slow_factor(text: str) -> float | None:
+    """``--slow-factor``: a number > 1, or ``off`` (None)."""
+    return _number_or(text, "off", above=1, what="a factor > 1")
 
 
 def parse_stop_exit_code(text: str) -> int:
