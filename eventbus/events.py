@@ -42,6 +42,7 @@ from eventbus.errors import FieldValueError
 from eventbus.errors import MissingFieldError
 from eventbus.errors import UnknownEventTypeError
 from eventbus.errors import UnknownFieldError
+from eventbus.snapshot import snapshot_for
 
 __all__ = [
     "AgentExit",
@@ -115,7 +116,8 @@ class Event:
     """Base class of every event.
 
     ``type`` (class-level), ``timestamp`` (seconds since the epoch), ``data`` (a dict of
-    free-form values), ``context`` (the :class:`~eventbus.context.JobContext`), plus the
+    free-form values: a read-only snapshot, copied at every depth when the event is built;
+    see :mod:`eventbus.snapshot`), ``context`` (the :class:`~eventbus.context.JobContext`), plus the
     typed fields of the concrete class. Immutable: assigning an attribute raises
     ``attrs.exceptions.FrozenInstanceError``.
     """
@@ -337,10 +339,11 @@ def _bad_context(event_type: str, value: Any) -> JobContext:
 # record() hands the generated functions its own ``**fields`` dict ``f``: a fresh dict that
 # nobody else holds. ``_check(f)`` validates it (no subscriber: nothing is built);
 # ``_build(f)`` validates it and then turns it into the event's ``__dict__``, adding only
-# ``timestamp`` and ``context`` (and a copy of ``data``). Optional fields that were not given
-# stay out of the dict: their defaults are class attributes, so ``event.signal`` still reads
-# ``None``. The common call (required fields, maybe ``data``) costs one ``len()`` to prove
-# that no other name was given; anything else goes to ``_check_rest``, which is plain Python.
+# ``timestamp`` and ``context`` (and the read-only snapshot of ``data``: see
+# eventbus/snapshot.py). Optional fields that were not given stay out of the dict: their
+# defaults are class attributes, so ``event.signal`` still reads ``None``. The common call
+# (required fields, maybe ``data``) costs one ``len()`` to prove that no other name was
+# given; anything else goes to ``_check_rest``, which is plain Python.
 
 
 def _check_rest(event_type: str, f: dict[str, Any], optional: dict[str, tuple[type, bool]],
@@ -386,10 +389,10 @@ def _generate(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bo
             others = len(f) - 2
             data = f.get('data')
             if data is None:
-                f['data'] = {}
+                f['data'] = _EMPTY
             else:
                 others -= 1
-                f['data'] = data.copy() if data.__class__ is dict else _coerce_data(_T, data)
+                f['data'] = _snap(data if data.__class__ is dict else _coerce_data(_T, data))
             if others:
                 _check_rest(_T, f, _OPTIONAL, _ALLOWED)
             f['timestamp'] = _time()
@@ -403,7 +406,10 @@ def _generate(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bo
     allowed = frozenset([*fields, "data"])
     required = {name: kind for name, (kind, _) in fields.items() if name not in defaults}
     optional = {name: spec for name, spec in fields.items() if name in defaults}
+    snap, empty = snapshot_for(type_name)
     env: dict[str, Any] = {
+        "_snap": snap,
+        "_EMPTY": empty,
         "_T": type_name,
         "_REQUIRED": required,
         "_OPTIONAL": optional,
@@ -463,11 +469,12 @@ def _generate(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bo
              f"    others = len(f) - {len(required)}",
              "    data = f.get('data')",
              "    if data is None:",
-             "        f['data'] = {}",
+             "        f['data'] = _EMPTY",
              "    else:",
              "        others -= 1",
-             "        f['data'] = data.copy() if data.__class__ is dict else "
-             "_coerce_data(_T, data)",
+             # the snapshot (eventbus.snapshot): read-only, copied at every depth
+             "        f['data'] = _snap(data if data.__class__ is dict else "
+             "_coerce_data(_T, data))",
              *rest,
              "    f['timestamp'] = _time()",
              "    f['context'] = _holder.value",
@@ -493,11 +500,11 @@ def _generate(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bo
             "        _unknown_field(_T, unknown, _ALLOWED)",
             *kw_checks,
             "    if data is None:",
-            "        data = {}",
+            "        data = _EMPTY",
             "    elif data.__class__ is not dict:",
-            "        data = _coerce_data(_T, data)",
+            "        data = _snap(_coerce_data(_T, data))",
             "    else:",
-            "        data = data.copy()",
+            "        data = _snap(data)",
             "    if timestamp is None:",
             "        timestamp = _time()",
             "    elif timestamp.__class__ is not float or timestamp != timestamp:",
