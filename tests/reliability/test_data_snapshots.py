@@ -70,7 +70,7 @@ def _wrong_live(data: Any) -> list[str]:
     """The keys of an in-process event's data that do not hold record()-time values."""
     i = data["i"]
     bad = []
-    if list(data["lst"]) != [i] + list(range(1, i + 1)):
+    if list(data["lst"]) != [i, *range(1, i + 1)]:
         bad.append("lst")
     if data["dct"]["v"] != i:
         bad.append("dct")
@@ -91,7 +91,7 @@ def _wrong_decoded(data: Any) -> list[str]:
     """The same check on data decoded from JSON (tensors and arrays are summaries)."""
     i = data["i"]
     bad = []
-    if data["lst"] != [i] + list(range(1, i + 1)):
+    if data["lst"] != [i, *range(1, i + 1)]:
         bad.append("lst")
     if data["dct"]["v"] != i:
         bad.append("dct")
