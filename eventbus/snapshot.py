@@ -43,13 +43,13 @@ from typing import NoReturn
 
 from eventbus.encoding import LIMITS
 
-__all__ = ["MAX_ARRAY_BYTES", "FrozenData", "FrozenList", "FrozenSet", "snapshot_for"]
+__all__ = ["ATOMIC", "MAX_ARRAY_BYTES", "FrozenData", "FrozenList", "FrozenSet", "snapshot_for"]
 
 #: a tensor or array of more bytes than this is snapshotted as its summary, not copied
 MAX_ARRAY_BYTES: Final = LIMITS.max_line_bytes
 
 #: shared, never copied: the classes whose instances cannot change
-_ATOMIC: Final = frozenset({int, float, str, bool, type(None), bytes, complex})
+ATOMIC: Final = frozenset({int, float, str, bool, type(None), bytes, complex})
 
 
 def _refusing(name: str) -> Callable[..., NoReturn]:
@@ -197,7 +197,7 @@ def _copy(value: Any, depth: int,
           kinds: tuple[type[FrozenData], type[FrozenList], type[FrozenSet]]) -> Any:
     """A snapshot of one value (see the module docstring)."""
     cls = value.__class__
-    if cls in _ATOMIC:
+    if cls in ATOMIC:
         return value
     if depth >= LIMITS.max_depth:
         # Past the depth the encoder keeps, the rest is shared, not copied: that bounds
@@ -242,7 +242,7 @@ def snapshot_for(type_name: str) -> tuple[Callable[[dict[str, Any]], dict[str, A
     recorded without any."""
     kinds = _kinds(type_name)
     frozen = kinds[0]
-    atomic = _ATOMIC
+    atomic = ATOMIC
 
     def snapshot(data: dict[str, Any]) -> dict[str, Any]:
         for value in data.values():
