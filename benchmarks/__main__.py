@@ -2,7 +2,7 @@
 
     python -m benchmarks                  # full run (a few minutes), writes benchmarks/RESULTS.md
     python -m benchmarks --quick          # smoke run: tiny repeats, prints the report only
-    python -m benchmarks --only dispatch  # some areas: dispatch, logging, store, memory
+    python -m benchmarks --only dispatch  # some areas: dispatch, import, logging, store, memory
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from benchmarks._timing import machine
 from benchmarks._timing import versions
 from benchmarks.report import render
 
-AREAS = ("dispatch", "logging", "store", "memory")
+AREAS = ("dispatch", "import", "logging", "store", "memory")
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 
 from eventbus.wire import ENV_STORE
@@ -29,5 +28,7 @@ def attach_worker_forwarder() -> None:
 
         attach_from_env()
     except Exception:
+        import logging  # here: `import eventbus` does not load logging
+
         logging.getLogger("eventbus").exception(
             "eventbus: attaching the store forwarder failed; this worker's events stay local")

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import logging
 import os
 import sys
 import threading
@@ -47,7 +46,9 @@ if TYPE_CHECKING:
 
 __all__ = ["ALL", "Bus", "Subscription", "get_default_bus", "publish", "record"]
 
-logger = logging.getLogger("eventbus")
+#: the logger that failures are reported on (logging itself is imported when one is:
+#: ``import eventbus`` does not load it)
+_LOGGER_NAME = "eventbus"
 
 EventTypeLike = EventType | str | type[Event]
 Handler = Callable[[Event], object]
@@ -413,8 +414,11 @@ class Bus:
         self._reporting.active = True
         try:
             more = f" ({suppressed} more failures since the last report)" if suppressed else ""
-            logger.error("subscriber %s raised on %s%s; other subscribers still got it",
-                         name, event.type, more, exc_info=(type(exc), exc, exc.__traceback__))
+            import logging
+
+            logging.getLogger(_LOGGER_NAME).error(
+                "subscriber %s raised on %s%s; other subscribers still got it",
+                name, event.type, more, exc_info=(type(exc), exc, exc.__traceback__))
         except Exception:
             if not self._fallback_used:
                 self._fallback_used = True

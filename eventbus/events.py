@@ -17,6 +17,7 @@ import linecache
 import math
 import os
 import re
+import sys
 import time
 import types
 import typing
@@ -395,7 +396,7 @@ def _generate(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bo
                 others -= 1
                 if data.__class__ is dict:
                     for value in data.values():
-                        if value.__class__ not in _ATOMIC:
+                        if type(value) not in _ATOMIC:
                             f['data'] = _snap(data)
                             break
                     else:
@@ -487,7 +488,7 @@ def _generate(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bo
              # dict of immutable values costs one class test per value and one copy.
              "        if data.__class__ is dict:",
              "            for value in data.values():",
-             "                if value.__class__ not in _ATOMIC:",
+             "                if type(value) not in _ATOMIC:",
              "                    f['data'] = _snap(data)",
              "                    break",
              "            else:",
@@ -585,6 +586,38 @@ def _field_kind(type_name: str, name: str, hint: Any) -> tuple[type, bool]:
     )
 
 
+#: annotation strings read without ``typing.get_type_hints`` (see _simple_hints)
+_SIMPLE_HINTS: dict[str, Any] = {
+    **{kind.__name__: kind for kind in _KINDS},
+    **{f"{kind.__name__} | None": kind | None for kind in _KINDS},
+}
+
+
+def _simple_hints(cls: type, own: dict[str, Any]) -> dict[str, Any] | None:
+    """The hints of ``own`` when each is one of the typed-field spellings (``int``,
+    ``str | None``, ...) naming the builtins, else None (use ``typing.get_type_hints``).
+
+    ``get_type_hints`` walks the whole class hierarchy and compiles every string
+    annotation it meets, Event's own included: for the built-in types that was most of
+    ``import eventbus``. A name the class's module rebinds (``int = ...``) takes the slow
+    path, so the result is always what ``get_type_hints`` would say.
+    """
+    module = sys.modules.get(cls.__module__)
+    scope = vars(module) if module is not None else {}
+    hints: dict[str, Any] = {}
+    for name, annotation in own.items():
+        if type(annotation) is not str:
+            return None
+        hint = _SIMPLE_HINTS.get(annotation)
+        if hint is None:
+            return None
+        base = annotation.split(" ", 1)[0]
+        if scope.get(base, _MISSING) is not _MISSING or base in vars(cls):
+            return None
+        hints[name] = hint
+    return hints
+
+
 def event_type(
     name: str | EventType,
     *,
@@ -622,7 +655,9 @@ def event_type(
                 f"{existing.__module__}.{existing.__qualname__}; pick another name"
             )
         own = inspect.get_annotations(cls)
-        hints = typing.get_type_hints(cls)
+        hints = _simple_hints(cls, own)
+        if hints is None:
+            hints = typing.get_type_hints(cls)
         fields: dict[str, tuple[type, bool]] = {}
         defaults: dict[str, Any] = {}
         for fname in own:

@@ -246,7 +246,7 @@ def snapshot_for(type_name: str) -> tuple[Callable[[dict[str, Any]], dict[str, A
 
     def snapshot(data: dict[str, Any]) -> dict[str, Any]:
         for value in data.values():
-            if value.__class__ not in atomic:
+            if type(value) not in atomic:
                 return frozen({k: _copy(v, 1, kinds) for k, v in data.items()})
         return frozen(data)
 
