@@ -42,6 +42,7 @@ from eventbus.bus import ALL
 from eventbus.bus import Bus
 from eventbus.bus import Subscription
 from eventbus.bus import get_default_bus
+from eventbus.encoding import LIMITS
 from eventbus.encoding import sanitize
 from eventbus.events import Event
 from eventbus.events import event_class
@@ -83,14 +84,39 @@ def escape_line(text: str) -> str:
     return text.translate(_ESCAPES)
 
 
-def _quote(value: str) -> str:
-    return json.dumps(value, ensure_ascii=False)
+# Made once: json.dumps with any option builds a new encoder on every call.
+_quote = json.JSONEncoder(ensure_ascii=False).encode
+_encode_data = json.JSONEncoder(ensure_ascii=False, allow_nan=False,
+                                separators=(", ", ": ")).encode
+_NO_SANITIZE = frozenset({int, bool, type(None)})
+#: an int of more bits than this may be over LIMITS.max_int_digits: sanitize it
+_SAFE_INT_BITS = 3_000
+
+
+def _plain(data: Mapping[str, Any]) -> bool:
+    """True when ``data`` is a flat dict that :func:`sanitize` would return unchanged
+    (string keys; ints, bools, None, finite floats and strings within LIMITS)."""
+    if not isinstance(data, dict) or len(data) > LIMITS.max_items:
+        return False
+    for key, value in data.items():
+        cls = type(value)
+        if type(key) is not str or len(key) > 256:
+            return False
+        if cls in _NO_SANITIZE:
+            if cls is int and value.bit_length() > _SAFE_INT_BITS:
+                return False
+        elif cls is float:
+            if value - value != 0.0:  # NaN or an infinity: sanitize writes a tag
+                return False
+        elif cls is not str or len(value) > LIMITS.max_string:
+            return False
+    return True
 
 
 def _data_text(data: Mapping[str, Any], limit: int) -> str:
     try:
-        text = json.dumps(sanitize(data), ensure_ascii=False, allow_nan=False,
-                          separators=(", ", ": "))
+        # The usual metrics dict needs no sanitizing: skip the Python-level walk.
+        text = _encode_data(data if _plain(data) else sanitize(data))
     except (TypeError, ValueError, RecursionError):
         text = _quote(f"<data that does not encode: {type(data).__name__}>")
     if len(text) > limit:
@@ -106,7 +132,9 @@ def format_event(event: Event, *, max_data_chars: int = MAX_DATA_CHARS) -> str:
     when the event's context has a rank.
     """
     parts = [str(event.type)]
-    for name, value in event.fields().items():
+    for name in type(event)._fields:
+        # getattr, not event.__dict__: an optional field not given reads the class default
+        value = getattr(event, name)
         if value is None:
             continue
         parts.append(f"{name}={_quote(value)}" if isinstance(value, str) else f"{name}={value}")
@@ -198,6 +226,8 @@ class EventLoggingHandler(logging.Handler):
         self._inside = threading.local()
         self._reentrant = itertools.count()
         self._errors = itertools.count()
+        #: the last event context seen and its dict (replaced whole: no lock needed)
+        self._context_dict: tuple[object, dict[str, Any]] = (None, {})
         #: characters of ``data=...`` kept in a message
         self.max_data_chars = MAX_DATA_CHARS
         self.set_stream(stream)
@@ -341,7 +371,12 @@ class EventLoggingHandler(logging.Handler):
         d["event_type"] = str(event.type)
         d["event_timestamp"] = created
         d["event_data"] = event.data
-        d["event_context"] = event.context.to_dict()
+        context = event.context
+        cached = self._context_dict
+        if cached[0] is not context:  # contexts are immutable: one dict per context
+            cached = (context, context.to_dict())
+            self._context_dict = cached
+        d["event_context"] = cached[1].copy()
         for field, attr in _field_attrs(type(event)):
             # getattr, not event.__dict__: an optional field that record() was not given
             # is not in the instance dict; it reads the class-level default.
