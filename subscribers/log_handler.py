@@ -86,8 +86,25 @@ def escape_line(text: str) -> str:
 
 # Made once: json.dumps with any option builds a new encoder on every call.
 _quote = json.JSONEncoder(ensure_ascii=False).encode
-_encode_data = json.JSONEncoder(ensure_ascii=False, allow_nan=False,
-                                separators=(", ", ": ")).encode
+
+
+def _data_encoder() -> Callable[[Any], str]:
+    """``json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(", ", ": "))``,
+    calling the C encoder directly: ``JSONEncoder.encode`` makes a new one per call.
+    Only for acyclic input (what :func:`_plain` accepts, or :func:`sanitize`'s output)."""
+    encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(", ", ": "))
+    make = getattr(json.encoder, "c_make_encoder", None)
+    escape = getattr(json.encoder, "c_encode_basestring", None)
+    if make is None or escape is None:
+        return encoder.encode
+    one_shot = make(None, encoder.default, escape, None, ": ", ", ", False, False, False)
+
+    def encode(obj: Any) -> str:
+        return "".join(one_shot(obj, 0))
+    return encode
+
+
+_encode_data = _data_encoder()
 _NO_SANITIZE = frozenset({int, bool, type(None)})
 #: an int of more bits than this may be over LIMITS.max_int_digits: sanitize it
 _SAFE_INT_BITS = 3_000
@@ -131,10 +148,15 @@ def format_event(event: Event, *, max_data_chars: int = MAX_DATA_CHARS) -> str:
     (bounded by :data:`eventbus.LIMITS` and ``max_data_chars``); ``rank=N`` closes the line
     when the event's context has a rank.
     """
+    # getattr, not event.__dict__: an optional field not given reads the class default
+    return _line(event, [getattr(event, name) for name in type(event)._fields],
+                 max_data_chars)
+
+
+def _line(event: Event, values: list[Any], max_data_chars: int) -> str:
+    """:func:`format_event` with the typed fields' values already read, in field order."""
     parts = [str(event.type)]
-    for name in type(event)._fields:
-        # getattr, not event.__dict__: an optional field not given reads the class default
-        value = getattr(event, name)
+    for name, value in zip(type(event)._fields, values, strict=True):
         if value is None:
             continue
         parts.append(f"{name}={_quote(value)}" if isinstance(value, str) else f"{name}={value}")
@@ -359,9 +381,9 @@ class EventLoggingHandler(logging.Handler):
     # -- events in --------------------------------------------------------------------------
     def make_record(self, event: Event, level: int, name: str = RECORD_NAME) -> logging.LogRecord:
         """The ``LogRecord`` for ``event`` at ``level`` (formatting its message now)."""
+        values = [getattr(event, field) for field in type(event)._fields]
         record = logging.getLogRecordFactory()(
-            name, level, "eventbus", 0,
-            format_event(event, max_data_chars=self.max_data_chars), None, None)
+            name, level, "eventbus", 0, _line(event, values, self.max_data_chars), None, None)
         created = event.timestamp
         record.created = created
         record.msecs = int((created - int(created)) * 1000) + 0.0
@@ -377,10 +399,8 @@ class EventLoggingHandler(logging.Handler):
             cached = (context, context.to_dict())
             self._context_dict = cached
         d["event_context"] = cached[1].copy()
-        for field, attr in _field_attrs(type(event)):
-            # getattr, not event.__dict__: an optional field that record() was not given
-            # is not in the instance dict; it reads the class-level default.
-            d[attr] = getattr(event, field)
+        for (_, attr), value in zip(_field_attrs(type(event)), values, strict=True):
+            d[attr] = value
         return record
 
     def on_event(self, event: Event) -> None:
