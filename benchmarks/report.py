@@ -96,6 +96,11 @@ def _logging(result: dict[str, Any]) -> list[str]:
                      if "handler only" in row else ""])
     out += _table(["path", "ns", "vs plain line", "handler only (ns)",
                    "handler only vs plain line"], rows)
+    if result.get("targets"):
+        out += ["", "### Targets", ""]
+        out += _table(["target", "ratio", "limit", "met"],
+                      [[t["target"], f"{t['ratio']:.3f}", f"{t['limit']:.2f}",
+                        "yes" if t["met"] else "**no**"] for t in result["targets"]])
     return out
 
 
@@ -121,8 +126,16 @@ def _store(result: dict[str, Any]) -> list[str]:
     out = ["## Worker -> agent through a real TCPStore", "",
            "`benchmarks/bench_store.py`: one `eventbus run --standalone` job per producer "
            "count, each worker flooding `METRIC` events, then timing its own `record()` with "
-           "and without the forwarder (see the module's docstring).", ""]
-    return out + _generic(result)
+           "and without the forwarder (see the module's docstring). The last row paces "
+           "each worker at a steady rate instead of flooding.", ""]
+    targets = result.get("targets", [])
+    out += _generic({k: v for k, v in result.items() if k != "targets"})
+    if targets:
+        out += ["", "### Targets", ""]
+        out += _table(["target", "measured", "limit", "met"],
+                      [[t["target"], _num(t["value"]), _num(t["limit"]),
+                        "yes" if t["met"] else "**no**"] for t in targets])
+    return out
 
 
 def _import(result: dict[str, Any]) -> list[str]:
