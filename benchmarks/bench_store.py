@@ -245,7 +245,7 @@ PACED_RATE = 5_000.0
 
 def _target(what: str, value: float, limit: float, *, at_least: bool = False) -> dict[str, Any]:
     met = value >= limit if at_least else value <= limit
-    return {"target": what, "value": value, "limit": limit, "met": met}
+    return {"target": what, "value": value, "limit": limit, "at_least": at_least, "met": met}
 
 
 def run(*, quick: bool = False) -> dict[str, Any]:
