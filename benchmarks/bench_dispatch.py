@@ -169,6 +169,8 @@ def _breakdown_cases() -> list[Case]:
     def collect(event_type: Any, /, **fields: Any) -> None:
         pass
 
+    WorkerExit(worker_id=0, exit_code=0)  # its code is generated on first use: now
+
     ns = {"d": {"epoch": 10, "loss": 0.01}, "EventType": EventType,
           "W": EventType.WORKER_EXIT, "collect": collect, "check": WorkerExit._check,
           "build": WorkerExit._build, "eventbus": eventbus}

@@ -39,6 +39,7 @@ from eventbus.events import _REGISTRY
 from eventbus.events import Event
 from eventbus.events import EventType
 from eventbus.events import _on_declare
+from eventbus.events import _on_generate
 from eventbus.events import event_class
 
 if TYPE_CHECKING:
@@ -225,6 +226,7 @@ class Bus:
         for cls in list(_REGISTRY.values()):
             self._add_slot(cls)
         _on_declare.append(self._add_slot)
+        _on_generate.append(self._generated)
 
     # -- slots and snapshots ------------------------------------------------------------
     def _add_slot(self, cls: type[Event]) -> None:
@@ -242,6 +244,13 @@ class Bus:
             self._slots[cls.type] = slot
             self._slots[cls] = slot
             self._refresh(slot)
+
+    def _generated(self, cls: type[Event]) -> None:
+        # An event class's code is generated on first use: call it directly from now on.
+        slot = self._slots.get(cls)
+        if slot is not None and slot.event_cls is cls:
+            slot.check = cls._check
+            slot.build = cls._build
 
     def _slot(self, event_type: Any) -> _Slot:
         try:

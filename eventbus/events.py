@@ -111,6 +111,17 @@ _KINDS: dict[type, str] = {int: "an int", float: "a float", str: "a string", boo
 _REGISTRY: dict[str, type[Event]] = {}
 #: called with each newly declared class (the bus adds a signal for it)
 _on_declare: list[Callable[[type[Event]], None]] = []
+#: called with each class whose code was just generated (the bus refreshes its slot)
+_on_generate: list[Callable[[type[Event]], None]] = []
+
+
+class _GeneratedSource:
+    """``cls._source``: reading it generates the class's code if nothing has yet."""
+
+    def __get__(self, obj: object, owner: type[Event]) -> str:
+        _ensure_generated(owner)
+        source = owner.__dict__.get("_source", "")
+        return source if isinstance(source, str) else ""
 
 
 @attrs.frozen(init=False, slots=False)
@@ -132,7 +143,7 @@ class Event:
     _check: ClassVar[Callable[[dict[str, Any]], None]]
     _build: ClassVar[Callable[[dict[str, Any]], Event]]
     #: the generated source of the three, for the curious and for debugging
-    _source: ClassVar[str] = ""
+    _source: ClassVar[str] = _GeneratedSource()  # type: ignore[assignment]
 
     timestamp: float
     data: dict[str, Any]
@@ -555,6 +566,53 @@ def _generate(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bo
         setattr(cls, name, value)
 
 
+def _generate_lazily(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bool]],
+                     defaults: dict[str, Any]) -> None:
+    """Install stubs that run :func:`_generate` on the class's first use.
+
+    Compiling the generated code was a large part of ``import eventbus``, and most
+    processes use a few of the built-in types. The first ``_check``, ``_build`` or
+    ``__init__`` call (or a read of ``_source``) generates the real ones, replaces the
+    stubs and tells the buses (``_on_generate``), so that ``record()`` calls the generated
+    function directly from then on. Two threads racing to generate produce the same code:
+    no lock is needed (and none can be left held across a fork).
+    """
+    for name, value in defaults.items():  # readable before the code exists
+        setattr(cls, name, value)
+
+    def generate() -> None:
+        if cls.__dict__.get("_generate_now") is generate:
+            _generate(cls, type_name, fields, defaults)
+            type.__setattr__(cls, "_generate_now", None)
+            for hook in list(_on_generate):
+                hook(cls)
+
+    def _check(f: dict[str, Any]) -> None:
+        generate()
+        cls._check(f)
+
+    def _build(f: dict[str, Any]) -> Event:
+        generate()
+        return cls._build(f)
+
+    def __init__(self: Event, **fields: Any) -> None:
+        generate()
+        cls.__init__(self, **fields)
+
+    cls._check = staticmethod(_check)
+    cls._build = staticmethod(_build)
+    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
+    cls.__init__ = __init__  # type: ignore[method-assign]
+    type.__setattr__(cls, "_generate_now", generate)
+
+
+def _ensure_generated(cls: type) -> None:
+    """Generate ``cls``'s code now if it is still waiting for its first use."""
+    generate = cls.__dict__.get("_generate_now")
+    if generate is not None:
+        generate()
+
+
 def _generated_filename(cls: type[Event], type_name: str, source: str) -> str:
     """``<eventbus generated WORKER_EXIT eventbus.events.WorkerExit>``: the pseudo file
     name of a class's generated code, unique in ``linecache`` (a second class with the
@@ -681,7 +739,7 @@ def event_type(
         new_cls._fields = fields
         if failure is not None:
             new_cls._failure = staticmethod(failure)
-        _generate(new_cls, type_name, fields, defaults)
+        _generate_lazily(new_cls, type_name, fields, defaults)
         _REGISTRY[type_name] = new_cls
         for hook in list(_on_declare):
             hook(new_cls)
