@@ -186,6 +186,67 @@ def _breakdown_cases() -> list[Case]:
     ]
 
 
+def cuda_check(*, quick: bool = False) -> dict[str, Any]:
+    """Does recording a CUDA tensor synchronise the device? (issue 14)
+
+    Queue a long burst of GPU work, then time ``record()`` of a CUDA tensor while the GPU
+    is still busy: a synchronising ``record()`` would wait for the whole burst, a snapshot
+    that only queues a device copy returns in microseconds. Also the wall time of a loop
+    of GPU work with and without a ``record()`` per step. Without a GPU: not measured.
+    """
+    try:
+        import torch
+    except ImportError:
+        return {"measured": False, "why": "torch is not installed"}
+    if not torch.cuda.is_available():
+        return {"measured": False, "why": "no CUDA device on this machine"}
+    import time
+
+    import eventbus
+    from eventbus import EventType
+
+    bus = eventbus.Bus("bench-cuda")
+    bus.subscribe(EventType.METRIC, on_event=lambda event: None)
+    x = torch.randn(2048, 2048, device="cuda")
+    acc = torch.zeros(1024, device="cuda")
+    burst = 5 if quick else 40
+
+    def busy() -> None:
+        for _ in range(burst):
+            x.matmul(x)
+
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    busy()
+    torch.cuda.synchronize()
+    burst_s = time.perf_counter() - t
+    busy()
+    t = time.perf_counter()
+    bus.record(EventType.METRIC, step=0, data={"acc": acc})
+    record_s = time.perf_counter() - t
+    torch.cuda.synchronize()
+
+    def loop(with_record: bool) -> float:
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for i in range(burst):
+            x.matmul(x)
+            acc.add_(1)
+            if with_record:
+                bus.record(EventType.METRIC, step=i, data={"acc": acc})
+        torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    loop(True)
+    plain = min(loop(False) for _ in range(3))
+    recorded = min(loop(True) for _ in range(3))
+    return {"measured": True, "device": torch.cuda.get_device_name(),
+            "queued GPU work (ms)": burst_s * 1e3,
+            "record() of a CUDA tensor while it runs (ms)": record_s * 1e3,
+            "synchronised": record_s > burst_s / 2,
+            "loop with record() / without": recorded / plain}
+
+
 def run(*, quick: bool = False) -> dict[str, Any]:
     """Median ns per call of every peer at every subscriber count, and the target ratios."""
     # Many short rounds: on a shared machine a burst of noise then spoils a few samples
@@ -209,4 +270,5 @@ def run(*, quick: bool = False) -> dict[str, Any]:
         floor = (floor_ns + delivery) / table[peer][peer_subs]
         targets.append({"target": what, "ratio": ratio, "limit": limit,
                         "met": ratio <= limit, "floor": floor})
-    return {"ns": table, "targets": targets, "breakdown": breakdown, "repeats": repeats}
+    return {"ns": table, "targets": targets, "breakdown": breakdown, "repeats": repeats,
+            "cuda": cuda_check(quick=quick)}

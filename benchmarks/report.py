@@ -78,6 +78,16 @@ def _dispatch(result: dict[str, Any]) -> list[str]:
                     f"{t['floor']:.3f}" + (" (over the limit)" if t["floor"] > t["limit"]
                                            else "")
                     if "floor" in t else ""] for t in result["targets"]])
+    cuda = result.get("cuda")
+    if cuda is not None:
+        out += ["", "### CUDA: does recording a CUDA tensor synchronise?", ""]
+        if cuda.get("measured"):
+            out += _table(["figure", "value"],
+                          [[k, _num(v)] for k, v in cuda.items() if k != "measured"])
+        else:
+            out += [f"Not measured in this run: {cuda.get('why')}. The snapshot of a CUDA "
+                    "tensor is a device copy by construction (eventbus/snapshot.py); run "
+                    "`make bench` on a CUDA machine to time it."]
     out += ["", "### Where `record()` spends its time", "",
             "Each step timed on its own (ns per statement, timing loop included).", ""]
     out += _table(["step", "ns"], [[k, _ns(v)] for k, v in result["breakdown"].items()])
