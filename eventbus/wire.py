@@ -424,7 +424,15 @@ class BatchDecoder:
         data = fields.pop("data", None)
         if data is not None and type(data) is not dict:
             raise WireError("bad event: data")
+        if data is not None:
+            fields["data"] = data
         try:
-            return cls(**fields, data=data, timestamp=timestamp, context=context)
+            # The builder record() uses: it validates ``fields`` in place, snapshots data
+            # and makes ``fields`` the event's own __dict__ (no keyword binding, no copy).
+            event = cls._build(fields)
         except (TypeError, ValueError):
             raise WireError("bad event: fields") from None
+        # The builder stamped this process's time and context: the sender's are the truth.
+        fields["timestamp"] = timestamp
+        fields["context"] = context
+        return event
