@@ -292,3 +292,24 @@ def test_scalars_are_shared_and_a_self_containing_dict_is_bounded() -> None:
     loop: dict[str, Any] = {}
     loop["self"] = loop
     assert "$truncated" in eventbus.Metric(data={"loop": loop}).to_json()
+
+
+def test_a_queue_counts_the_tensor_copies_it_holds(figure: Callable[[int, str], None]) -> None:
+    """Each queued event holds its own tensor copy, and the queue's byte bound counts it:
+    a sink that never drains keeps at most max_bytes of copies, the rest dropped."""
+    bus = Bus("snap-bytes")
+    stuck = threading.Event()
+    sink = QueuedSink(lambda batch: stuck.wait(30), name="stuck", max_bytes=8 * 2**20,
+                      max_events=10_000, max_batch=1)
+    bus.subscribe(ALL, on_event=sink)
+    acc = torch.zeros(MAX_ARRAY_BYTES // 4)  # 1 MiB: copied, not summarised
+    for i in range(40):
+        acc += 1
+        bus.record(EventType.METRIC, step=i, data={"acc": acc})
+    stats = sink.stats()
+    figure(23, f"queue of 1 MiB tensor snapshots, 8 MiB bound: {stats['pending']} held, "
+               f"{sum(stats['dropped'].values())} dropped of 40")
+    assert stats["queued_bytes"] <= 8 * 2**20
+    assert sum(stats["dropped"].values()) >= 40 - 9
+    stuck.set()
+    sink.close(10)
