@@ -372,7 +372,10 @@ class Bus:
                 self._failed(slot, call, event, exc)
 
     def publish(self, event: Event) -> None:
-        """Publish an event built elsewhere (decoded from a worker, bridged from torch)."""
+        """Publish an event built elsewhere (decoded from a worker, bridged from torch).
+
+        The event is published as it is: every event is already a snapshot, since its
+        constructor (like ``record()``) snapshots ``data`` (see eventbus/snapshot.py)."""
         try:
             slot = self._slots[type(event)]
         except KeyError:
