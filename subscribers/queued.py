@@ -120,7 +120,10 @@ def estimate_size(event: Event) -> int:
         elif isinstance(value, (dict, list, tuple, set, frozenset)):
             size += 32 * len(value)
         else:
-            nbytes = getattr(value, "nbytes", None)  # a numpy array or a torch tensor
+            try:  # a numpy array or a torch tensor (a sparse one raises)
+                nbytes = getattr(value, "nbytes", None)
+            except Exception:
+                nbytes = None
             if type(nbytes) is int:
                 size += nbytes
     return size
