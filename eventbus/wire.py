@@ -160,6 +160,9 @@ except ImportError:  # pragma: no cover - orjson is a dependency, but not a requ
     _orjson = None
 
 
+_PLAIN_JSON = frozenset({str, int, float, bool, type(None)})
+
+
 def _fast_entries(entries: list[Any]) -> bytes | None:
     """The ``ev`` array of a batch as JSON bytes by orjson, or None where only json may
     write it exactly as promised.
@@ -171,6 +174,16 @@ def _fast_entries(entries: list[Any]) -> bytes | None:
     """
     if _orjson is None:
         return None
+    # orjson writes enums, UUIDs, datetimes and dataclasses natively where json (through
+    # sanitize) writes a summary: it only gets data of plain JSON scalars (the typed
+    # fields already are; containers take the json path).
+    plain = _PLAIN_JSON
+    for _, fields in entries:
+        data = fields.get("data")
+        if data:
+            for value in data.values():
+                if type(value) not in plain:
+                    return None
     try:
         out: bytes = _orjson.dumps(entries)
     except (TypeError, ValueError, _orjson.JSONEncodeError):

@@ -56,6 +56,22 @@ def test_the_fast_path_is_taken_for_plain_data_only() -> None:
     assert wire._fast_entries([["METRIC", {"data": {"big": 2**70}}]]) is None
 
 
+def test_values_json_would_summarise_are_summarised_on_the_wire_too() -> None:
+    """An enum, a UUID, a datetime in data reach the agent as to_json() writes them."""
+    import datetime
+    import enum
+    import uuid
+
+    class Color(enum.Enum):
+        RED = 1
+
+    data = {"enum": Color.RED, "uuid": uuid.UUID(int=1),
+            "when": datetime.datetime(2026, 1, 1), "loss": 0.5}
+    sent = eventbus.Metric(step=1, data=data, context=_ctx())
+    got = _round_trip(data)
+    assert json.loads(got.to_json())["data"] == json.loads(sent.to_json())["data"]
+
+
 def test_the_decoder_leaves_rejections_to_json() -> None:
     """A NaN literal is refused whichever parser saw it first."""
     with pytest.raises(ValueError):
