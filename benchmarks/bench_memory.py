@@ -3,7 +3,8 @@
 Each size runs in its own subprocess (peak RSS is a high-water mark of the whole process;
 read from ``VmHWM``). The child subscribes one ``subscribers.queued.QueuedSink`` (default
 bounds: 100,000 events, 64 MiB) whose sink blocks forever, records N ``WORKER_EXIT`` events with a
-small ``data`` dict through ``eventbus.record()``, and reports its peak RSS, the RSS after
+small ``data`` dict holding a list through ``eventbus.record()`` (so every queued event
+holds its snapshot: a read-only dict and a read-only list), and reports its peak RSS, the RSS after
 imports, and what the queue holds and dropped. Bounded means flat: 1e6 events must peak
 where 1e5 do, the rest counted as dropped.
 """
@@ -61,7 +62,7 @@ def _child(n: int) -> dict[str, Any]:
     record = eventbus.record
     for i in range(n):
         record(EventType.WORKER_EXIT, worker_id=i % 8, exit_code=0,
-               data={"step": i, "loss": 0.01})
+               data={"step": i, "loss": 0.01, "lr": [0.1, 0.01]})
     peak = _peak_rss_mib()
     stats = sink.stats()
     return {

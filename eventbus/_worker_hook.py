@@ -4,7 +4,6 @@ stay cheap (and torch-free) everywhere else."""
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import IO
 from typing import Any
@@ -114,6 +113,8 @@ def attach_worker_forwarder() -> None:
 
         attach_from_env()
     except Exception:
+        import logging  # here: `import eventbus` does not load logging
+
         logging.getLogger("eventbus").exception(
             "eventbus: attaching the store forwarder failed; this worker's events stay local")
     try:

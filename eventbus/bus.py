@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import logging
 import os
 import sys
 import threading
@@ -40,6 +39,7 @@ from eventbus.events import _REGISTRY
 from eventbus.events import Event
 from eventbus.events import EventType
 from eventbus.events import _on_declare
+from eventbus.events import _on_generate
 from eventbus.events import event_class
 
 if TYPE_CHECKING:
@@ -47,7 +47,9 @@ if TYPE_CHECKING:
 
 __all__ = ["ALL", "Bus", "Subscription", "get_default_bus", "publish", "record"]
 
-logger = logging.getLogger("eventbus")
+#: the logger that failures are reported on (logging itself is imported when one is:
+#: ``import eventbus`` does not load it)
+_LOGGER_NAME = "eventbus"
 
 EventTypeLike = EventType | str | type[Event]
 Handler = Callable[[Event], object]
@@ -224,6 +226,7 @@ class Bus:
         for cls in list(_REGISTRY.values()):
             self._add_slot(cls)
         _on_declare.append(self._add_slot)
+        _on_generate.append(self._generated)
 
     # -- slots and snapshots ------------------------------------------------------------
     def _add_slot(self, cls: type[Event]) -> None:
@@ -241,6 +244,13 @@ class Bus:
             self._slots[cls.type] = slot
             self._slots[cls] = slot
             self._refresh(slot)
+
+    def _generated(self, cls: type[Event]) -> None:
+        # An event class's code is generated on first use: call it directly from now on.
+        slot = self._slots.get(cls)
+        if slot is not None and slot.event_cls is cls:
+            slot.check = cls._check
+            slot.build = cls._build
 
     def _slot(self, event_type: Any) -> _Slot:
         try:
@@ -362,7 +372,10 @@ class Bus:
                 self._failed(slot, call, event, exc)
 
     def publish(self, event: Event) -> None:
-        """Publish an event built elsewhere (decoded from a worker, bridged from torch)."""
+        """Publish an event built elsewhere (decoded from a worker, bridged from torch).
+
+        The event is published as it is: every event is already a snapshot, since its
+        constructor (like ``record()``) snapshots ``data`` (see eventbus/snapshot.py)."""
         try:
             slot = self._slots[type(event)]
         except KeyError:
@@ -413,8 +426,11 @@ class Bus:
         self._reporting.active = True
         try:
             more = f" ({suppressed} more failures since the last report)" if suppressed else ""
-            logger.error("subscriber %s raised on %s%s; other subscribers still got it",
-                         name, event.type, more, exc_info=(type(exc), exc, exc.__traceback__))
+            import logging
+
+            logging.getLogger(_LOGGER_NAME).error(
+                "subscriber %s raised on %s%s; other subscribers still got it",
+                name, event.type, more, exc_info=(type(exc), exc, exc.__traceback__))
         except Exception:
             if not self._fallback_used:
                 self._fallback_used = True

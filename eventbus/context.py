@@ -9,7 +9,6 @@ taken again in a forked child, whose pid differs.
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,6 +25,17 @@ def _opt_int(value: str | None) -> int | None:
     except ValueError:
         return None
 
+
+def _hostname() -> str:
+    """``socket.gethostname()``, without importing socket where ``os.uname()`` exists
+    (POSIX: the same gethostname(2) name): socket's enum conversions were the largest part
+    of ``import eventbus``."""
+    uname = getattr(os, "uname", None)
+    if uname is not None:
+        return str(uname().nodename)
+    import socket
+
+    return socket.gethostname()
 
 @attrs.frozen(slots=True)
 class JobContext:
@@ -55,7 +65,7 @@ class JobContext:
             role=env.get("ROLE_NAME") or None,
             run_id=env.get("TORCHELASTIC_RUN_ID") or None,
             restart_count=_opt_int(env.get("TORCHELASTIC_RESTART_COUNT")),
-            hostname=socket.gethostname(),
+            hostname=_hostname(),
             pid=os.getpid(),
         )
 

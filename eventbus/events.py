@@ -17,6 +17,7 @@ import linecache
 import math
 import os
 import re
+import sys
 import time
 import types
 import typing
@@ -41,6 +42,8 @@ from eventbus.errors import FieldValueError
 from eventbus.errors import MissingFieldError
 from eventbus.errors import UnknownEventTypeError
 from eventbus.errors import UnknownFieldError
+from eventbus.snapshot import ATOMIC
+from eventbus.snapshot import snapshot_for
 
 __all__ = [
     "AgentExit",
@@ -115,6 +118,17 @@ _KINDS: dict[type, str] = {int: "an int", float: "a float", str: "a string", boo
 _REGISTRY: dict[str, type[Event]] = {}
 #: called with each newly declared class (the bus adds a signal for it)
 _on_declare: list[Callable[[type[Event]], None]] = []
+#: called with each class whose code was just generated (the bus refreshes its slot)
+_on_generate: list[Callable[[type[Event]], None]] = []
+
+
+class _GeneratedSource:
+    """``cls._source``: reading it generates the class's code if nothing has yet."""
+
+    def __get__(self, obj: object, owner: type[Event]) -> str:
+        _ensure_generated(owner)
+        source = owner.__dict__.get("_source", "")
+        return source if isinstance(source, str) else ""
 
 
 @attrs.frozen(init=False, slots=False)
@@ -122,7 +136,8 @@ class Event:
     """Base class of every event.
 
     ``type`` (class-level), ``timestamp`` (seconds since the epoch), ``data`` (a dict of
-    free-form values), ``context`` (the :class:`~eventbus.context.JobContext`), plus the
+    free-form values: a read-only snapshot, copied at every depth when the event is built;
+    see :mod:`eventbus.snapshot`), ``context`` (the :class:`~eventbus.context.JobContext`), plus the
     typed fields of the concrete class. Immutable: assigning an attribute raises
     ``attrs.exceptions.FrozenInstanceError``.
     """
@@ -135,7 +150,7 @@ class Event:
     _check: ClassVar[Callable[[dict[str, Any]], None]]
     _build: ClassVar[Callable[[dict[str, Any]], Event]]
     #: the generated source of the three, for the curious and for debugging
-    _source: ClassVar[str] = ""
+    _source: ClassVar[str] = _GeneratedSource()  # type: ignore[assignment]
 
     timestamp: float
     data: dict[str, Any]
@@ -336,10 +351,11 @@ def _bad_context(event_type: str, value: Any) -> JobContext:
 # record() hands the generated functions its own ``**fields`` dict ``f``: a fresh dict that
 # nobody else holds. ``_check(f)`` validates it (no subscriber: nothing is built);
 # ``_build(f)`` validates it and then turns it into the event's ``__dict__``, adding only
-# ``timestamp`` and ``context`` (and a copy of ``data``). Optional fields that were not given
-# stay out of the dict: their defaults are class attributes, so ``event.signal`` still reads
-# ``None``. The common call (required fields, maybe ``data``) costs one ``len()`` to prove
-# that no other name was given; anything else goes to ``_check_rest``, which is plain Python.
+# ``timestamp`` and ``context`` (and the read-only snapshot of ``data``: see
+# eventbus/snapshot.py). Optional fields that were not given stay out of the dict: their
+# defaults are class attributes, so ``event.signal`` still reads ``None``. The common call
+# (required fields, maybe ``data``) costs one ``len()`` to prove that no other name was
+# given; anything else goes to ``_check_rest``, which is plain Python.
 
 
 def _check_rest(event_type: str, f: dict[str, Any], optional: dict[str, tuple[type, bool]],
@@ -385,10 +401,18 @@ def _generate(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bo
             others = len(f) - 2
             data = f.get('data')
             if data is None:
-                f['data'] = {}
+                f['data'] = _EMPTY
             else:
                 others -= 1
-                f['data'] = data.copy() if data.__class__ is dict else _coerce_data(_T, data)
+                if data.__class__ is dict:
+                    for value in data.values():
+                        if type(value) not in _ATOMIC:
+                            f['data'] = _snap(data)
+                            break
+                    else:
+                        f['data'] = _FROZEN(data)
+                else:
+                    f['data'] = _snap(_coerce_data(_T, data))
             if others:
                 _check_rest(_T, f, _OPTIONAL, _ALLOWED)
             f['timestamp'] = _time()
@@ -402,7 +426,12 @@ def _generate(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bo
     allowed = frozenset([*fields, "data"])
     required = {name: kind for name, (kind, _) in fields.items() if name not in defaults}
     optional = {name: spec for name, spec in fields.items() if name in defaults}
+    snap, empty = snapshot_for(type_name)
     env: dict[str, Any] = {
+        "_snap": snap,
+        "_EMPTY": empty,
+        "_FROZEN": empty.__class__,
+        "_ATOMIC": ATOMIC,
         "_T": type_name,
         "_REQUIRED": required,
         "_OPTIONAL": optional,
@@ -462,11 +491,20 @@ def _generate(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bo
              f"    others = len(f) - {len(required)}",
              "    data = f.get('data')",
              "    if data is None:",
-             "        f['data'] = {}",
+             "        f['data'] = _EMPTY",
              "    else:",
              "        others -= 1",
-             "        f['data'] = data.copy() if data.__class__ is dict else "
-             "_coerce_data(_T, data)",
+             # The snapshot (eventbus/snapshot.py), its common case written out: a plain
+             # dict of immutable values costs one class test per value and one copy.
+             "        if data.__class__ is dict:",
+             "            for value in data.values():",
+             "                if type(value) not in _ATOMIC:",
+             "                    f['data'] = _snap(data)",
+             "                    break",
+             "            else:",
+             "                f['data'] = _FROZEN(data)",
+             "        else:",
+             "            f['data'] = _snap(_coerce_data(_T, data))",
              *rest,
              "    f['timestamp'] = _time()",
              "    f['context'] = _holder.value",
@@ -492,11 +530,11 @@ def _generate(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bo
             "        _unknown_field(_T, unknown, _ALLOWED)",
             *kw_checks,
             "    if data is None:",
-            "        data = {}",
+            "        data = _EMPTY",
             "    elif data.__class__ is not dict:",
-            "        data = _coerce_data(_T, data)",
+            "        data = _snap(_coerce_data(_T, data))",
             "    else:",
-            "        data = data.copy()",
+            "        data = _snap(data)",
             "    if timestamp is None:",
             "        timestamp = _time()",
             "    elif timestamp.__class__ is not float or timestamp != timestamp:",
@@ -525,6 +563,53 @@ def _generate(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bo
     # Defaults live on the class, so an event built without an optional field reads it.
     for name, value in defaults.items():
         setattr(cls, name, value)
+
+
+def _generate_lazily(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bool]],
+                     defaults: dict[str, Any]) -> None:
+    """Install stubs that run :func:`_generate` on the class's first use.
+
+    Compiling the generated code was a large part of ``import eventbus``, and most
+    processes use a few of the built-in types. The first ``_check``, ``_build`` or
+    ``__init__`` call (or a read of ``_source``) generates the real ones, replaces the
+    stubs and tells the buses (``_on_generate``), so that ``record()`` calls the generated
+    function directly from then on. Two threads racing to generate produce the same code:
+    no lock is needed (and none can be left held across a fork).
+    """
+    for name, value in defaults.items():  # readable before the code exists
+        setattr(cls, name, value)
+
+    def generate() -> None:
+        if cls.__dict__.get("_generate_now") is generate:
+            _generate(cls, type_name, fields, defaults)
+            type.__setattr__(cls, "_generate_now", None)
+            for hook in list(_on_generate):
+                hook(cls)
+
+    def _check(f: dict[str, Any]) -> None:
+        generate()
+        cls._check(f)
+
+    def _build(f: dict[str, Any]) -> Event:
+        generate()
+        return cls._build(f)
+
+    def __init__(self: Event, **fields: Any) -> None:
+        generate()
+        cls.__init__(self, **fields)
+
+    cls._check = staticmethod(_check)
+    cls._build = staticmethod(_build)
+    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
+    cls.__init__ = __init__  # type: ignore[method-assign]
+    type.__setattr__(cls, "_generate_now", generate)
+
+
+def _ensure_generated(cls: type) -> None:
+    """Generate ``cls``'s code now if it is still waiting for its first use."""
+    generate = cls.__dict__.get("_generate_now")
+    if generate is not None:
+        generate()
 
 
 def _generated_filename(cls: type[Event], type_name: str, source: str) -> str:
@@ -556,6 +641,38 @@ def _field_kind(type_name: str, name: str, hint: Any) -> tuple[type, bool]:
         f"{type_name}.{name}: field type {hint!r} is not supported; typed fields are int, "
         f"float, str, bool or one of them | None. Put structured values in data={{...}}"
     )
+
+
+#: annotation strings read without ``typing.get_type_hints`` (see _simple_hints)
+_SIMPLE_HINTS: dict[str, Any] = {
+    **{kind.__name__: kind for kind in _KINDS},
+    **{f"{kind.__name__} | None": kind | None for kind in _KINDS},
+}
+
+
+def _simple_hints(cls: type, own: dict[str, Any]) -> dict[str, Any] | None:
+    """The hints of ``own`` when each is one of the typed-field spellings (``int``,
+    ``str | None``, ...) naming the builtins, else None (use ``typing.get_type_hints``).
+
+    ``get_type_hints`` walks the whole class hierarchy and compiles every string
+    annotation it meets, Event's own included: for the built-in types that was most of
+    ``import eventbus``. A name the class's module rebinds (``int = ...``) takes the slow
+    path, so the result is always what ``get_type_hints`` would say.
+    """
+    module = sys.modules.get(cls.__module__)
+    scope = vars(module) if module is not None else {}
+    hints: dict[str, Any] = {}
+    for name, annotation in own.items():
+        if type(annotation) is not str:
+            return None
+        hint = _SIMPLE_HINTS.get(annotation)
+        if hint is None:
+            return None
+        base = annotation.split(" ", 1)[0]
+        if scope.get(base, _MISSING) is not _MISSING or base in vars(cls):
+            return None
+        hints[name] = hint
+    return hints
 
 
 def event_type(
@@ -595,7 +712,9 @@ def event_type(
                 f"{existing.__module__}.{existing.__qualname__}; pick another name"
             )
         own = inspect.get_annotations(cls)
-        hints = typing.get_type_hints(cls)
+        hints = _simple_hints(cls, own)
+        if hints is None:
+            hints = typing.get_type_hints(cls)
         fields: dict[str, tuple[type, bool]] = {}
         defaults: dict[str, Any] = {}
         for fname in own:
@@ -619,7 +738,7 @@ def event_type(
         new_cls._fields = fields
         if failure is not None:
             new_cls._failure = staticmethod(failure)
-        _generate(new_cls, type_name, fields, defaults)
+        _generate_lazily(new_cls, type_name, fields, defaults)
         _REGISTRY[type_name] = new_cls
         for hook in list(_on_declare):
             hook(new_cls)

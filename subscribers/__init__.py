@@ -1,15 +1,22 @@
 """Take events out: the logging bridge, the JSON Lines recorder, the restart reactors and
-the forwarder that ships a worker's events to its agent."""
+the forwarder that ships a worker's events to its agent.
+
+The public names load on first use (PEP 562): ``import subscribers`` alone costs nothing
+beyond eventbus, and a worker that only records never pays for the logging bridge.
+"""
 
 from __future__ import annotations
 
-from subscribers.jsonl import JsonlRecorder
-from subscribers.jsonl import read_jsonl
-from subscribers.log_handler import EventLoggingHandler
-from subscribers.reactors import NonRetriableExitCodes
-from subscribers.reactors import RestartBudget
-from subscribers.reactors import StopAfterStalls
-from subscribers.reactors import StopOnNonFiniteLoss
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from subscribers.jsonl import JsonlRecorder
+    from subscribers.jsonl import read_jsonl
+    from subscribers.log_handler import EventLoggingHandler
+    from subscribers.reactors import NonRetriableExitCodes
+    from subscribers.reactors import RestartBudget
+    from subscribers.reactors import StopAfterStalls
+    from subscribers.reactors import StopOnNonFiniteLoss
 
 __all__ = [
     "EventLoggingHandler",
@@ -20,3 +27,29 @@ __all__ = [
     "StopOnNonFiniteLoss",
     "read_jsonl",
 ]
+
+#: public name -> the module that defines it
+_LAZY = {
+    "EventLoggingHandler": "subscribers.log_handler",
+    "JsonlRecorder": "subscribers.jsonl",
+    "NonRetriableExitCodes": "subscribers.reactors",
+    "RestartBudget": "subscribers.reactors",
+    "StopAfterStalls": "subscribers.reactors",
+    "StopOnNonFiniteLoss": "subscribers.reactors",
+    "read_jsonl": "subscribers.jsonl",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -42,6 +42,7 @@ from eventbus.bus import ALL
 from eventbus.bus import Bus
 from eventbus.bus import Subscription
 from eventbus.bus import get_default_bus
+from eventbus.encoding import LIMITS
 from eventbus.encoding import sanitize
 from eventbus.events import Event
 from eventbus.events import event_class
@@ -83,14 +84,56 @@ def escape_line(text: str) -> str:
     return text.translate(_ESCAPES)
 
 
-def _quote(value: str) -> str:
-    return json.dumps(value, ensure_ascii=False)
+# Made once: json.dumps with any option builds a new encoder on every call.
+_quote = json.JSONEncoder(ensure_ascii=False).encode
+
+
+def _data_encoder() -> Callable[[Any], str]:
+    """``json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(", ", ": "))``,
+    calling the C encoder directly: ``JSONEncoder.encode`` makes a new one per call.
+    Only for acyclic input (what :func:`_plain` accepts, or :func:`sanitize`'s output)."""
+    encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(", ", ": "))
+    make = getattr(json.encoder, "c_make_encoder", None)
+    escape = getattr(json.encoder, "c_encode_basestring", None)
+    if make is None or escape is None:
+        return encoder.encode
+    one_shot = make(None, encoder.default, escape, None, ": ", ", ", False, False, False)
+
+    def encode(obj: Any) -> str:
+        return "".join(one_shot(obj, 0))
+    return encode
+
+
+_encode_data = _data_encoder()
+_NO_SANITIZE = frozenset({int, bool, type(None)})
+#: an int of more bits than this may be over LIMITS.max_int_digits: sanitize it
+_SAFE_INT_BITS = 3_000
+
+
+def _plain(data: Mapping[str, Any]) -> bool:
+    """True when ``data`` is a flat dict that :func:`sanitize` would return unchanged
+    (string keys; ints, bools, None, finite floats and strings within LIMITS)."""
+    if not isinstance(data, dict) or len(data) > LIMITS.max_items:
+        return False
+    for key, value in data.items():
+        cls = type(value)
+        if type(key) is not str or len(key) > 256:
+            return False
+        if cls in _NO_SANITIZE:
+            if cls is int and value.bit_length() > _SAFE_INT_BITS:
+                return False
+        elif cls is float:
+            if value - value != 0.0:  # NaN or an infinity: sanitize writes a tag
+                return False
+        elif cls is not str or len(value) > LIMITS.max_string:
+            return False
+    return True
 
 
 def _data_text(data: Mapping[str, Any], limit: int) -> str:
     try:
-        text = json.dumps(sanitize(data), ensure_ascii=False, allow_nan=False,
-                          separators=(", ", ": "))
+        # The usual metrics dict needs no sanitizing: skip the Python-level walk.
+        text = _encode_data(data if _plain(data) else sanitize(data))
     except (TypeError, ValueError, RecursionError):
         text = _quote(f"<data that does not encode: {type(data).__name__}>")
     if len(text) > limit:
@@ -105,8 +148,15 @@ def format_event(event: Event, *, max_data_chars: int = MAX_DATA_CHARS) -> str:
     (bounded by :data:`eventbus.LIMITS` and ``max_data_chars``); ``rank=N`` closes the line
     when the event's context has a rank.
     """
+    # getattr, not event.__dict__: an optional field not given reads the class default
+    return _line(event, [getattr(event, name) for name in type(event)._fields],
+                 max_data_chars)
+
+
+def _line(event: Event, values: list[Any], max_data_chars: int) -> str:
+    """:func:`format_event` with the typed fields' values already read, in field order."""
     parts = [str(event.type)]
-    for name, value in event.fields().items():
+    for name, value in zip(type(event)._fields, values, strict=True):
         if value is None:
             continue
         parts.append(f"{name}={_quote(value)}" if isinstance(value, str) else f"{name}={value}")
@@ -198,6 +248,8 @@ class EventLoggingHandler(logging.Handler):
         self._inside = threading.local()
         self._reentrant = itertools.count()
         self._errors = itertools.count()
+        #: the last event context seen and its dict (replaced whole: no lock needed)
+        self._context_dict: tuple[object, dict[str, Any]] = (None, {})
         #: characters of ``data=...`` kept in a message
         self.max_data_chars = MAX_DATA_CHARS
         self.set_stream(stream)
@@ -329,9 +381,9 @@ class EventLoggingHandler(logging.Handler):
     # -- events in --------------------------------------------------------------------------
     def make_record(self, event: Event, level: int, name: str = RECORD_NAME) -> logging.LogRecord:
         """The ``LogRecord`` for ``event`` at ``level`` (formatting its message now)."""
+        values = [getattr(event, field) for field in type(event)._fields]
         record = logging.getLogRecordFactory()(
-            name, level, "eventbus", 0,
-            format_event(event, max_data_chars=self.max_data_chars), None, None)
+            name, level, "eventbus", 0, _line(event, values, self.max_data_chars), None, None)
         created = event.timestamp
         record.created = created
         record.msecs = int((created - int(created)) * 1000) + 0.0
@@ -341,11 +393,14 @@ class EventLoggingHandler(logging.Handler):
         d["event_type"] = str(event.type)
         d["event_timestamp"] = created
         d["event_data"] = event.data
-        d["event_context"] = event.context.to_dict()
-        for field, attr in _field_attrs(type(event)):
-            # getattr, not event.__dict__: an optional field that record() was not given
-            # is not in the instance dict; it reads the class-level default.
-            d[attr] = getattr(event, field)
+        context = event.context
+        cached = self._context_dict
+        if cached[0] is not context:  # contexts are immutable: one dict per context
+            cached = (context, context.to_dict())
+            self._context_dict = cached
+        d["event_context"] = cached[1].copy()
+        for (_, attr), value in zip(_field_attrs(type(event)), values, strict=True):
+            d[attr] = value
         return record
 
     def on_event(self, event: Event) -> None:

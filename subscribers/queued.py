@@ -102,8 +102,10 @@ def estimate_size(event: Event) -> int:
     """A cheap estimate of an event's encoded size, in bytes.
 
     Never serialises: it looks at the top level of ``data`` only (strings and bytes by
-    length, containers by item count), which is what a bounded queue needs to stay bounded
-    when one payload is huge. Numbers cost nothing beyond the per-key allowance.
+    length, containers by item count, arrays and tensors by ``nbytes``: an event holds its
+    own copy of each, see eventbus/snapshot.py), which is what a bounded queue needs to
+    stay bounded when one payload is huge. Numbers cost nothing beyond the per-key
+    allowance.
     """
     data = event.data
     if not data:
@@ -117,6 +119,13 @@ def estimate_size(event: Event) -> int:
             size += len(value)
         elif isinstance(value, (dict, list, tuple, set, frozenset)):
             size += 32 * len(value)
+        else:
+            try:  # a numpy array or a torch tensor (a sparse one raises)
+                nbytes = getattr(value, "nbytes", None)
+            except Exception:
+                nbytes = None
+            if type(nbytes) is int:
+                size += nbytes
     return size
 
 

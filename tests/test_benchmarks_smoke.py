@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from benchmarks import bench_dispatch
+from benchmarks import bench_import
 from benchmarks import bench_logging
 from benchmarks import bench_memory
 from benchmarks import bench_store
@@ -73,6 +74,23 @@ def test_logging_benchmark_compares_with_a_plain_stream_handler() -> None:
         assert "handler only vs plain line" in rows[name]
 
 
+def test_logging_benchmark_judges_its_target() -> None:
+    """The logged-line target comes back as ratio, limit and met."""
+    (target,) = bench_logging.run(quick=True)["targets"]
+    assert _positive(target["ratio"]) and target["limit"] == bench_logging.TARGET
+    assert target["met"] == (target["ratio"] <= target["limit"])
+
+
+def test_import_benchmark_compares_with_blinker_and_attrs() -> None:
+    """Fresh interpreters time blinker+attrs and eventbus on top; the ratio is judged,
+    the costliest modules are listed, and no torch is imported."""
+    result = bench_import.run(quick=True)
+    ratio = result[f"whole / blinker+attrs (target <= {bench_import.TARGET:g})"]
+    assert ratio > 1 and result["met"] == (ratio <= bench_import.TARGET)
+    assert result["torch imported"] is False
+    assert any(row["module"] == "eventbus.events" for row in result["rows"])
+
+
 def test_memory_benchmark_reports_peak_rss_per_size() -> None:
     """One row per size, each with a peak RSS and every event either queued or dropped."""
     result = bench_memory.run(quick=True)
@@ -86,11 +104,12 @@ def test_memory_benchmark_reports_peak_rss_per_size() -> None:
 
 @pytest.mark.slow
 def test_store_benchmark_reports_each_producer_count() -> None:
-    """Two real eventbus run jobs (1 and 4 workers) report arrivals, latency and the
-    forwarder's cost, and the report renders them."""
+    """Three real eventbus run jobs (1 and 4 flooding workers, 4 paced ones) report
+    arrivals, latency and the forwarder's cost, each target is judged, and the report
+    renders them."""
     result = bench_store.run(quick=True)
     rows = result["rows"]
-    assert [r["producers"] for r in rows] == [1, 4]
+    assert [r["producers"] for r in rows] == [1, 4, 4]  # flooding 1 and 4, then paced 4
     for row in rows:
         assert row["arrived"] + row["lost"] == row["events"]
         assert row["p99 latency ms"] >= row["p50 latency ms"] >= 0
@@ -98,7 +117,10 @@ def test_store_benchmark_reports_each_producer_count() -> None:
     text = render({"store": result}, machine={}, versions={}, when="now", quick=True,
                   seconds={})
     assert "## Worker -> agent through a real TCPStore" in text
-    assert "| producers | 1 | 4 |" in text
+    assert "| producers | 1 | 4 | 4 |" in text
+    for t in result["targets"]:
+        assert t["met"] == (t["value"] >= t["limit"] if t["at_least"]
+                            else t["value"] <= t["limit"]), t
 
 
 def test_report_has_every_section(dispatch: dict[str, Any]) -> None:
@@ -108,7 +130,8 @@ def test_report_has_every_section(dispatch: dict[str, Any]) -> None:
     for heading in ("# Benchmark results", "## Dispatch: ns per call", "### Ratios",
                     "### Targets", "| blinker | 1.9.0 |"):
         assert heading in text, heading
-    assert "record() at 1 subscriber <= 0.6x blinker send" in text
+    assert "record() at 1 subscriber <= 0.4x blinker send" in text
+    assert "floor (interpreter)" in text
 
 
 def test_python_dash_m_benchmarks_writes_the_report(tmp_path: Any) -> None:

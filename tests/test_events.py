@@ -76,7 +76,7 @@ def test_data_defaults_to_an_empty_dict_and_is_copied(bus: eventbus.Bus) -> None
     bus.record(EventType.EPOCH_END, epoch=2, data=mine)
     mine["loss"] = 99.0
     assert got[0].data == {}
-    assert type(got[0].data) is dict
+    assert isinstance(got[0].data, dict)  # a read-only dict: see test_data_snapshots.py
     assert got[1].data == {"loss": 1.0}
 
 
@@ -146,7 +146,7 @@ def test_data_must_be_a_mapping(bus: eventbus.Bus) -> None:
     import types
 
     bus.record(EventType.EPOCH_END, epoch=1, data=types.MappingProxyType({"a": 1}))
-    assert type(got[0].data) is dict
+    assert isinstance(got[0].data, dict)  # read-only: see test_data_snapshots.py
     assert got[0].data == {"a": 1}
 
 
