@@ -95,6 +95,9 @@ RELIABLE_RESTARTS_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 TORCH_RECORDS_DESTINATION = "eventbus-agent"
 
 _FAILED_STATES = (WorkerState.FAILED, WorkerState.UNHEALTHY)
+#: what torch's ProcessFailure raises on an error file torn by a kill (JSONDecodeError is a
+#: ValueError; a cut but valid JSON lacks "message": KeyError, TypeError)
+_ERROR_FILE_ERRORS = (ValueError, KeyError, TypeError)
 
 
 def _decision_of(value: object) -> Decision | None:
@@ -531,7 +534,10 @@ class EventAgent(LocalElasticAgent):
         else:
             state, code = "FAILED", self.stop_exit_code if self.stopped_by_reactor else 1
             reason = f"{type(error).__name__}: {error}" if error is not None else None
-            if self._remote_stop() is not None:
+            if self._stop_reason is not None:
+                # a STOP's reason survives whatever torch raised on the way out
+                reason = f"{self._stop_reason} (then the agent raised {reason})"
+            elif self._remote_stop() is not None:
                 reason = f"STOP on another node: {self._remote_stop()} ({reason})"
         if self._stop_signal is not None:
             if self._stop_signal.announced:
@@ -632,7 +638,10 @@ class EventAgent(LocalElasticAgent):
             if stalled is not None:
                 return stalled
         self._check_slow(worker_group)
-        result: RunResult = super()._monitor_workers(worker_group)
+        try:
+            result: RunResult = super()._monitor_workers(worker_group)
+        except _ERROR_FILE_ERRORS as exc:
+            result = self._result_without_torn_error_files(worker_group, exc)
         attempt = self.attempt
         if result.state in _FAILED_STATES:
             late: list[WorkerExit] = []
@@ -663,6 +672,46 @@ class EventAgent(LocalElasticAgent):
                                     worker_pid=worker.id if isinstance(worker.id, int)
                                     else None, data={"attempt": attempt})
         return result
+
+    def _result_without_torn_error_files(self, worker_group: WorkerGroup,
+                                         exc: BaseException) -> RunResult:
+        """Torch's ``wait()`` raised reading a worker's error file: build its result here.
+
+        A worker that torch (or the agent) stops with SIGTERM while torch's
+        ``record_exception`` writes its error file (``open("w")``, then ``json.dump``) dies
+        with the file empty or cut; torch's ``ProcessFailure`` then raises
+        ``JSONDecodeError`` out of its ``wait()``, after it stopped the group, and the agent's
+        ``run()`` would end on that error (a STOP's reason lost, a restart not taken). The
+        failures are rebuilt from the exit codes, an unreadable error file left out.
+        """
+        logger.warning("eventbus: a worker's error file is unreadable (%s: %s): it was "
+                       "stopped while writing it; its failure is reported without it",
+                       type(exc).__name__, exc)
+        pcontext = getattr(self, "_pcontext", None)
+        if pcontext is None:
+            raise exc
+        with contextlib.suppress(Exception):
+            pcontext.close()  # what torch's wait() does on a failure (idempotent)
+        handlers: Mapping[int, Any] = getattr(pcontext, "subprocess_handlers", {}) or {}
+        error_files: Mapping[int, str] = getattr(pcontext, "error_files", {}) or {}
+        failures: dict[int, ProcessFailure] = {}
+        for local_rank, pid in sorted(pcontext.pids().items()):
+            proc = getattr(handlers.get(local_rank), "proc", None)
+            code = proc.poll() if proc is not None else None
+            if code is None and isinstance(pid, int):
+                code = _peek_exit(pid)
+            if code == 0:
+                continue
+            code = -int(signal.SIGKILL) if code is None else int(code)
+            rank = worker_group.workers[local_rank].global_rank
+            try:
+                failure = ProcessFailure(local_rank=local_rank, pid=int(pid), exitcode=code,
+                                         error_file=error_files.get(local_rank, "<N/A>"))
+            except Exception:  # the torn one: torchrun's own report must not read it again
+                failure = ProcessFailure(local_rank=local_rank, pid=int(pid), exitcode=code,
+                                         error_file="<N/A>")
+            failures[rank] = failure
+        return RunResult(state=WorkerState.FAILED, failures=failures)
 
     def _peek_failures(self, worker_group: WorkerGroup) -> list[WorkerExit]:
         pcontext = getattr(self, "_pcontext", None)
