@@ -19,6 +19,7 @@ at ``EVENTS_PER_WORKER_S`` events/s each is computed from both.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import tempfile
 from typing import Any
@@ -60,8 +61,11 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         armed = arm_stack_dump({ENV_STACK_DIR: tmp}) or _worker_hook._stack_file
         after = measure([record], repeats=repeats)["worker record()"]
-    # 2. the agent: publish of a worker's METRIC with and without the watches
-    event = Metric(step=1, context=JobContext(rank=3, restart_count=0))
+    # 2. the agent: publish of a worker's METRIC with and without the watches: a stream
+    #    of 8 ranks' steps with a loss, as the store receiver hands them to the bus
+    stream = [Metric(step=step, data={"loss": 0.5},
+                     context=JobContext(rank=rank, restart_count=0))
+              for step in range(1, 1_251) for rank in range(WORKERS)]
     plain, watched = Bus("bench-health-plain"), Bus("bench-health-watched")
     for bus in (plain, watched):
         bus.subscribe(EventType.METRIC, on_event=_noop)  # the JSONL recorder's stand-in
@@ -71,10 +75,10 @@ def run(*, quick: bool = False) -> dict[str, Any]:
         stall.observe(Metric(step=1, context=JobContext(rank=rank, restart_count=0)))
     ranks = list(range(WORKERS))
     agent = measure([
-        Case("agent publish, no watch", "plain.publish(event)",
-             {"plain": plain, "event": event}),
-        Case("agent publish, stall + straggler watch", "watched.publish(event)",
-             {"watched": watched, "event": event}),
+        Case("agent publish, no watch", "plain.publish(next(events))",
+             {"plain": plain, "events": itertools.cycle(stream)}),
+        Case("agent publish, stall + straggler watch", "watched.publish(next(events))",
+             {"watched": watched, "events": itertools.cycle(stream)}),
         Case("monitor check of 8 workers", "stall.overdue(0, ranks)",
              {"stall": stall, "ranks": ranks}),
         Case("straggler check of 8 workers", "straggler.check(0)",

@@ -317,3 +317,41 @@ def test_health_benchmark_reports_worker_and_agent_costs() -> None:
     assert result["armed"] is True
     assert result["worker_record_ns"]["before"] > 0 and result["worker_record_ns"]["ratio"] > 0
     assert result["per_event_ns"] >= 0 and result["core_share_8_workers"] > 0
+
+
+def test_fused_observer_writes_what_the_two_watches_write() -> None:
+    """health.observer (the agent's one subscriber, fused for speed) leaves both watches in
+    the state their own observe() methods leave: heartbeats, quiet periods, auto's longest
+    interval, step windows (with a step counter going back), agents' events skipped."""
+    clock = Clock()
+    events = []
+    for i in range(30):
+        rank = i % 3
+        data: dict[str, object] = {"loss": 0.5}
+        if i == 7:
+            data["expect_silence_s"] = 120
+        if rank == 2:
+            data["step_time_s"] = 0.2
+        step = i // 3 if i < 20 else i // 3 - 5  # the counter goes back once
+        events.append(_event(rank, attempt=i // 25, step=step, timestamp=1000.0 + i,
+                             data=data))
+    events.append(_event(None, step=1))  # an agent's own event
+    events.append(eventbus.EpochEnd(epoch=0, context=JobContext(rank=1, restart_count=0)))
+    fused = (health.StallWatch("auto", clock=clock), health.StragglerWatch(2.0, clock=clock))
+    plain = (health.StallWatch("auto", clock=clock), health.StragglerWatch(2.0, clock=clock))
+    observe = health.observer(*fused)
+    assert observe is not None
+    for i, event in enumerate(events):
+        clock.now = 100.0 + i * (1 + i % 4)
+        observe(event)
+        plain[0].observe(event)
+        plain[1].observe(event)
+
+    def state(watches: tuple[health.StallWatch, health.StragglerWatch]) -> object:
+        stall, straggler = watches
+        return ({k: (s.last, s.longest, s.quiet_until) for k, s in stall._seen.items()},
+                {k: list(v) for k, v in straggler._steps.items()})
+
+    assert state(fused) == state(plain)
+    assert fused[0]._seen and fused[1]._steps
+    assert health.observer(None, None) is None

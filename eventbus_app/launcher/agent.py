@@ -297,10 +297,24 @@ class EventAgent(LocalElasticAgent):
             os.environ[ENV_STACK_DIR] = self._stack_dir  # the workers inherit it
         if slow_factor is not None:
             self.straggler_watch = health.StragglerWatch(slow_factor)
-        observe = health.observer(self.stall_watch, self.straggler_watch)
-        if observe is not None:
-            # every worker event is a heartbeat: ALL, one subscriber for both watches
+        self._observing_steps: bool | None = None
+        self._observe_health(steps=True)
+
+    def _observe_health(self, *, steps: bool) -> None:
+        """(Re)subscribe the health watches: every worker event is a heartbeat (``ALL``, one
+        subscriber for both watches); step times only where they are judged, on group
+        rank 0 (the others' agents would pay for a straggler watch nobody asks)."""
+        steps = steps and self.straggler_watch is not None
+        if steps == self._observing_steps:
+            return
+        self._observing_steps = steps
+        observe = health.observer(self.stall_watch,
+                                  self.straggler_watch if steps else None)
+        old, self._health_subs = self._health_subs, []
+        if observe is not None:  # the new one first: no event falls between the two
             self._health_subs.append(self.bus.subscribe(ALL, on_event=observe))
+        for sub in old:
+            sub.cancel()
 
     @property
     def stopped_by_reactor(self) -> bool:
@@ -570,6 +584,7 @@ class EventAgent(LocalElasticAgent):
                   "master_port": worker_group.master_port},
         )
         self._watch_remote_stop(worker_group)
+        self._observe_health(steps=worker_group.group_rank in (0, None))
         if self.plugins:
             self._after_rendezvous(worker_group)
 
