@@ -44,6 +44,8 @@ __all__ = ["EVENTS_PER_WORKER_S", "WORKERS", "run"]
 WORKERS = 8
 EVENTS_PER_WORKER_S = 1_000
 MONITOR_INTERVAL_S = 0.1
+#: events of one worker per value the store receiver pops (1,000 events/s, 10 ms poll)
+BATCH = 10
 
 
 def _noop(event: Any) -> None:
@@ -62,10 +64,13 @@ def run(*, quick: bool = False) -> dict[str, Any]:
         armed = arm_stack_dump({ENV_STACK_DIR: tmp}) or _worker_hook._stack_file
         after = measure([record], repeats=repeats)["worker record()"]
     # 2. the agent: publish of a worker's METRIC with and without the watches: a stream
-    #    of 8 ranks' steps with a loss, as the store receiver hands them to the bus
-    stream = [Metric(step=step, data={"loss": 0.5},
-                     context=JobContext(rank=rank, restart_count=0))
-              for step in range(1, 1_251) for rank in range(WORKERS)]
+    #    of 8 ranks' steps with a loss, as the store receiver hands them to the bus: a
+    #    popped value of BATCH events of one worker at a time (at 1,000 events/s and the
+    #    receiver's 10 ms poll), its decoder's one context object per worker
+    contexts = [JobContext(rank=rank, restart_count=0) for rank in range(WORKERS)]
+    stream = [Metric(step=step, data={"loss": 0.5}, context=contexts[rank])
+              for first in range(1, 1_251, BATCH) for rank in range(WORKERS)
+              for step in range(first, first + BATCH)]
     plain, watched = Bus("bench-health-plain"), Bus("bench-health-watched")
     for bus in (plain, watched):
         bus.subscribe(EventType.METRIC, on_event=_noop)  # the JSONL recorder's stand-in

@@ -245,6 +245,7 @@ class EventAgent(LocalElasticAgent):
         slow_factor: float | None = health.DEFAULT_SLOW_FACTOR,
         stop_exit_code: int = health.DEFAULT_STOP_EXIT_CODE,
         stall_stop_grace_s: float = health.STALL_STOP_GRACE_S,
+        stall_auto_floor_s: float = health.AUTO_FLOOR_S,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -275,12 +276,13 @@ class EventAgent(LocalElasticAgent):
             self.add_reactor(reactor)
         self._init_health(stall_timeout=stall_timeout, slow_factor=slow_factor,
                           stop_exit_code=stop_exit_code,
-                          stall_stop_grace_s=stall_stop_grace_s)
+                          stall_stop_grace_s=stall_stop_grace_s,
+                          stall_auto_floor_s=stall_auto_floor_s)
 
     # -- job health (docs/run.md "Job health"; the rules live in launcher/health.py) ---------
     def _init_health(self, *, stall_timeout: float | Literal["auto"] | None,
                      slow_factor: float | None, stop_exit_code: int,
-                     stall_stop_grace_s: float) -> None:
+                     stall_stop_grace_s: float, stall_auto_floor_s: float) -> None:
         self.stop_exit_code = int(stop_exit_code)
         self.stall_stop_grace_s = float(stall_stop_grace_s)
         self.stalls = 0
@@ -292,7 +294,8 @@ class EventAgent(LocalElasticAgent):
         #: the job-wide STOP key (several nodes only; see stop_signal.py)
         self._stop_signal: StopSignal | None = None
         if stall_timeout is not None:
-            self.stall_watch = health.StallWatch(stall_timeout)
+            self.stall_watch = health.StallWatch(stall_timeout,
+                                                 auto_floor_s=stall_auto_floor_s)
             self._stack_dir = tempfile.mkdtemp(prefix="eventbus-stacks-")
             os.environ[ENV_STACK_DIR] = self._stack_dir  # the workers inherit it
         if slow_factor is not None:

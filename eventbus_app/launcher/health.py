@@ -60,6 +60,7 @@ __all__ = [
     "StragglerWatch",
     "observer",
     "parse_slow_factor",
+    "parse_stall_auto_floor",
     "parse_stall_timeout",
     "parse_stop_exit_code",
     "stop_processes",
@@ -99,6 +100,17 @@ def parse_stall_timeout(text: str) -> float | Literal["auto"]:
             f"expected seconds > 0 or 'auto', got {text!r}") from None
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"expected seconds > 0 or 'auto', got {text!r}")
+    return value
+
+
+def parse_stall_auto_floor(text: str) -> float:
+    """``--stall-auto-floor``: seconds > 0 (finite)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
     return value
 
 
@@ -162,6 +174,8 @@ class StallWatch:
         if timeout != "auto" and not (isinstance(timeout, (int, float)) and timeout > 0):
             raise ValueError(f"timeout must be seconds > 0 or 'auto', got {timeout!r}")
         self.timeout = timeout
+        if not (isinstance(auto_floor_s, (int, float)) and auto_floor_s > 0):
+            raise ValueError(f"auto_floor_s must be seconds > 0, got {auto_floor_s!r}")
         self.auto_floor_s = float(auto_floor_s)
         self.auto_factor = float(auto_factor)
         self._clock = clock
@@ -358,18 +372,30 @@ def observer(stall: StallWatch | None, straggler: StragglerWatch | None
     metric_class = Metric
     quiet_key = EXPECT_SILENCE_KEY
 
+    # The store receiver's decoder hands every event of one worker the same context object
+    # (it caches decoded contexts): the entries of the previous event's context are reused,
+    # no key built, no lookup. One tuple, replaced whole: safe with several receiver threads.
+    hit: list[tuple[Any, Any, _Seen | None, Any]] = [(None, None, None, None)]
+
     def observe(event: Event) -> None:
         ctx = event.context
-        rank = ctx.rank
-        if rank is None:
-            return  # the agents' own events
-        key = (ctx.restart_count or 0, rank)
+        cached_ctx, key, seen, steps = hit[0]
+        if ctx is not cached_ctx:
+            rank = ctx.rank
+            if rank is None:
+                return  # the agents' own events
+            key = (ctx.restart_count or 0, rank)
+            seen = seen_map.get(key) if watch_stalls else None
+            steps = steps_map.get(key) if watch_steps else None
+            miss = True
+        else:
+            miss = False
         data = event.data
         if watch_stalls:
             now = clock()
-            seen = seen_map.get(key)
             if seen is None:
                 seen_map[key] = seen = new_seen(now)
+                miss = True
             else:
                 if auto and now - seen.last > seen.longest:
                     seen.longest = now - seen.last
@@ -381,18 +407,21 @@ def observer(stall: StallWatch | None, straggler: StragglerWatch | None
                     seen.quiet_until = now + float(quiet)
         if watch_steps and event.__class__ is metric_class:
             step = event.step
-            if step is None:
-                return
-            own = data.get("step_time_s") if data else None
-            if own is not None:
-                own = (float(own) if isinstance(own, (int, float))
-                       and not isinstance(own, bool) else None)
-            steps = steps_map.get(key)
-            if steps is None:
-                steps = steps_map[key] = deque(maxlen=maxlen)
-            elif steps and step <= steps[-1][0]:
-                steps.clear()  # the step counter went back: a new epoch's numbering, say
-            steps.append((step, event.timestamp, own))
+            if step is not None:
+                own = data.get("step_time_s") if data else None
+                if own is not None:
+                    own = (float(own) if isinstance(own, (int, float))
+                           and not isinstance(own, bool) else None)
+                if steps is None:
+                    steps = steps_map.get(key)
+                    if steps is None:
+                        steps = steps_map[key] = deque(maxlen=maxlen)
+                    miss = True
+                elif steps and step <= steps[-1][0]:
+                    steps.clear()  # the step counter went back: a new epoch's numbering
+                steps.append((step, event.timestamp, own))
+        if miss:
+            hit[0] = (ctx, key, seen, steps)
 
     return observe
 
