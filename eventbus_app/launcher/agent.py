@@ -229,7 +229,10 @@ class EventAgent(LocalElasticAgent):
     * ``torch_records``: route torch's own records of this agent (and the rendezvous
       records) to the bus through the torchelastic bridge, as ``TORCHELASTIC`` events
       (when the spec's ``event_log_handler`` is torchrun's default ``"null"``);
-    * ``plugin_exit_timeout``: the budget of each plugin's ``before_exit``.
+    * ``plugin_exit_timeout``: the budget of each plugin's ``before_exit``;
+    * ``stall_timeout``, ``stall_auto_floor_s``, ``slow_factor``, ``stop_exit_code``,
+      ``stall_stop_grace_s``: job health, as ``--stall-timeout``, ``--stall-auto-floor``,
+      ``--slow-factor`` and ``--stop-exit-code`` (docs/run.md, "Job health").
     """
 
     def __init__(
