@@ -19,6 +19,7 @@ at ``EVENTS_PER_WORKER_S`` events/s each is computed from both.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import tempfile
 from typing import Any
@@ -43,6 +44,8 @@ __all__ = ["EVENTS_PER_WORKER_S", "WORKERS", "run"]
 WORKERS = 8
 EVENTS_PER_WORKER_S = 1_000
 MONITOR_INTERVAL_S = 0.1
+#: events of one worker per value the store receiver pops (1,000 events/s, 10 ms poll)
+BATCH = 10
 
 
 def _noop(event: Any) -> None:
@@ -60,8 +63,14 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         armed = arm_stack_dump({ENV_STACK_DIR: tmp}) or _worker_hook._stack_file
         after = measure([record], repeats=repeats)["worker record()"]
-    # 2. the agent: publish of a worker's METRIC with and without the watches
-    event = Metric(step=1, context=JobContext(rank=3, restart_count=0))
+    # 2. the agent: publish of a worker's METRIC with and without the watches: a stream
+    #    of 8 ranks' steps with a loss, as the store receiver hands them to the bus: a
+    #    popped value of BATCH events of one worker at a time (at 1,000 events/s and the
+    #    receiver's 10 ms poll), its decoder's one context object per worker
+    contexts = [JobContext(rank=rank, restart_count=0) for rank in range(WORKERS)]
+    stream = [Metric(step=step, data={"loss": 0.5}, context=contexts[rank])
+              for first in range(1, 1_251, BATCH) for rank in range(WORKERS)
+              for step in range(first, first + BATCH)]
     plain, watched = Bus("bench-health-plain"), Bus("bench-health-watched")
     for bus in (plain, watched):
         bus.subscribe(EventType.METRIC, on_event=_noop)  # the JSONL recorder's stand-in
@@ -71,10 +80,10 @@ def run(*, quick: bool = False) -> dict[str, Any]:
         stall.observe(Metric(step=1, context=JobContext(rank=rank, restart_count=0)))
     ranks = list(range(WORKERS))
     agent = measure([
-        Case("agent publish, no watch", "plain.publish(event)",
-             {"plain": plain, "event": event}),
-        Case("agent publish, stall + straggler watch", "watched.publish(event)",
-             {"watched": watched, "event": event}),
+        Case("agent publish, no watch", "plain.publish(next(events))",
+             {"plain": plain, "events": itertools.cycle(stream)}),
+        Case("agent publish, stall + straggler watch", "watched.publish(next(events))",
+             {"watched": watched, "events": itertools.cycle(stream)}),
         Case("monitor check of 8 workers", "stall.overdue(0, ranks)",
              {"stall": stall, "ranks": ranks}),
         Case("straggler check of 8 workers", "straggler.check(0)",

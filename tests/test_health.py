@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import attrs
 import pytest
 
 import eventbus
@@ -111,6 +112,25 @@ def test_bad_stall_timeouts_are_usage_errors(text: str) -> None:
         health.parse_stall_timeout(text)
 
 
+def test_the_auto_floor_is_an_option_and_bounds_auto() -> None:
+    """--stall-auto-floor (default 60 s) is the floor of auto's rule; it parses seconds > 0
+    and the watch applies it: max(floor, 5 x the longest interval)."""
+    from eventbus_app.launcher.command import build_parser
+
+    args = build_parser().parse_args(["--stall-auto-floor", "2", "x.py"])
+    assert args.stall_auto_floor == 2.0
+    assert build_parser().parse_args(["x.py"]).stall_auto_floor == health.AUTO_FLOOR_S
+    clock = Clock()
+    watch = health.StallWatch("auto", auto_floor_s=2.0, clock=clock)
+    watch.observe(_event(0))
+    assert watch.timeout_for(0, 0) == 2.0  # nothing learnt yet: the floor
+    clock.now += 1.0
+    watch.observe(_event(0))
+    assert watch.timeout_for(0, 0) == 5.0  # 5 x 1 s > the floor
+    with pytest.raises(ValueError, match="auto_floor_s"):
+        health.StallWatch("auto", auto_floor_s=0.0)
+
+
 def test_good_stall_timeouts_parse() -> None:
     """Seconds and auto parse."""
     assert health.parse_stall_timeout("2.5") == 2.5
@@ -124,7 +144,8 @@ def test_bad_options_stop_eventbus_run_before_anything_starts(tmp_path: Path) ->
 
     parser = build_parser()
     for argv in (["--stall-timeout", "-3"], ["--stop-exit-code", "0"],
-                 ["--slow-factor", "0.5"]):
+                 ["--slow-factor", "0.5"], ["--stall-auto-floor", "0"],
+                 ["--stall-auto-floor", "soon"]):
         with pytest.raises(SystemExit) as exc:
             parser.parse_args([*argv, "x.py"])
         assert exc.value.code == 2
@@ -317,3 +338,47 @@ def test_health_benchmark_reports_worker_and_agent_costs() -> None:
     assert result["armed"] is True
     assert result["worker_record_ns"]["before"] > 0 and result["worker_record_ns"]["ratio"] > 0
     assert result["per_event_ns"] >= 0 and result["core_share_8_workers"] > 0
+
+
+def test_fused_observer_writes_what_the_two_watches_write() -> None:
+    """health.observer (the agent's one subscriber, fused for speed) leaves both watches in
+    the state their own observe() methods leave: heartbeats, quiet periods, auto's longest
+    interval, step windows (with a step counter going back), agents' events skipped."""
+    clock = Clock()
+    events = []
+    contexts: dict[tuple[int, int], JobContext] = {}
+    for i in range(30):
+        rank = i % 3
+        data: dict[str, object] = {"loss": 0.5}
+        if i == 7:
+            data["expect_silence_s"] = 120
+        if rank == 2:
+            data["step_time_s"] = 0.2
+        step = i // 3 if i < 20 else i // 3 - 5  # the counter goes back once
+        event = _event(rank, attempt=i // 25, step=step, timestamp=1000.0 + i, data=data)
+        if i % 2:  # as the store receiver decodes them: one context object per worker
+            event = attrs.evolve(event, context=contexts.setdefault(
+                (i // 25, rank), JobContext(rank=rank, restart_count=i // 25)))
+        events.append(event)
+        if i % 5 == 0:  # several events of one worker in a row (one batch)
+            events.append(attrs.evolve(event, step=step + 1 if step is not None else None))
+    events.append(_event(None, step=1))  # an agent's own event
+    events.append(eventbus.EpochEnd(epoch=0, context=JobContext(rank=1, restart_count=0)))
+    fused = (health.StallWatch("auto", clock=clock), health.StragglerWatch(2.0, clock=clock))
+    plain = (health.StallWatch("auto", clock=clock), health.StragglerWatch(2.0, clock=clock))
+    observe = health.observer(*fused)
+    assert observe is not None
+    for i, event in enumerate(events):
+        clock.now = 100.0 + i * (1 + i % 4)
+        observe(event)
+        plain[0].observe(event)
+        plain[1].observe(event)
+
+    def state(watches: tuple[health.StallWatch, health.StragglerWatch]) -> object:
+        stall, straggler = watches
+        return ({k: (s.last, s.longest, s.quiet_until) for k, s in stall._seen.items()},
+                {k: list(v) for k, v in straggler._steps.items()})
+
+    assert state(fused) == state(plain)
+    assert fused[0]._seen and fused[1]._steps
+    assert health.observer(None, None) is None

@@ -105,6 +105,32 @@ def test_non_retriable_exit_code_stops_at_once(tmp_path: Path) -> None:
     assert all(e["data"].get("stopped_by_agent") for e in stopped)
 
 
+def test_stop_reason_survives_a_torn_error_file_of_a_stopped_worker(tmp_path: Path) -> None:
+    """A survivor killed by the agent's SIGTERM inside torch's record_exception leaves a torn
+    error file; torch's reader raises JSONDecodeError on it, yet the STOP's exit code and
+    reason reach AGENT_EXIT and no second attempt runs (the flake under CPU load)."""
+    run = run_job(tmp_path, eventbus_args=["--reactor", f"{REACTORS}:exit_3_is_fatal"],
+                  torchrun_args=["--max-restarts", "2"], job_args=["--torn-error-file"])
+    assert run.returncode == 3, run.describe()
+    assert run.of("WORKER_RESTART") == [], run.describe()
+    (agent_exit,) = run.of("AGENT_EXIT")
+    assert agent_exit["state"] == "FAILED", run.describe()
+    assert "STOP from NonRetriableExitCodes([3]" in agent_exit["reason"], run.describe()
+    assert "JSONDecodeError" not in agent_exit["reason"], run.describe()
+    stopped = [e for e in run.of("WORKER_EXIT", worker_id=0) if e["exit_code"] != 0]
+    assert stopped and all(e["data"].get("stopped_by_agent") for e in stopped), run.describe()
+
+
+def test_a_torn_error_file_does_not_cost_the_restart(tmp_path: Path) -> None:
+    """Without a reactor, a stopped survivor's torn error file is reported without its
+    message and the group restarts as usual: attempt 1 finishes."""
+    run = run_job(tmp_path, torchrun_args=["--max-restarts", "1"],
+                  job_args=["--torn-error-file"])
+    assert run.returncode == 0, run.describe()
+    assert len(run.of("WORKER_RESTART")) == 1, run.describe()
+    assert [e["state"] for e in run.of("AGENT_EXIT")] == ["SUCCEEDED"], run.describe()
+
+
 def test_nan_loss_reported_by_a_worker_stops_the_job(tmp_path: Path) -> None:
     """A worker's METRIC with a NaN loss reaches the agent (over the store) before its failure
     is judged, so StopOnNonFiniteLoss stops the job with restarts left."""

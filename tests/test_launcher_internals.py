@@ -7,6 +7,7 @@ before anything else: the end-to-end tests would fail in less obvious ways.
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import signal
 import subprocess
@@ -25,6 +26,9 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 from torch.distributed.launcher import api as launcher_api
 
+import eventbus
+from eventbus import Decision
+from eventbus_app.launcher.agent import _ERROR_FILE_ERRORS
 from eventbus_app.launcher.agent import RELIABLE_RESTARTS_ENV
 from eventbus_app.launcher.agent import EventAgent
 from eventbus_app.launcher.agent import _peek_exit
@@ -275,3 +279,42 @@ def test_event_agent_python_api_with_elastic_launch(tmp_path: Path, peek: bool,
     types = [str(e.type) for e in events if str(e.type) != "TORCHELASTIC"]
     assert types[0] == "AGENT_START" and types[-1] == "AGENT_EXIT"
     assert "WORKER_RESTART" not in types
+
+
+def test_torch_raises_on_a_torn_error_file(tmp_path: Path) -> None:
+    """Pin: torch's ProcessFailure raises (JSONDecodeError) on an error file cut by a kill,
+    and that error is one the agent's monitor catches to rebuild the failure itself."""
+    torn = tmp_path / "error.json"
+    torn.write_text('{"message": {"message": "RuntimeError: conn')
+    with pytest.raises(_ERROR_FILE_ERRORS):
+        ProcessFailure(local_rank=0, pid=1, exitcode=-15, error_file=str(torn))
+
+
+def test_stop_reason_survives_an_error_raised_on_the_way_out() -> None:
+    """A reactor STOPs, then torch's run raises (as it did on a torn error file): AGENT_EXIT
+    still carries --stop-exit-code and the STOP's reason, the error named after it."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
+
+    class RaisesAfterStop(EventAgent):
+        def _invoke_run(self, role: str = "default") -> agent_api.RunResult:
+            self._decide([eventbus.WorkerExit(worker_id=1, exit_code=3)])
+            raise json.JSONDecodeError("Expecting value", "", 0)
+
+    handler = StaticTCPRendezvous("localhost", 0, 0, 1, "run-stop", 5)
+    spec = agent_api.WorkerSpec(role="default", local_world_size=1, rdzv_handler=handler,
+                                entrypoint="true", max_restarts=2)
+    bus = eventbus.Bus("stop-reason")
+    exits: list[eventbus.Event] = []
+    bus.subscribe(eventbus.EventType.AGENT_EXIT, on_event=exits.append)
+    agent = RaisesAfterStop(spec, DefaultLogsSpecs(), bus=bus, plugins=[],
+                            torch_records=False, reactors=[lambda event: Decision.STOP],
+                            stop_exit_code=7)
+    with pytest.raises(json.JSONDecodeError):
+        agent.run()
+    (agent_exit,) = exits
+    assert isinstance(agent_exit, eventbus.AgentExit)
+    assert agent_exit.exit_code == 7 and agent_exit.state == "FAILED"
+    assert agent_exit.reason is not None
+    assert agent_exit.reason.startswith("rank 1 failed (exit code 3); STOP from ")
+    assert "JSONDecodeError" in agent_exit.reason

@@ -95,6 +95,9 @@ RELIABLE_RESTARTS_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 TORCH_RECORDS_DESTINATION = "eventbus-agent"
 
 _FAILED_STATES = (WorkerState.FAILED, WorkerState.UNHEALTHY)
+#: what torch's ProcessFailure raises on an error file torn by a kill (JSONDecodeError is a
+#: ValueError; a cut but valid JSON lacks "message": KeyError, TypeError)
+_ERROR_FILE_ERRORS = (ValueError, KeyError, TypeError)
 
 
 def _decision_of(value: object) -> Decision | None:
@@ -226,7 +229,10 @@ class EventAgent(LocalElasticAgent):
     * ``torch_records``: route torch's own records of this agent (and the rendezvous
       records) to the bus through the torchelastic bridge, as ``TORCHELASTIC`` events
       (when the spec's ``event_log_handler`` is torchrun's default ``"null"``);
-    * ``plugin_exit_timeout``: the budget of each plugin's ``before_exit``.
+    * ``plugin_exit_timeout``: the budget of each plugin's ``before_exit``;
+    * ``stall_timeout``, ``stall_auto_floor_s``, ``slow_factor``, ``stop_exit_code``,
+      ``stall_stop_grace_s``: job health, as ``--stall-timeout``, ``--stall-auto-floor``,
+      ``--slow-factor`` and ``--stop-exit-code`` (docs/run.md, "Job health").
     """
 
     def __init__(
@@ -242,6 +248,7 @@ class EventAgent(LocalElasticAgent):
         slow_factor: float | None = health.DEFAULT_SLOW_FACTOR,
         stop_exit_code: int = health.DEFAULT_STOP_EXIT_CODE,
         stall_stop_grace_s: float = health.STALL_STOP_GRACE_S,
+        stall_auto_floor_s: float = health.AUTO_FLOOR_S,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -272,12 +279,13 @@ class EventAgent(LocalElasticAgent):
             self.add_reactor(reactor)
         self._init_health(stall_timeout=stall_timeout, slow_factor=slow_factor,
                           stop_exit_code=stop_exit_code,
-                          stall_stop_grace_s=stall_stop_grace_s)
+                          stall_stop_grace_s=stall_stop_grace_s,
+                          stall_auto_floor_s=stall_auto_floor_s)
 
     # -- job health (docs/run.md "Job health"; the rules live in launcher/health.py) ---------
     def _init_health(self, *, stall_timeout: float | Literal["auto"] | None,
                      slow_factor: float | None, stop_exit_code: int,
-                     stall_stop_grace_s: float) -> None:
+                     stall_stop_grace_s: float, stall_auto_floor_s: float) -> None:
         self.stop_exit_code = int(stop_exit_code)
         self.stall_stop_grace_s = float(stall_stop_grace_s)
         self.stalls = 0
@@ -289,15 +297,30 @@ class EventAgent(LocalElasticAgent):
         #: the job-wide STOP key (several nodes only; see stop_signal.py)
         self._stop_signal: StopSignal | None = None
         if stall_timeout is not None:
-            self.stall_watch = health.StallWatch(stall_timeout)
+            self.stall_watch = health.StallWatch(stall_timeout,
+                                                 auto_floor_s=stall_auto_floor_s)
             self._stack_dir = tempfile.mkdtemp(prefix="eventbus-stacks-")
             os.environ[ENV_STACK_DIR] = self._stack_dir  # the workers inherit it
         if slow_factor is not None:
             self.straggler_watch = health.StragglerWatch(slow_factor)
-        observe = health.observer(self.stall_watch, self.straggler_watch)
-        if observe is not None:
-            # every worker event is a heartbeat: ALL, one subscriber for both watches
+        self._observing_steps: bool | None = None
+        self._observe_health(steps=True)
+
+    def _observe_health(self, *, steps: bool) -> None:
+        """(Re)subscribe the health watches: every worker event is a heartbeat (``ALL``, one
+        subscriber for both watches); step times only where they are judged, on group
+        rank 0 (the others' agents would pay for a straggler watch nobody asks)."""
+        steps = steps and self.straggler_watch is not None
+        if steps == self._observing_steps:
+            return
+        self._observing_steps = steps
+        observe = health.observer(self.stall_watch,
+                                  self.straggler_watch if steps else None)
+        old, self._health_subs = self._health_subs, []
+        if observe is not None:  # the new one first: no event falls between the two
             self._health_subs.append(self.bus.subscribe(ALL, on_event=observe))
+        for sub in old:
+            sub.cancel()
 
     @property
     def stopped_by_reactor(self) -> bool:
@@ -531,7 +554,10 @@ class EventAgent(LocalElasticAgent):
         else:
             state, code = "FAILED", self.stop_exit_code if self.stopped_by_reactor else 1
             reason = f"{type(error).__name__}: {error}" if error is not None else None
-            if self._remote_stop() is not None:
+            if self._stop_reason is not None:
+                # a STOP's reason survives whatever torch raised on the way out
+                reason = f"{self._stop_reason} (then the agent raised {reason})"
+            elif self._remote_stop() is not None:
                 reason = f"STOP on another node: {self._remote_stop()} ({reason})"
         if self._stop_signal is not None:
             if self._stop_signal.announced:
@@ -564,6 +590,7 @@ class EventAgent(LocalElasticAgent):
                   "master_port": worker_group.master_port},
         )
         self._watch_remote_stop(worker_group)
+        self._observe_health(steps=worker_group.group_rank in (0, None))
         if self.plugins:
             self._after_rendezvous(worker_group)
 
@@ -632,7 +659,10 @@ class EventAgent(LocalElasticAgent):
             if stalled is not None:
                 return stalled
         self._check_slow(worker_group)
-        result: RunResult = super()._monitor_workers(worker_group)
+        try:
+            result: RunResult = super()._monitor_workers(worker_group)
+        except _ERROR_FILE_ERRORS as exc:
+            result = self._result_without_torn_error_files(worker_group, exc)
         attempt = self.attempt
         if result.state in _FAILED_STATES:
             late: list[WorkerExit] = []
@@ -663,6 +693,46 @@ class EventAgent(LocalElasticAgent):
                                     worker_pid=worker.id if isinstance(worker.id, int)
                                     else None, data={"attempt": attempt})
         return result
+
+    def _result_without_torn_error_files(self, worker_group: WorkerGroup,
+                                         exc: BaseException) -> RunResult:
+        """Torch's ``wait()`` raised reading a worker's error file: build its result here.
+
+        A worker that torch (or the agent) stops with SIGTERM while torch's
+        ``record_exception`` writes its error file (``open("w")``, then ``json.dump``) dies
+        with the file empty or cut; torch's ``ProcessFailure`` then raises
+        ``JSONDecodeError`` out of its ``wait()``, after it stopped the group, and the agent's
+        ``run()`` would end on that error (a STOP's reason lost, a restart not taken). The
+        failures are rebuilt from the exit codes, an unreadable error file left out.
+        """
+        logger.warning("eventbus: a worker's error file is unreadable (%s: %s): it was "
+                       "stopped while writing it; its failure is reported without it",
+                       type(exc).__name__, exc)
+        pcontext = getattr(self, "_pcontext", None)
+        if pcontext is None:
+            raise exc
+        with contextlib.suppress(Exception):
+            pcontext.close()  # what torch's wait() does on a failure (idempotent)
+        handlers: Mapping[int, Any] = getattr(pcontext, "subprocess_handlers", {}) or {}
+        error_files: Mapping[int, str] = getattr(pcontext, "error_files", {}) or {}
+        failures: dict[int, ProcessFailure] = {}
+        for local_rank, pid in sorted(pcontext.pids().items()):
+            proc = getattr(handlers.get(local_rank), "proc", None)
+            code = proc.poll() if proc is not None else None
+            if code is None and isinstance(pid, int):
+                code = _peek_exit(pid)
+            if code == 0:
+                continue
+            code = -int(signal.SIGKILL) if code is None else int(code)
+            rank = worker_group.workers[local_rank].global_rank
+            try:
+                failure = ProcessFailure(local_rank=local_rank, pid=int(pid), exitcode=code,
+                                         error_file=error_files.get(local_rank, "<N/A>"))
+            except Exception:  # the torn one: torchrun's own report must not read it again
+                failure = ProcessFailure(local_rank=local_rank, pid=int(pid), exitcode=code,
+                                         error_file="<N/A>")
+            failures[rank] = failure
+        return RunResult(state=WorkerState.FAILED, failures=failures)
 
     def _peek_failures(self, worker_group: WorkerGroup) -> list[WorkerExit]:
         pcontext = getattr(self, "_pcontext", None)

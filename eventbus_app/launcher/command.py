@@ -67,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
              f"auto: max({health.AUTO_FLOOR_S:g} s, {health.AUTO_FACTOR:g} x the longest "
              "interval seen between the worker's events). Default: off")
     group.add_argument(
+        "--stall-auto-floor", metavar="SECONDS", type=health.parse_stall_auto_floor,
+        default=health.AUTO_FLOOR_S,
+        help=f"--stall-timeout auto never goes below SECONDS (default "
+             f"{health.AUTO_FLOOR_S:g}); lower it for jobs whose every quiet period is short")
+    group.add_argument(
         "--slow-factor", metavar="FACTOR|off", type=health.parse_slow_factor,
         default=health.DEFAULT_SLOW_FACTOR,
         help="WORKER_SLOW when a rank's recent step time (METRIC step) is FACTOR x its "
@@ -171,6 +176,7 @@ def main(argv: Sequence[str] | None = None, *,
     try:
         with event_agent(bus=bus, reactors=reactors, plugins=plugins,
                          stall_timeout=args.stall_timeout, slow_factor=args.slow_factor,
+                         stall_auto_floor_s=args.stall_auto_floor,
                          stop_exit_code=args.stop_exit_code) as agents:
             # torchrun's own error handling: the failure table and the root cause's error
             # file copied to the launcher's TORCHELASTIC_ERROR_FILE.

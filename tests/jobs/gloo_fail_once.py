@@ -38,6 +38,10 @@ def main() -> int:
     parser.add_argument("--fail-how", choices=["exit", "raise", "sigkill"], default="exit",
                         help="exit with --exit-code, raise (torch's @record writes the "
                              "error file), or SIGKILL itself")
+    parser.add_argument("--torn-error-file", action="store_true",
+                        help="on a failing attempt, the other ranks leave a torn error file "
+                             "(what a worker killed inside torch's record_exception leaves) "
+                             "and wait to be stopped instead of meeting the failed peer")
     args = parser.parse_args()
     out = Path(args.out)
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
@@ -69,6 +73,10 @@ def main() -> int:
             os.kill(os.getpid(), signal.SIGKILL)
         os._exit(args.exit_code)
 
+    if attempt in fail_on and args.torn_error_file:
+        with open(os.environ["TORCHELASTIC_ERROR_FILE"], "w") as f:
+            f.write('{"message": {"message": "RuntimeError: conn')  # cut by SIGTERM
+        time.sleep(120)  # the agent's SIGTERM ends it here, the file left torn
     dist.barrier()  # the survivor waits here for a peer that may be gone
     dist.all_reduce(t)
     eventbus.record(eventbus.EventType.EPOCH_END, epoch=0)

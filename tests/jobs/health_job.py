@@ -7,6 +7,8 @@ the same rank 1, while rank 0 waits for it in a gloo ``all_reduce`` (gloo's own 
 seconds after ``--start-delay`` seconds of silence, with an optional quiet checkpoint write
 of ``--checkpoint-s`` announced by an event (``data["expect_silence_s"]``); rank
 ``--slow-rank`` steps ``--slow-x`` times slower and no collective syncs the steps.
+``--beat-s`` sets the rhythm of the events before the hang; ``--ignore-sigterm`` makes the
+hung rank ignore SIGTERM (only the agent's SIGKILL ends it).
 Writes ``<out>/attempt<A>_rank<R>.hung`` (``time.time()``) when the hang begins.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -40,6 +43,10 @@ def main() -> int:
     parser.add_argument("--checkpoint-s", type=float, default=0.0)
     parser.add_argument("--slow-rank", type=int, default=-1)
     parser.add_argument("--slow-x", type=float, default=1.0)
+    parser.add_argument("--beat-s", type=float, default=0.1,
+                        help="seconds between the events before the hang (its rhythm)")
+    parser.add_argument("--ignore-sigterm", action="store_true",
+                        help="the hung rank ignores SIGTERM (only SIGKILL ends it)")
     args = parser.parse_args()
     out = Path(args.out)
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
@@ -50,8 +57,10 @@ def main() -> int:
         eventbus.record(eventbus.EventType.EPOCH_START, epoch=0)
         for step in range(3):
             eventbus.record(eventbus.EventType.METRIC, step=step, data={"loss": 1.0})
-            time.sleep(0.1)
+            time.sleep(args.beat_s)
         if rank == 1:
+            if args.ignore_sigterm:
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
             (out / f"attempt{attempt}_rank{rank}.hung").write_text(repr(time.time()))
             spin_forever()
         if args.hang == "collective":

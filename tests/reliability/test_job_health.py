@@ -20,7 +20,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from matrix import FULL
 
 from tests.launcher_helpers import JobRun
 from tests.launcher_helpers import run_job
@@ -32,10 +31,11 @@ TRANSPORT_IDLE_S = 0.5
 
 
 def _health_job(tmp_path: Path, *job_args: str, eventbus_args: tuple[str, ...] = (),
-                max_restarts: int = 1) -> tuple[JobRun, float]:
+                max_restarts: int = 1, stall_timeout: str = str(STALL_TIMEOUT_S),
+                ) -> tuple[JobRun, float]:
     started = time.monotonic()
     run = run_job(tmp_path, job="health_job.py", job_args=list(job_args),
-                  eventbus_args=["--stall-timeout", str(STALL_TIMEOUT_S), *eventbus_args],
+                  eventbus_args=["--stall-timeout", stall_timeout, *eventbus_args],
                   torchrun_args=["--max-restarts", str(max_restarts)], timeout=180)
     return run, time.monotonic() - started
 
@@ -75,6 +75,51 @@ def test_a_hung_rank_is_stalled_with_its_stack_and_the_group_restarts(
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+def test_a_stalled_rank_that_ignores_sigterm_is_killed_after_the_grace(
+    tmp_path: Path, figure: Callable[[int, str], None],
+) -> None:
+    """Rank 1 ignores SIGTERM, then spins: after WORKER_STALLED the agent's SIGTERM does
+    nothing, its SIGKILL after the grace (5 s) ends it (WORKER_EXIT signal SIGKILL, stopped
+    by the agent), the group restarts and attempt 1 finishes."""
+    run, wall_s = _health_job(tmp_path, "--hang", "loop", "--ignore-sigterm")
+    assert run.returncode == 0, run.describe()
+    (stall,) = [e for e in run.of("WORKER_STALLED") if e["worker_id"] == 1]
+    (killed,) = [e for e in run.of("WORKER_EXIT", worker_id=1, restart_count=0)]
+    assert killed["signal"] == "SIGKILL" and killed["exit_code"] == -9, run.describe()
+    assert killed["data"]["stopped_by_agent"] and killed["data"]["stalled"]
+    figure(24, f"SIGTERM ignored: SIGKILL {killed['timestamp'] - stall['timestamp']:.2f} s "
+               f"after WORKER_STALLED (grace 5 s), job wall {wall_s:.1f} s")
+    assert len(run.of("WORKER_RESTART")) == 1
+    assert sorted(e["context"]["rank"] for e in run.of("EPOCH_END", restart_count=1)) == [0, 1]
+    assert [e["state"] for e in run.of("AGENT_EXIT")] == ["SUCCEEDED"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_stall_timeout_auto_learns_the_rhythm_and_detects_a_hang(
+    tmp_path: Path, figure: Callable[[int, str], None],
+) -> None:
+    """--stall-timeout auto --stall-auto-floor 2: rank 1 records every 0.8 s, then hangs;
+    its timeout is learnt from that rhythm (5 x the longest interval, above the floor),
+    WORKER_STALLED comes after it, and the group restarts; attempt 1 finishes."""
+    run, wall_s = _health_job(tmp_path, "--hang", "loop", "--beat-s", "0.8",
+                              stall_timeout="auto",
+                              eventbus_args=("--stall-auto-floor", "2"))
+    assert run.returncode == 0, run.describe()
+    (stall,) = [e for e in run.of("WORKER_STALLED") if e["worker_id"] == 1]
+    hung_at = float((run.out / "attempt0_rank1.hung").read_text())
+    detection_s = stall["timestamp"] - hung_at
+    figure(24, f"auto (floor 2 s, beat 0.8 s): timeout {stall['timeout_s']:.2f} s, "
+               f"WORKER_STALLED {detection_s:.2f} s after the hang, job wall {wall_s:.1f} s")
+    assert stall["timeout_s"] > 2.0  # learnt: 5 x ~0.8 s, not the floor
+    assert stall["silent_s"] > stall["timeout_s"]
+    assert "spin_forever" in stall["data"]["stack"]
+    assert len(run.of("WORKER_RESTART")) == 1
+    assert [e["state"] for e in run.of("AGENT_EXIT")] == ["SUCCEEDED"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_a_reactor_stop_on_a_stall_ends_the_job_with_the_stop_exit_code(
     tmp_path: Path, figure: Callable[[int, str], None],
 ) -> None:
@@ -96,20 +141,20 @@ def test_a_reactor_stop_on_a_stall_ends_the_job_with_the_stop_exit_code(
 def test_slow_start_slow_steps_and_an_announced_checkpoint_are_never_stalls(
     tmp_path: Path, figure: Callable[[int, str], None],
 ) -> None:
-    """With --stall-timeout 3: 5 s before the first event, 5 steps of 1.5 s, a 5 s
-    checkpoint write announced by an event (expect_silence_s): no WORKER_STALLED, and
-    (balanced ranks) no WORKER_SLOW; the job succeeds."""
-    runs = 3 if FULL else 1
+    """With --stall-timeout 3, three jobs in a row: 3.5 s before the first event, 4 steps of
+    1.5 s, a 3.5 s checkpoint write announced by an event (expect_silence_s): no
+    WORKER_STALLED, and (balanced ranks) no WORKER_SLOW; every job succeeds."""
+    runs = 3
     stalls = slows = 0
     for n in range(runs):
-        run, _wall_s = _health_job(tmp_path / f"run{n}", "--start-delay", "5", "--steps", "5",
-                                  "--step-s", "1.5", "--checkpoint-s", "5")
+        run, _wall_s = _health_job(tmp_path / f"run{n}", "--start-delay", "3.5",
+                                  "--steps", "4", "--step-s", "1.5", "--checkpoint-s", "3.5")
         assert run.returncode == 0, run.describe()
         assert len(run.of("EPOCH_END")) == 2
         stalls += len(run.of("WORKER_STALLED"))
         slows += len(run.of("WORKER_SLOW"))
     figure(25, f"false stalls {stalls}, false WORKER_SLOW {slows} in {runs} job(s) "
-               f"(slow start 5 s, steps 1.5 s, checkpoint 5 s; timeout {STALL_TIMEOUT_S:g} s)")
+               f"(slow start 3.5 s, steps 1.5 s, checkpoint 3.5 s; timeout {STALL_TIMEOUT_S:g} s)")
     assert stalls == 0 and slows == 0
 
 
