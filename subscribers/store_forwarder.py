@@ -354,9 +354,13 @@ def _plain_key(prefix: str) -> bool:
 
 
 def _plain_dir(path: str) -> bool:
-    # The agent names an absolute, printable path it created; anything else is not ours.
-    return (0 < len(path) <= 4096 and path.isprintable() and os.path.isabs(path)
-            and os.path.isdir(path))
+    # The agent names an absolute, printable path it created (".../eventbus-ledgers-*/
+    # attempt-<n>"); anything else is not ours, and a worker must not drop files there.
+    if not (0 < len(path) <= 4096 and path.isprintable() and os.path.isabs(path)):
+        return False
+    head, name = os.path.split(os.path.normpath(path))
+    return (name.startswith("attempt-") and os.path.basename(head).startswith(
+        "eventbus-ledgers-") and os.path.isdir(path))
 
 
 def _first_line(exc: BaseException) -> str:

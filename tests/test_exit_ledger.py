@@ -183,3 +183,29 @@ def test_a_sender_without_ledger_or_end_marker_is_named_as_such(
 def test_read_ledgers_of_a_missing_directory_is_empty(tmp_path: Path) -> None:
     """A directory that is gone reads as no ledgers, no refusal."""
     assert read_ledgers(str(tmp_path / "gone")) == ([], {})
+
+
+@pytest.mark.parametrize("hostile", ["/", "relative/attempt-0", "/tmp/attempt-0", "/x\n"])
+def test_a_worker_leaves_its_ledger_only_in_a_folder_its_agent_made(
+    store: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    hostile: str,
+) -> None:
+    """An inherited EVENTBUS_LEDGER_DIR that is not an agent's attempt folder is refused
+    with one warning (no file dropped there); the agent's own folder is taken."""
+    import subscribers.store_forwarder as sf
+
+    monkeypatch.setattr(sf, "install_exit_hooks", lambda: None)
+    agent, _got, env = _agent(store)
+    base = {"RANK": "0", "EVENTBUS_AGENT_STORE": env["EVENTBUS_AGENT_STORE"],
+            "EVENTBUS_STORE_PREFIX": env["EVENTBUS_STORE_PREFIX"]}
+    taken = []
+    for value in (hostile, env[ENV_LEDGER_DIR]):
+        monkeypatch.setattr(sf, "_worker_forwarder", None)
+        with caplog.at_level(logging.WARNING, logger="eventbus"):
+            fwd = sf.attach_from_env({**base, ENV_LEDGER_DIR: value})
+        assert fwd is not None
+        taken.append(fwd.ledger_dir)
+        fwd.close(2.0)
+    agent.before_exit(timeout=5.0)
+    assert taken == [None, env[ENV_LEDGER_DIR]]
+    assert len([r for r in caplog.records if ENV_LEDGER_DIR in r.getMessage()]) == 1
