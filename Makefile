@@ -64,18 +64,24 @@ test-pythons:
 # job, on another torch. PyPI's builds carry CUDA libraries: ~6 GB in the venv, ~5-7 min
 # to install here (measured, see docs/run.md); pip's cache keeps reruns to a reinstall.
 # Not in .ci/run for that reason; run by hand: make test-compat TORCH_COMPAT=2.8.0
+# COMPAT_VENV=DIR reuses a venv that already holds that torch and pytest (a CI cache, or
+# one built by hand) as it is: nothing is installed into it, the tests import this checkout.
 TORCH_COMPAT ?= 2.8.0
-COMPAT_VENV := .venv-compat-$(TORCH_COMPAT)
+COMPAT_VENV ?= .venv-compat-$(TORCH_COMPAT)
+COMPAT_READY := import sys, torch, pytest, attrs, blinker; \
+	sys.exit(torch.__version__.split("+")[0] != "$(TORCH_COMPAT)")
 
 test-compat:
-	@if [ ! -f $(COMPAT_VENV)/.installed ]; then \
+	@if [ ! -f $(COMPAT_VENV)/.installed ] && \
+	  ! $(COMPAT_VENV)/bin/python -c '$(COMPAT_READY)' 2>/dev/null; then \
 	  $(PYTHON) -m venv $(COMPAT_VENV) && \
 	  PIP_CONSTRAINT= PIP_CONFIG_FILE=/dev/null $(COMPAT_VENV)/bin/pip install -q \
 	    "torch==$(TORCH_COMPAT)" && \
 	  $(COMPAT_VENV)/bin/pip install -q --no-deps -e . && \
 	  $(COMPAT_VENV)/bin/pip install -q $(TORCH_FREE_DEPS) && \
 	  touch $(COMPAT_VENV)/.installed; fi
-	$(COMPAT_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_launcher_internals.py \
+	PYTHONPATH=$(CURDIR) $(COMPAT_VENV)/bin/python -m pytest -q -p no:cacheprovider \
+	  tests/test_launcher_internals.py \
 	  "tests/test_launcher.py::test_reactor_restart_recovers_the_job"
 
 clean:

@@ -28,6 +28,7 @@ from eventbus.bus import Bus
 from eventbus.events import EventsLost
 from eventbus.wire import MAX_VALUE_BYTES
 from eventbus.wire import BatchDecoder
+from eventbus.wire import ExitLedger
 from eventbus.wire import SenderKind
 from eventbus.wire import WireError
 from eventbus.wire import connect_store
@@ -122,6 +123,8 @@ class StoreReceiver:
         #: gaps, duplicates and sender-side drops, per reason
         self.lost: dict[str, int] = {}
         self.store_errors = 0
+        #: queues found holding values at exit (see report_leftovers), by key
+        self.leftovers: dict[str, int] = {}
         self._pending_rejects: dict[tuple[str, str], int] = {}
         self._reject_reports = RateLimiter()
         self._error_reports = RateLimiter()
@@ -367,6 +370,7 @@ class StoreReceiver:
                     continue
                 if left:
                     total += left
+                    self.leftovers[key] = left
                     self.lost["left in the store"] = self.lost.get("left in the store",
                                                                    0) + left
                     logger.warning("store receiver: %d pushes left undrained in %s", left, key)
@@ -375,6 +379,40 @@ class StoreReceiver:
                         reason="left in the store at exit (count of pushes, not events)",
                         data={"queue": key}))
         return total
+
+    def settle(self, ledger: ExitLedger, *, why: str) -> int:
+        """Report what ``ledger``'s sender numbered or dropped that never arrived here.
+
+        For a sender whose end marker did not arrive: ``numbered`` less the next number
+        expected (below it, every event was delivered or already reported) becomes one
+        ``EVENTS_LOST`` ("not delivered: ``why``"), and each drop count above what its
+        pushes carried one "dropped by sender"; the sender is then settled, so a second
+        call reports nothing. Returns the events reported. A sender whose end marker
+        arrived has told everything already: 0.
+        """
+        with self._lock:
+            state = self._senders.get(ledger.sender)
+            if state is None:
+                state = self._senders[ledger.sender] = _Sender(ledger.key)
+            if state.ended:
+                return 0
+            reported = 0
+            extra = {"numbered": ledger.numbered, "next_seq": state.expected,
+                     "from": "exit ledger"}
+            missing = ledger.numbered - state.expected
+            if missing > 0:
+                self._lost(ledger.sender, ledger.key, missing, f"not delivered: {why}",
+                           extra)
+                state.expected = ledger.numbered
+                reported += missing
+            for reason, count in sorted(ledger.dropped.items()):
+                delta = count - state.dropped.get(reason, 0)
+                if delta > 0:
+                    state.dropped[reason] = count
+                    self._lost(ledger.sender, ledger.key, delta,
+                               f"dropped by sender: {reason}", {"from": "exit ledger"})
+                    reported += delta
+            return reported
 
     def unended(self) -> list[str]:
         """Senders seen without their end marker (killed, or still running)."""

@@ -23,6 +23,14 @@ What can be lost, and how it shows:
   events plus one in-flight batch, is lost, and nothing follows it to reveal the gap; the
   agent logs that the sender never sent its end marker. (``os._exit`` in a worker flushes
   first, within :data:`OS_EXIT_FLUSH_TIMEOUT`.)
+
+Exit ledger: given ``ledger_dir`` (a worker gets its agent's per-attempt directory from
+``EVENTBUS_LEDGER_DIR``), :meth:`StoreForwarder.close` also leaves one small local file,
+``<sender>.json`` (:class:`eventbus.wire.ExitLedger`: its queue, how many events it
+numbered, its drops per reason), written once and atomically before it tries the end
+marker. The agent reads it before it exits, so that a loss the store cannot report (the
+store died) is still reported as ``EVENTS_LOST`` with its true count. ``record()`` never
+pays for it.
 """
 
 from __future__ import annotations
@@ -49,12 +57,15 @@ from eventbus.bus import Bus
 from eventbus.bus import Subscription
 from eventbus.bus import get_default_bus
 from eventbus.events import Event
+from eventbus.wire import ENV_LEDGER_DIR
 from eventbus.wire import ENV_PREFIX
 from eventbus.wire import ENV_STORE
 from eventbus.wire import BatchEncoder
+from eventbus.wire import ExitLedger
 from eventbus.wire import SenderKind
 from eventbus.wire import connect_store
 from eventbus.wire import worker_key
+from eventbus.wire import write_ledger
 from subscribers.queued import QueuedSink
 from subscribers.queued import QueueSettings
 
@@ -99,7 +110,9 @@ class StoreForwarder:
       ``reconnect_interval``: after a failure, connect again at most this often;
     * ``settings``: the queue (default :data:`FORWARDER_QUEUE`), and any of its fields as
       keyword options to override them; ``close_timeout`` is also the default budget of
-      :meth:`flush` and :meth:`close`, ``report_interval`` the rate of loss reports.
+      :meth:`flush` and :meth:`close`, ``report_interval`` the rate of loss reports;
+    * ``ledger_dir``: a local directory where :meth:`close` leaves this sender's exit
+      ledger (default: none).
     """
 
     def __init__(
@@ -115,9 +128,11 @@ class StoreForwarder:
         connect_timeout: float = 10.0,
         reconnect_interval: float = 2.0,
         settings: QueueSettings = FORWARDER_QUEUE,
+        ledger_dir: str | None = None,
         **options: Any,
     ) -> None:
         self.host = host
+        self.ledger_dir = ledger_dir
         self.port = port
         self.key = key
         self.rank = rank
@@ -148,6 +163,8 @@ class StoreForwarder:
         self._connect_error = ""
         self._pid = os.getpid()
         self._ended = False
+        #: the path of the exit ledger once written
+        self.ledger: str | None = None
         self._pushed_events = 0
         self._pushes = 0
         self.lost: dict[str, int] = {}
@@ -289,6 +306,9 @@ class StoreForwarder:
         # A process that never sent anything (a forked child that recorded nothing) has
         # nothing to end: no connection just for the marker.
         sent = self.encoder.seq > 0 or any(self.sink.dropped.values())
+        if sent and self._pid == os.getpid():
+            # Before the end marker: its reconnect may outlast a SIGKILL deadline.
+            self._write_ledger()
         if not self._ended and self._pid == os.getpid() and sent:
             # The end marker carries the numbering, so the receiver can count what the
             # outage cost: one more connect for it, within what is left of the budget
@@ -297,6 +317,21 @@ class StoreForwarder:
                 self._connect_for_end(min(END_CONNECT_WAIT, deadline - time.monotonic()))
             self._push_batch([], end=True, connect=False)
         return done and not self.lost
+
+    def _write_ledger(self) -> None:
+        """Leave the exit ledger (once; never raises: exiting must not fail on it)."""
+        directory = self.ledger_dir
+        if directory is None or self.ledger is not None:
+            return
+        ledger = ExitLedger(sender=self.sender, key=self.key, numbered=self.encoder.seq,
+                            dropped={k: v for k, v in self.sink.dropped.items() if v},
+                            end_pushed=self._ended, pid=os.getpid())
+        try:
+            self.ledger = write_ledger(directory, ledger)
+        except Exception as exc:
+            logger.warning("store forwarder %s: cannot write its exit ledger in %s: %s; a "
+                           "loss the store cannot report will not be reported",
+                           self.sender, directory[:200], exc)
 
     def stats(self) -> dict[str, Any]:
         """The queue's counts plus pushes, pushed events, lost events (per reason)."""
@@ -316,6 +351,16 @@ def _plain_key(prefix: str) -> bool:
     # A key prefix as the launcher writes it ("eventbus/<run id>/<attempt>"): printable,
     # bounded, no "..": an inherited value that is none of these is not ours.
     return 0 < len(prefix) <= 512 and prefix.isprintable() and ".." not in prefix.split("/")
+
+
+def _plain_dir(path: str) -> bool:
+    # The agent names an absolute, printable path it created (".../eventbus-ledgers-*/
+    # attempt-<n>"); anything else is not ours, and a worker must not drop files there.
+    if not (0 < len(path) <= 4096 and path.isprintable() and os.path.isabs(path)):
+        return False
+    head, name = os.path.split(os.path.normpath(path))
+    return (name.startswith("attempt-") and os.path.basename(head).startswith(
+        "eventbus-ledgers-") and os.path.isdir(path))
 
 
 def _first_line(exc: BaseException) -> str:
@@ -504,7 +549,12 @@ def attach_from_env(environ: dict[str, str] | None = None) -> StoreForwarder | N
     # training script's own `import torch`.
     import torch.distributed  # noqa: F401
 
+    ledger_dir = env.get(ENV_LEDGER_DIR) or None
+    if ledger_dir is not None and not _plain_dir(ledger_dir):
+        logger.warning("eventbus: %s=%r is not an absolute directory; this worker leaves no "
+                       "exit ledger", ENV_LEDGER_DIR, ledger_dir[:200])
+        ledger_dir = None
     _worker_forwarder = StoreForwarder(host=host, port=port, key=worker_key(prefix, rank),
-                                       rank=rank, kind="w")
+                                       rank=rank, kind="w", ledger_dir=ledger_dir)
     install_exit_hooks()
     return _worker_forwarder

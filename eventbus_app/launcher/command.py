@@ -199,6 +199,11 @@ def main(argv: Sequence[str] | None = None, *,
         if recorder is not None and not recorder.close(timeout=RECORDER_CLOSE_TIMEOUT_S):
             print(f"eventbus: {args.events_jsonl}: not every event was written "
                   f"({recorder.stats()})", file=sys.stderr)
+        elif recorder is not None and recorder.lines_lost:
+            # -- fail-safe: a full or read-only disk cost lines; the job's end says how many
+            print(f"eventbus: {args.events_jsonl}: {recorder.lines_lost} lines were lost "
+                  f"to failed writes (last error: {recorder.write_error or 'none now'}); "
+                  f"{recorder.lines_written} written", file=sys.stderr)
         if sinks:  # -- sinks: closed within SINKS_CLOSE_TIMEOUT_S in all --
             sink_plugin.close()
     return 0

@@ -12,12 +12,20 @@ Two-level fan-in over the job's long-lived c10d store (the wire format is
   queue per node (a :class:`subscribers.store_forwarder.StoreForwarder` of kind ``"n"``);
   the agent of group rank 0 drains those, one queue per node, so that its bus holds the
   job-wide view.
+
+The exit ledger (what does not depend on the store): each attempt's workers get a local
+directory of this agent's (``EVENTBUS_LEDGER_DIR``) where each leaves, at exit, what it
+numbered and dropped (:class:`eventbus.wire.ExitLedger`). Before the agent exits it reads
+them, and for every sender whose end marker never arrived it publishes what never reached
+it as ``EVENTS_LOST``: the store died, yet the loss is reported and true.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -29,11 +37,13 @@ import attrs
 from eventbus.events import Event
 from eventbus.events import EventType
 from eventbus.events import event_class
+from eventbus.wire import ENV_LEDGER_DIR
 from eventbus.wire import ENV_PREFIX
 from eventbus.wire import ENV_STORE
 from eventbus.wire import ack_key
 from eventbus.wire import namespace
 from eventbus.wire import node_key
+from eventbus.wire import read_ledgers
 from eventbus.wire import worker_key
 from eventbus_app.launcher import RendezvousInfo
 from publishers.store_receiver import StoreReceiver
@@ -126,6 +136,12 @@ class StoreTransport:
         self.job_forwarder: StoreForwarder | None = None
         self._node_ends: set[str] = set()
         self._lock = threading.Lock()
+        #: this agent's exit-ledger directory, and per attempt: (its folder, its queues)
+        self.ledger_root: str | None = None
+        self._ledger_dirs: dict[int, tuple[str, frozenset[str]]] = {}
+        #: ledgers read, senders settled from them, events reported, files refused
+        self.ledger_stats: dict[str, Any] = {"read": 0, "settled": 0, "reported": 0,
+                                             "refused": {}}
 
     # -- AgentPlugin ----------------------------------------------------------------------
     def after_rendezvous(self, info: RendezvousInfo) -> Mapping[str, str]:
@@ -146,7 +162,27 @@ class StoreTransport:
                 self._watch_nodes(info, prefix)
             else:
                 self._forward_job_view(info, prefix, previous)
-            return {ENV_STORE: f"{info.store_host}:{info.store_port}", ENV_PREFIX: prefix}
+            env = {ENV_STORE: f"{info.store_host}:{info.store_port}", ENV_PREFIX: prefix}
+            ledger_dir = self._ledger_dir(info, prefix)
+            if ledger_dir is not None:
+                env[ENV_LEDGER_DIR] = ledger_dir
+            return env
+
+    def _ledger_dir(self, info: RendezvousInfo, prefix: str) -> str | None:
+        # One folder per attempt: a restarted attempt's workers never meet the ledgers
+        # of the attempt before, and each ledger is checked against its attempt's queues.
+        try:
+            if self.ledger_root is None:
+                self.ledger_root = tempfile.mkdtemp(prefix="eventbus-ledgers-")
+            path = os.path.join(self.ledger_root, f"attempt-{info.restart_count}")
+            os.makedirs(path, exist_ok=True)
+        except OSError as exc:
+            logger.warning("store transport: no exit-ledger directory (%s); a loss the store "
+                           "cannot report will not be reported", exc)
+            return None
+        keys = frozenset(worker_key(prefix, rank) for rank in info.global_ranks)
+        self._ledger_dirs[info.restart_count] = (path, keys)
+        return path
 
     def drain(self, *, timeout: float) -> None:
         """Pull in what the workers pushed before the monitor saw them fail (the launcher
@@ -165,6 +201,7 @@ class StoreTransport:
             info = self.info
             receiver = self.receiver
             if receiver is None or info is None:
+                self._remove_ledgers()
                 return
             receiver.stop()
             # Alone, the workers' queues get the whole budget; with other nodes, half of
@@ -181,10 +218,55 @@ class StoreTransport:
                 job.report_leftovers()
                 job.close()
             receiver.close()
+            settled = self._settle_from_ledgers(receiver)
             for sender in receiver.unended():
-                logger.warning("store receiver: %s never sent its end marker (killed, or "
-                               "stopped by SIGKILL/os._exit): the events it queued last may "
-                               "be lost", sender)
+                if sender in settled:
+                    continue
+                logger.warning("store receiver: %s never sent its end marker and left no "
+                               "exit ledger (killed by SIGKILL?): the events it queued last "
+                               "may be lost, uncounted", sender)
+            self._remove_ledgers()
+
+    def _settle_from_ledgers(self, receiver: StoreReceiver) -> set[str]:
+        """Read every attempt's exit ledgers and report, per sender whose end marker never
+        arrived, what it numbered or dropped that did not arrive. Never raises."""
+        settled: set[str] = set()
+        stats = self.ledger_stats
+        refused: dict[str, int] = stats["refused"]
+        try:
+            unreachable = receiver.client is None or receiver.store_errors > 0
+            why = ("the store was unreachable (from the sender's exit ledger)" if unreachable
+                   else "no end marker reached the agent (from the sender's exit ledger)")
+            for _, (path, keys) in sorted(self._ledger_dirs.items()):
+                ledgers, bad = read_ledgers(path)
+                for reason, n in bad.items():
+                    refused[reason] = refused.get(reason, 0) + n
+                for ledger in ledgers:
+                    stats["read"] += 1
+                    if ledger.key not in keys:
+                        refused["ledger: not a queue of its attempt"] = refused.get(
+                            "ledger: not a queue of its attempt", 0) + 1
+                        continue
+                    if ledger.key in receiver.leftovers:
+                        # reported already as pushes left in the store; not twice
+                        settled.add(ledger.sender)
+                        continue
+                    reported = receiver.settle(ledger, why=why)
+                    settled.add(ledger.sender)
+                    if reported:
+                        stats["settled"] += 1
+                        stats["reported"] += reported
+        except Exception:
+            logger.exception("store transport: reading the exit ledgers failed")
+        if refused:
+            logger.warning("store transport: exit ledgers refused: %s", refused)
+        return settled
+
+    def _remove_ledgers(self) -> None:
+        root, self.ledger_root = self.ledger_root, None
+        self._ledger_dirs.clear()
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
 
     def _start_receiver(self, info: RendezvousInfo, poll_interval: float,
                         max_idle_interval: float,
@@ -285,5 +367,6 @@ class StoreTransport:
             "workers": self.receiver.stats() if self.receiver else None,
             "nodes": self.job_receiver.stats() if self.job_receiver else None,
             "job_forwarder": self.job_forwarder.stats() if self.job_forwarder else None,
+            "ledgers": {**self.ledger_stats, "refused": dict(self.ledger_stats["refused"])},
         }
 

@@ -1,7 +1,8 @@
 """A worker that records numbered events until ``<out>/stop`` exists (at most 60 s).
 
-At the end it writes ``<out>/rank<R>.result``: events recorded, record() errors, and the
-events its store forwarder counted lost.
+At the end it writes ``<out>/rank<R>.result``: events recorded, record() errors, the
+events its store forwarder counted lost, and the events it numbered (its sender id on a
+second line).
 
 Writes ``<out>/rank<R>.pid`` first, so a test can find (and end) workers an agent left.
 """
@@ -45,8 +46,10 @@ def main() -> int:
         fwd = store_forwarder._worker_forwarder
         if fwd is not None:
             fwd.close(5.0)
-            lost = sum(fwd.stats()["lost"].values())
-            (out / f"rank{rank}.result").write_text(f"{i} {errors} {lost}")
+            stats = fwd.stats()
+            lost = sum(stats["lost"].values())
+            (out / f"rank{rank}.result").write_text(
+                f"{i} {errors} {lost} {stats['next_seq']}\n{fwd.sender}")
     return 0
 
 
