@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import encodings.idna  # noqa: F401  (see _probe_port)
 import logging
 import os
 import signal
@@ -380,6 +381,10 @@ def _probe_port(host: str, port: int, *, timeout: float) -> None:
     A plain socket connect, which fails at once on a closed port; ``TCPStore(...)`` would
     retry for seconds, past its own timeout (measured with torch 2.13: 2-4 s for 1 s).
     """
+    # create_connection() encodes the host with the "idna" codec, whose first lookup imports
+    # encodings.idna: done in a connect thread while the main thread forks DataLoader
+    # workers or imports, that lookup failed now and then ("unknown encoding: idna") and
+    # the process never reached its store. The module imports it up front instead.
     with socket.create_connection((host, port), timeout=timeout) as sock:
         # A c10d store says nothing until the client speaks. A server that speaks first
         # or hangs up is not one, and TCPStore(...) on it retries in C++ past its timeout
