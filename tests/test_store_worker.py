@@ -284,6 +284,11 @@ def test_store_going_away_never_blocks_record_and_the_gap_equals_the_loss(
         worker = _child(tmp_path, "store-down", 0,
                         _env(port))
         _wait_for(tmp_path / "out.ready", worker)
+        # Mid-stream: the worker's first pushes have arrived (its first connect, probe
+        # included, takes a few tens of ms after it starts recording).
+        deadline = time.monotonic() + 30
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
         server.kill()
         server.wait(10)
         time.sleep(1.0)
