@@ -3,10 +3,15 @@ the fixtures are in conftest.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,3 +88,23 @@ def deep_dict(depth: int) -> dict[str, Any]:
         cur["a"] = {}
         cur = cur["a"]
     return root
+
+
+@contextlib.contextmanager
+def small_tmpfs(mnt: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted on ``mnt`` for a test, unmounted after it (remounted
+    writable first, in case the test made it read-only); skips where mounting is not
+    permitted."""
+    mnt.mkdir(exist_ok=True)
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root; this user is not")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                          capture_output=True, text=True, timeout=30, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"mount -t tmpfs is not permitted here: {done.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", str(mnt)], capture_output=True,
+                       timeout=30, check=False)
+        subprocess.run(["umount", "-l", str(mnt)], timeout=30, check=False)

@@ -5,12 +5,11 @@ intact; writing resumes when space returns."""
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from matrix import small_tmpfs
 
 import eventbus
 from eventbus import EventType
@@ -21,18 +20,8 @@ from subscribers.jsonl import read_jsonl
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 256 KiB tmpfs mounted for the test (skips where mounting is not permitted)."""
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root; this user is not")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)],
-                          capture_output=True, text=True, timeout=30, check=False)
-    if done.returncode != 0:
-        pytest.skip(f"mount -t tmpfs is not permitted here: {done.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "mnt", "256k") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], timeout=30, check=False)
 
 
 def test_a_full_disk_loses_lines_counted_and_writing_resumes(

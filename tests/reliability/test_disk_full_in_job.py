@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import pytest
 from launcher_helpers import JOBS
 from launcher_helpers import job_env
 from launcher_helpers import run_command
+from matrix import small_tmpfs
 
 from subscribers.jsonl import read_jsonl
 
@@ -35,20 +35,8 @@ from subscribers.jsonl import read_jsonl
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs mounted for the test (skips where mounting is not permitted)."""
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root; this user is not")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
-                          capture_output=True, text=True, timeout=30, check=False)
-    if done.returncode != 0:
-        pytest.skip(f"mount -t tmpfs is not permitted here: {done.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "mnt", "1m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["mount", "-o", "remount,rw", str(mnt)], capture_output=True,
-                       timeout=30, check=False)
-        subprocess.run(["umount", "-l", str(mnt)], timeout=30, check=False)
 
 
 def _fill(path: Path) -> int:
