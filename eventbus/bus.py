@@ -497,7 +497,6 @@ _weakref_types = (weakref.ref,)
 _all_buses: weakref.WeakSet[Bus] = weakref.WeakSet()
 
 _default_bus = Bus("default")
-_buses = [_default_bus]
 
 
 def _after_fork_in_child() -> None:
