@@ -30,6 +30,7 @@ import contextlib
 import itertools
 import json
 import logging
+import operator
 import sys
 import threading
 from collections.abc import Callable
@@ -148,20 +149,21 @@ def format_event(event: Event, *, max_data_chars: int = MAX_DATA_CHARS) -> str:
     (bounded by :data:`eventbus.LIMITS` and ``max_data_chars``); ``rank=N`` closes the line
     when the event's context has a rank.
     """
-    # getattr, not event.__dict__: an optional field not given reads the class default
-    return _line(event, [getattr(event, name) for name in type(event)._fields],
-                 max_data_chars)
+    shape = _shape(type(event))
+    return _line(event, shape, shape[3](event), max_data_chars)
 
 
-def _line(event: Event, values: list[Any], max_data_chars: int) -> str:
-    """:func:`format_event` with the typed fields' values already read, in field order."""
-    parts = [str(event.type)]
-    for name, value in zip(type(event)._fields, values, strict=True):
+def _line(event: Event, shape: _Shape, values: tuple[Any, ...], max_data_chars: int) -> str:
+    """:func:`format_event` with the class's shape known and the typed fields' values
+    already read, in field order."""
+    parts = [shape[0]]
+    for name, value in zip(shape[1], values, strict=True):
         if value is None:
             continue
         parts.append(f"{name}={_quote(value)}" if isinstance(value, str) else f"{name}={value}")
-    if event.data:
-        parts.append("data=" + _data_text(event.data, max_data_chars))
+    data = event.data
+    if data:
+        parts.append("data=" + _data_text(data, max_data_chars))
     rank = event.context.rank
     if rank is not None:
         parts.append(f"rank={rank}")
@@ -177,16 +179,38 @@ _RECORD_NAMES = frozenset(
 ) | {"message", "asctime", "taskName", "event", "event_type", "event_timestamp", "event_data",
      "event_context"}
 
-_attr_cache: dict[type[Event], tuple[tuple[str, str], ...]] = {}
+#: what every event of one class shares in its line and its record: the type's name, the
+#: typed fields' names, the record attribute of each (see :data:`_RECORD_NAMES`), and one
+#: C-level call that reads the fields' values (getattr semantics: an optional field not given
+#: reads the class default)
+_Shape = tuple[str, tuple[str, ...], tuple[str, ...], Callable[[Event], tuple[Any, ...]]]
+_shapes: dict[type[Event], _Shape] = {}
 
 
-def _field_attrs(cls: type[Event]) -> tuple[tuple[str, str], ...]:
-    attrs = _attr_cache.get(cls)
-    if attrs is None:
-        attrs = tuple((name, f"event_{name}" if name in _RECORD_NAMES else name)
-                      for name in cls._fields)
-        _attr_cache[cls] = attrs
-    return attrs
+def _no_fields(event: Event) -> tuple[Any, ...]:
+    return ()
+
+
+def _shape(cls: type[Event]) -> _Shape:
+    """The :data:`_Shape` of ``cls``, made on its first event (an event class's fields are
+    fixed when the class is made)."""
+    shape = _shapes.get(cls)
+    if shape is None:
+        fields = tuple(cls._fields)
+        attrs = tuple(f"event_{name}" if name in _RECORD_NAMES else name for name in fields)
+        read: Callable[[Event], tuple[Any, ...]]
+        if len(fields) > 1:
+            read = operator.attrgetter(*fields)
+        elif fields:
+            one = operator.attrgetter(fields[0])
+
+            def read(event: Event) -> tuple[Any, ...]:
+                return (one(event),)
+        else:
+            read = _no_fields
+        shape = (str(cls.type), fields, attrs, read)
+        _shapes[cls] = shape
+    return shape
 
 
 def _level_value(value: object, where: str) -> int:
@@ -381,26 +405,25 @@ class EventLoggingHandler(logging.Handler):
     # -- events in --------------------------------------------------------------------------
     def make_record(self, event: Event, level: int, name: str = RECORD_NAME) -> logging.LogRecord:
         """The ``LogRecord`` for ``event`` at ``level`` (formatting its message now)."""
-        values = [getattr(event, field) for field in type(event)._fields]
+        shape = _shape(type(event))
+        values = shape[3](event)
         record = logging.getLogRecordFactory()(
-            name, level, "eventbus", 0, _line(event, values, self.max_data_chars), None, None)
+            name, level, "eventbus", 0, _line(event, shape, values, self.max_data_chars),
+            None, None)
         created = event.timestamp
         record.created = created
         record.msecs = int((created - int(created)) * 1000) + 0.0
         record.relativeCreated = (created - logging._startTime) * 1000  # type: ignore[attr-defined]
-        d = record.__dict__
-        d["event"] = event
-        d["event_type"] = str(event.type)
-        d["event_timestamp"] = created
-        d["event_data"] = event.data
         context = event.context
         cached = self._context_dict
         if cached[0] is not context:  # contexts are immutable: one dict per context
             cached = (context, context.to_dict())
             self._context_dict = cached
-        d["event_context"] = cached[1].copy()
-        for (_, attr), value in zip(_field_attrs(type(event)), values, strict=True):
-            d[attr] = value
+        d = record.__dict__
+        # two C-level updates instead of one Python-level store per attribute
+        d.update(event=event, event_type=shape[0], event_timestamp=created,
+                 event_data=event.data, event_context=cached[1].copy())
+        d.update(zip(shape[2], values, strict=True))
         return record
 
     def on_event(self, event: Event) -> None:
