@@ -33,6 +33,7 @@ import logging
 import operator
 import sys
 import threading
+import time
 from collections.abc import Callable
 from collections.abc import Mapping
 from typing import IO
@@ -228,6 +229,25 @@ def _level_value(value: object, where: str) -> int:
                     f"got {type(value).__name__}")
 
 
+#: the attributes of every record this handler makes that depend neither on the event nor on
+#: the thread, process or task: taken from a real record, so they are what LogRecord sets
+_CONSTANT_ATTRS = {
+    key: value for key, value in logging.LogRecord(
+        RECORD_NAME, logging.INFO, "eventbus", 0, "", None, None).__dict__.items()
+    if key in ("args", "pathname", "filename", "module", "exc_info", "exc_text", "stack_info",
+               "lineno", "funcName")}
+#: methods that, replaced by a subclass or on the instance, need the full record path
+_RECORD_PATH_METHODS = frozenset({"emit", "format", "handle"})
+#: converters that are a pure function of the whole second (``time.localtime`` rounds
+#: down): their ``asctime`` can be kept for the rest of that second
+_SECOND_CONVERTERS = (time.localtime, time.gmtime)
+#: the formatter a plan was made for, its style, that style's format string, and what the
+#: direct path needs (the format string and whether it shows asctime), or None when the
+#: formatter needs a full LogRecord
+_Plan = tuple[object, object, object, "tuple[str, bool] | None"]
+_NO_PLAN: _Plan = (object(), object(), object(), None)
+
+
 LevelMap = Mapping[Any, int | str]
 LevelFunction = Callable[[Event], int]
 
@@ -274,6 +294,10 @@ class EventLoggingHandler(logging.Handler):
         self._errors = itertools.count()
         #: the last event context seen and its dict (replaced whole: no lock needed)
         self._context_dict: tuple[object, dict[str, Any]] = (None, {})
+        #: how the current formatter writes an event line without a LogRecord (see _direct)
+        self._plan = _NO_PLAN
+        #: (second, converter, time format, time.tzname, strftime text) of the last asctime
+        self._asctime: tuple[float, object, str, object, str] = (-1.0, None, "", None, "")
         #: characters of ``data=...`` kept in a message
         self.max_data_chars = MAX_DATA_CHARS
         self.set_stream(stream)
@@ -442,6 +466,19 @@ class EventLoggingHandler(logging.Handler):
                 return
             target = self._logger
             if target is None:
+                if not self.filters and logging.getLogRecordFactory() is logging.LogRecord:
+                    plan = self._plan
+                    formatter = self.formatter
+                    direct = plan[3]
+                    if plan[0] is not formatter or (direct is not None and formatter is not None
+                                                    and (plan[1] is not formatter._style
+                                                         or plan[2] is not plan[1]._fmt)):
+                        direct = self._make_plan()[3]
+                    if direct is not None:
+                        text = self._direct_text(event, level, direct[0], direct[1])
+                        if text is not None:
+                            self._write_direct(text, event, level)
+                            return
                 record = self.make_record(event, level)
                 self.handle(record)
             elif target.isEnabledFor(level):
@@ -453,6 +490,95 @@ class EventLoggingHandler(logging.Handler):
                 RECORD_NAME, logging.ERROR, "eventbus", 0, "<event %s>", (event.type,), None))
         finally:
             inside.active = False
+
+    # -- the direct path: one event line without a LogRecord -----------------------------
+    # A record that only this handler's own formatter reads (no logger, no filter, a plain
+    # logging.Formatter with a %-style format, the stock LogRecord factory) is not needed:
+    # the line is the format applied to the attributes it names, the same values a record
+    # would hold. A format that names an attribute this path does not make (thread, process,
+    # task, the event's own attributes) sends that formatter back to the record path.
+
+    def _make_plan(self) -> _Plan:
+        formatter = self.formatter
+        style = getattr(formatter, "_style", None)
+        fmt = getattr(style, "_fmt", None)
+        cls = type(self)
+        direct: tuple[str, bool] | None = None
+        if (type(formatter) is logging.Formatter and type(style) is logging.PercentStyle
+                and isinstance(fmt, str) and not getattr(style, "_defaults", None)
+                and cls.emit is EventLoggingHandler.emit and cls.format is logging.Handler.format
+                and cls.handle is logging.Handler.handle and self.lock is not None
+                and not _RECORD_PATH_METHODS & self.__dict__.keys()):
+            direct = (fmt, style.usesTime())
+        plan: _Plan = (formatter, style, fmt, direct)
+        self._plan = plan
+        return plan
+
+    def _direct_text(self, event: Event, level: int, fmt: str, uses_time: bool) -> str | None:
+        """What ``self.format(self.make_record(event, level))`` returns, or None: then the
+        record path runs (and reports any error with the record, as it always did)."""
+        try:
+            shape = _shape(type(event))
+            message = _line(event, shape, shape[3](event), self.max_data_chars)
+            created = event.timestamp
+            msecs = int((created - int(created)) * 1000) + 0.0
+            values = {
+                **_CONSTANT_ATTRS, "name": RECORD_NAME, "msg": message, "message": message,
+                "levelname": logging.getLevelName(level), "levelno": level, "created": created,
+                "msecs": msecs,
+                "relativeCreated": (created - logging._startTime) * 1000,  # type: ignore[attr-defined]
+            }
+            if uses_time:
+                values["asctime"] = self._format_time(created, msecs)
+            return fmt % values
+        except KeyError:
+            # the format names an attribute only a full record has: use records from now on
+            self._plan = (*self._plan[:3], None)
+            return None
+        except Exception:
+            return None
+
+    def _format_time(self, created: float, msecs: float) -> str:
+        """``logging.Formatter.formatTime``; the strftime text is kept for the rest of its
+        second when the converter is ``time.localtime`` or ``time.gmtime``."""
+        formatter = self.formatter
+        assert formatter is not None
+        converter = formatter.converter
+        datefmt = formatter.datefmt
+        timefmt = datefmt or formatter.default_time_format
+        if converter in _SECOND_CONVERTERS:
+            second = created // 1
+            tzname = time.tzname  # time.tzset() replaces it
+            kept = self._asctime
+            if kept[0] == second and kept[1] is converter and kept[2] == timefmt and \
+                    kept[3] is tzname:
+                text = kept[4]
+            else:
+                text = time.strftime(timefmt, converter(created))
+                self._asctime = (second, converter, timefmt, tzname, text)
+        else:
+            text = time.strftime(timefmt, converter(created))
+        if not datefmt and formatter.default_msec_format:
+            text = formatter.default_msec_format % (text, msecs)
+        return text
+
+    def _write_direct(self, text: str, event: Event, level: int) -> None:
+        """:meth:`emit`'s write, under the handler's lock as ``Handler.handle`` takes it."""
+        line = escape_line(text) + "\n"
+        try:
+            with self.lock:  # type: ignore[union-attr]  # not None: checked by _make_plan
+                stream = self._stream if self._stream is not None else sys.stderr
+                stream.write(line)
+                flush = getattr(stream, "flush", None)
+                if flush is not None:
+                    flush()
+        except Exception:
+            # reported with the record the record path would have written
+            try:
+                record = self.make_record(event, level)
+            except Exception:
+                record = logging.LogRecord(RECORD_NAME, level, "eventbus", 0, text, None, None)
+            self.handleError(record)
 
     # -- lines out --------------------------------------------------------------------------
     def emit(self, record: logging.LogRecord) -> None:
