@@ -16,6 +16,11 @@ Nothing is formatted unless the record passes the handler's level (and, with
 :meth:`~EventLoggingHandler.set_logger`, the logger's). Then the record goes either to the
 handler's own stream or, with ``set_logger(logger)``, through ``logger.handle()``: that
 logger's level, filters, handlers and propagation decide, as for any record of it.
+Writing its own stream with no filter, a plain ``logging.Formatter`` (%-style) and the stock
+``LogRecord`` factory, the handler builds no record at all: only its formatter would read
+one, so the line is the format applied to the attributes it names (the values a record
+would hold); any other setup, or a format naming thread, process, task or event attributes,
+gets real records. The lines are the same either way.
 
 One event is one line: control characters (C0, DEL, C1, hence ANSI escape sequences),
 U+2028/U+2029, bidirectional overrides and lone surrogates are escaped in what this
