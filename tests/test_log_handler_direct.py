@@ -112,7 +112,7 @@ def test_formatter_changes_apply_from_the_next_event(change: str) -> None:
         elif change == "datefmt":
             formatter.datefmt = "%H:%M"
         elif change == "converter":
-            formatter.converter = time.gmtime  # type: ignore[method-assign]
+            formatter.converter = time.gmtime
         elif change == "msec_format":
             formatter.default_msec_format = "%s.%03d"
         elif change == "style_fmt":
