@@ -382,6 +382,10 @@ def _missing(event_type: str, f: dict[str, Any], required: dict[str, type],
             raise MissingFieldError(event_type, name, _KINDS[kind])
 
 
+#: event types with at most this many optional fields check them inline (else _check_rest)
+_INLINE_OPTIONAL = 4
+
+
 def _generate(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bool]],
               defaults: dict[str, Any]) -> None:
     """Compile ``_check``, ``_build`` and ``__init__`` for one event class.
@@ -473,8 +477,26 @@ def _generate(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bo
                       f"        {target}_coerce(_T, {name!r}, {kind.__name__}, {name})"]
         return lines
 
-    rest = ["    if others:",
-            "        _check_rest(_T, f, _OPTIONAL, _ALLOWED)"]
+    rest = ["    if others:"]
+    if 0 < len(optional) <= _INLINE_OPTIONAL:
+        # Optional fields given (a METRIC's ``step``): checked inline. The count of known
+        # names proves that nothing else was given; else _unknown_field names the stranger
+        # first, as _check_rest does.
+        known = " + ".join(f"({name!r} in f)" for name in optional)
+        rest += [f"        if others != {known}:",
+                 "            _unknown_field(_T, f, _ALLOWED)"]
+        for name, (kind, nullable) in optional.items():
+            if nullable:
+                rest += [f"        value = f.get({name!r})",
+                         f"        if value is not None and value.__class__ is not "
+                         f"{kind.__name__}:"]
+            else:
+                rest += [f"        value = f.get({name!r}, _MISSING)",
+                         f"        if value is not _MISSING and value.__class__ is not "
+                         f"{kind.__name__}:"]
+            rest += [f"            f[{name!r}] = _coerce(_T, {name!r}, {kind.__name__}, value)"]
+    else:
+        rest += ["        _check_rest(_T, f, _OPTIONAL, _ALLOWED)"]
     check = ["def _check(f):",
              *read_required(),
              *check_required(store=False),
