@@ -149,7 +149,9 @@ class Event:
     # The generated validators (see _generate); set on every concrete class.
     _check: ClassVar[Callable[[dict[str, Any]], None]]
     _build: ClassVar[Callable[[dict[str, Any]], Event]]
-    #: the generated source of the three, for the curious and for debugging
+    #: _build with the sender's timestamp and context (what a receiver decodes)
+    _decode: ClassVar[Callable[[dict[str, Any], float, JobContext], Event]]
+    #: the generated source of the four, for the curious and for debugging
     _source: ClassVar[str] = _GeneratedSource()  # type: ignore[assignment]
 
     timestamp: float
@@ -507,8 +509,7 @@ def _generate(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bo
              "        if data.__class__ is not dict:",
              "            _coerce_data(_T, data)",
              *rest]
-    build = ["def _build(f):",
-             *read_required(),
+    body = [*read_required(),
              *check_required(store=True),
              f"    others = len(f) - {len(required)}",
              "    data = f.get('data')",
@@ -527,12 +528,19 @@ def _generate(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bo
              "                f['data'] = _FROZEN(data)",
              "        else:",
              "            f['data'] = _snap(_coerce_data(_T, data))",
-             *rest,
+             *rest]
+    tail = ["    self = _new(_cls)",
+            "    _set_dict(self, f)",
+            "    return self"]
+    build = ["def _build(f):", *body,
              "    f['timestamp'] = _time()",
              "    f['context'] = _holder.value",
-             "    self = _new(_cls)",
-             "    _set_dict(self, f)",
-             "    return self"]
+             *tail]
+    # _decode: the same, with the sender's timestamp and context (a receiver's decoder)
+    decode = ["def _decode(f, timestamp, context):", *body,
+              "    f['timestamp'] = timestamp",
+              "    f['context'] = context",
+              *tail]
 
     # __init__: direct construction and decoding (from_dict), keyword binding, every field.
     params = ", ".join(
@@ -567,7 +575,7 @@ def _generate(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bo
             "        context = _bad_context(_T, context)",
             f"    _set_dict(self, {{{store}'timestamp': timestamp, 'data': data, "
             "'context': context})"]
-    lines = [line + "\n" for line in (*check, "", *build, "", *init)]
+    lines = [line + "\n" for line in (*check, "", *build, "", *decode, "", *init)]
     source = "".join(lines)
     filename = _generated_filename(cls, type_name, source)
     code = compile(source, filename, "exec")
@@ -580,6 +588,7 @@ def _generate(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bo
     cls._source = source
     cls._check = staticmethod(env["_check"])
     cls._build = staticmethod(env["_build"])
+    cls._decode = staticmethod(env["_decode"])
     env["__init__"].__qualname__ = f"{cls.__qualname__}.__init__"
     cls.__init__ = env["__init__"]  # type: ignore[method-assign]
     # Defaults live on the class, so an event built without an optional field reads it.
@@ -616,12 +625,17 @@ def _generate_lazily(cls: type[Event], type_name: str, fields: dict[str, tuple[t
         generate()
         return cls._build(f)
 
+    def _decode(f: dict[str, Any], timestamp: float, context: JobContext) -> Event:
+        generate()
+        return cls._decode(f, timestamp, context)
+
     def __init__(self: Event, **fields: Any) -> None:
         generate()
         cls.__init__(self, **fields)
 
     cls._check = staticmethod(_check)
     cls._build = staticmethod(_build)
+    cls._decode = staticmethod(_decode)
     __init__.__qualname__ = f"{cls.__qualname__}.__init__"
     cls.__init__ = __init__  # type: ignore[method-assign]
     type.__setattr__(cls, "_generate_now", generate)

@@ -502,17 +502,13 @@ class BatchDecoder:
                 reject("bad event: data")
                 continue
             try:
-                # The builder record() uses: it validates ``fields`` in place, snapshots
-                # data and makes ``fields`` the event's own __dict__ (no keyword binding,
-                # no copy).
-                event = cls._build(fields)
+                # record()'s builder with the sender's timestamp and context: it validates
+                # ``fields`` in place, snapshots data and makes ``fields`` the event's own
+                # __dict__ (no keyword binding, no copy).
+                event = cls._decode(fields, timestamp, context)
             except (TypeError, ValueError):
                 reject("bad event: fields")
                 continue
-            # The builder stamped this process's time and context: the sender's are the
-            # truth.
-            fields["timestamp"] = timestamp
-            fields["context"] = context
             publish(event)
             published += 1
         return published
