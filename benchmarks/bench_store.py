@@ -5,9 +5,13 @@
 One ``eventbus run --standalone`` job per row (1 and 4 workers), its agent in a
 subprocess of this one with a probe plugin on the agent's bus. Each worker:
 
-1. floods: records ``METRIC`` events as fast as it can; the probe counts what reaches the
-   agent's bus and the latency from the event's timestamp (taken in ``record()``) to its
-   delivery on the agent. events/s is arrivals over the span from first to last arrival;
+1. floods: records ``METRIC`` events as fast as it can, all workers starting together
+   (after each is ready: their start-up skew is not the transport's); the probe counts what
+   reaches the agent's bus and the latency from the event's timestamp (taken in
+   ``record()``) to its delivery on the agent. events/s at the agent is arrivals over the
+   span from first to last arrival; events/s recorded, the workers' own rate over the span
+   from the first start to the last worker's last ``record()`` (the agent cannot receive
+   faster than the workers record, on a machine the two share);
 2. times ``record()`` in interleaved rounds: with the forwarder attached, with no
    subscriber at all, and with one no-op subscriber (building the event is what any
    subscriber costs). Two clocks: the recording thread's CPU time (what the caller pays)
@@ -50,7 +54,17 @@ WORKER = textwrap.dedent("""
     METRIC = EventType.METRIC
     d = {"loss": 0.25}
 
+    # Start together: each worker's interpreter and torch import take a second or more on
+    # a loaded machine, and a flood measured from the first worker's start would time that
+    # skew, not the transport. A file per ready worker, then all begin at once.
+    world = int(os.environ["WORLD_SIZE"])
+    open(os.path.join(out, f"ready{rank}"), "w").close()
+    deadline = time.monotonic() + 120
+    while (len([n for n in os.listdir(out) if n.startswith("ready")]) < world
+           and time.monotonic() < deadline):
+        time.sleep(0.002)
     t0 = time.perf_counter()
+    t0_wall = time.time()
     if rate <= 0:
         for i in range(flood):
             record(METRIC, step=i, data=d)
@@ -79,7 +93,7 @@ WORKER = textwrap.dedent("""
         fwd.subscription = bus.subscribe(ALL, on_event=fwd.sink)
         samples["forwarder"].append(timed(block))
         fwd.flush(60)
-    res = {"rank": rank, "flood_s": flood_s, "stats": fwd.stats()}
+    res = {"rank": rank, "flood_s": flood_s, "start": t0_wall, "stats": fwd.stats()}
     for name, values in samples.items():
         res[name + "_thread_ns"] = statistics.median(v[0] for v in values)
         res[name + "_process_ns"] = statistics.median(v[1] for v in values)
@@ -181,6 +195,9 @@ def _one(workers: int, *, flood: int, block: int, rounds: int,
         "arrived": agent["arrived"],
         "lost": expected - agent["arrived"],
         "reported lost": agent["lost"],
+        "events/s recorded": round(expected / max(
+            max(r["start"] + r["flood_s"] for r in ranks) - min(r["start"] for r in ranks),
+            1e-9)),
         "events/s at agent": round(agent["events_per_s"]),
         "p50 latency ms": round(agent["p50_ms"], 1),
         "p99 latency ms": round(agent["p99_ms"], 1),

@@ -149,7 +149,9 @@ class Event:
     # The generated validators (see _generate); set on every concrete class.
     _check: ClassVar[Callable[[dict[str, Any]], None]]
     _build: ClassVar[Callable[[dict[str, Any]], Event]]
-    #: the generated source of the three, for the curious and for debugging
+    #: _build with the sender's timestamp and context (what a receiver decodes)
+    _decode: ClassVar[Callable[[dict[str, Any], float, JobContext], Event]]
+    #: the generated source of the four, for the curious and for debugging
     _source: ClassVar[str] = _GeneratedSource()  # type: ignore[assignment]
 
     timestamp: float
@@ -382,6 +384,10 @@ def _missing(event_type: str, f: dict[str, Any], required: dict[str, type],
             raise MissingFieldError(event_type, name, _KINDS[kind])
 
 
+#: event types with at most this many optional fields check them inline (else _check_rest)
+_INLINE_OPTIONAL = 4
+
+
 def _generate(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bool]],
               defaults: dict[str, Any]) -> None:
     """Compile ``_check``, ``_build`` and ``__init__`` for one event class.
@@ -473,8 +479,26 @@ def _generate(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bo
                       f"        {target}_coerce(_T, {name!r}, {kind.__name__}, {name})"]
         return lines
 
-    rest = ["    if others:",
-            "        _check_rest(_T, f, _OPTIONAL, _ALLOWED)"]
+    rest = ["    if others:"]
+    if 0 < len(optional) <= _INLINE_OPTIONAL:
+        # Optional fields given (a METRIC's ``step``): checked inline. The count of known
+        # names proves that nothing else was given; else _unknown_field names the stranger
+        # first, as _check_rest does.
+        known = " + ".join(f"({name!r} in f)" for name in optional)
+        rest += [f"        if others != {known}:",
+                 "            _unknown_field(_T, f, _ALLOWED)"]
+        for name, (kind, nullable) in optional.items():
+            if nullable:
+                rest += [f"        value = f.get({name!r})",
+                         f"        if value is not None and value.__class__ is not "
+                         f"{kind.__name__}:"]
+            else:
+                rest += [f"        value = f.get({name!r}, _MISSING)",
+                         f"        if value is not _MISSING and value.__class__ is not "
+                         f"{kind.__name__}:"]
+            rest += [f"            f[{name!r}] = _coerce(_T, {name!r}, {kind.__name__}, value)"]
+    else:
+        rest += ["        _check_rest(_T, f, _OPTIONAL, _ALLOWED)"]
     check = ["def _check(f):",
              *read_required(),
              *check_required(store=False),
@@ -485,8 +509,7 @@ def _generate(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bo
              "        if data.__class__ is not dict:",
              "            _coerce_data(_T, data)",
              *rest]
-    build = ["def _build(f):",
-             *read_required(),
+    body = [*read_required(),
              *check_required(store=True),
              f"    others = len(f) - {len(required)}",
              "    data = f.get('data')",
@@ -505,12 +528,19 @@ def _generate(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bo
              "                f['data'] = _FROZEN(data)",
              "        else:",
              "            f['data'] = _snap(_coerce_data(_T, data))",
-             *rest,
+             *rest]
+    tail = ["    self = _new(_cls)",
+            "    _set_dict(self, f)",
+            "    return self"]
+    build = ["def _build(f):", *body,
              "    f['timestamp'] = _time()",
              "    f['context'] = _holder.value",
-             "    self = _new(_cls)",
-             "    _set_dict(self, f)",
-             "    return self"]
+             *tail]
+    # _decode: the same, with the sender's timestamp and context (a receiver's decoder)
+    decode = ["def _decode(f, timestamp, context):", *body,
+              "    f['timestamp'] = timestamp",
+              "    f['context'] = context",
+              *tail]
 
     # __init__: direct construction and decoding (from_dict), keyword binding, every field.
     params = ", ".join(
@@ -545,7 +575,7 @@ def _generate(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bo
             "        context = _bad_context(_T, context)",
             f"    _set_dict(self, {{{store}'timestamp': timestamp, 'data': data, "
             "'context': context})"]
-    lines = [line + "\n" for line in (*check, "", *build, "", *init)]
+    lines = [line + "\n" for line in (*check, "", *build, "", *decode, "", *init)]
     source = "".join(lines)
     filename = _generated_filename(cls, type_name, source)
     code = compile(source, filename, "exec")
@@ -558,6 +588,7 @@ def _generate(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bo
     cls._source = source
     cls._check = staticmethod(env["_check"])
     cls._build = staticmethod(env["_build"])
+    cls._decode = staticmethod(env["_decode"])
     env["__init__"].__qualname__ = f"{cls.__qualname__}.__init__"
     cls.__init__ = env["__init__"]  # type: ignore[method-assign]
     # Defaults live on the class, so an event built without an optional field reads it.
@@ -594,12 +625,17 @@ def _generate_lazily(cls: type[Event], type_name: str, fields: dict[str, tuple[t
         generate()
         return cls._build(f)
 
+    def _decode(f: dict[str, Any], timestamp: float, context: JobContext) -> Event:
+        generate()
+        return cls._decode(f, timestamp, context)
+
     def __init__(self: Event, **fields: Any) -> None:
         generate()
         cls.__init__(self, **fields)
 
     cls._check = staticmethod(_check)
     cls._build = staticmethod(_build)
+    cls._decode = staticmethod(_decode)
     __init__.__qualname__ = f"{cls.__qualname__}.__init__"
     cls.__init__ = __init__  # type: ignore[method-assign]
     type.__setattr__(cls, "_generate_now", generate)

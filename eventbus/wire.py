@@ -41,9 +41,11 @@ import json
 import math
 import os
 import stat
+from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 from typing import Literal
+from typing import NoReturn
 
 import attrs
 
@@ -57,6 +59,7 @@ from eventbus.events import _REGISTRY
 from eventbus.events import Event
 
 __all__ = [
+    "ENV_BELL",
     "ENV_LEDGER_DIR",
     "ENV_PREFIX",
     "ENV_STORE",
@@ -71,6 +74,7 @@ __all__ = [
     "SenderKind",
     "WireError",
     "ack_key",
+    "bell_key",
     "connect_store",
     "namespace",
     "new_sender_id",
@@ -88,6 +92,9 @@ ENV_STORE = "EVENTBUS_AGENT_STORE"
 ENV_PREFIX = "EVENTBUS_STORE_PREFIX"
 #: a local directory, one per attempt, where each worker leaves its :class:`ExitLedger`
 ENV_LEDGER_DIR = "EVENTBUS_LEDGER_DIR"
+#: the receiver's doorbell queue: after each push a worker pushes its queue's key there,
+#: so that its agent pops at once instead of at its next poll (see :func:`bell_key`)
+ENV_BELL = "EVENTBUS_STORE_BELL"
 #: version of the wire format above
 WIRE_VERSION = 1
 #: an exit ledger file larger than this is refused unread (a real one is ~300 bytes)
@@ -122,6 +129,14 @@ def worker_key(prefix: str, rank: int) -> str:
 def node_key(prefix: str, group_rank: int) -> str:
     """The queue the agent of ``group_rank`` pushes its job-wide view to (group rank 0 pops)."""
     return f"{prefix}/n{group_rank}"
+
+
+def bell_key(run_id: str, owner: str) -> str:
+    """The doorbell queue of one receiver (``owner``: an id unique to it, e.g. from
+    :func:`new_sender_id`). Senders push the key of the queue they just pushed to; the
+    receiver blocks on it and pops that queue at once. A hint only: a ring that is lost
+    delays a batch until the receiver's next poll, nothing more."""
+    return f"eventbus/{run_id}/bell/{owner}"
 
 
 def ack_key(key: str, sender: str) -> str:
@@ -433,40 +448,78 @@ class BatchDecoder:
     @staticmethod
     def event(entry: object, contexts: list[JobContext | None]) -> Event:
         """One ``[type, fields]`` entry of a batch as its typed, validated event."""
-        if type(entry) is not list or len(entry) != 2:
-            raise WireError("bad event: not [type, fields]")
-        name, fields = entry
-        if type(name) is not str or type(fields) is not dict:
-            raise WireError("bad event: not [type, fields]")
-        cls = _REGISTRY.get(name)  # event_class() without its error message's cost
-        if cls is None:
-            raise WireError("unknown event type")
-        index = fields.pop("context", None)
-        if type(index) is not int or not 0 <= index < len(contexts):
-            raise WireError("bad event: context")
-        context = contexts[index]
-        if context is None:
-            raise WireError("spoofed rank")
-        timestamp = fields.pop("timestamp", None)
-        if type(timestamp) is int:
-            timestamp = float(timestamp)
-        if type(timestamp) is not float or not math.isfinite(timestamp):
-            raise WireError("bad event: timestamp")
-        data = fields.pop("data", None)
-        if data is not None and type(data) is not dict:
-            raise WireError("bad event: data")
-        if data is not None:
-            fields["data"] = data
-        try:
-            # The builder record() uses: it validates ``fields`` in place, snapshots data
-            # and makes ``fields`` the event's own __dict__ (no keyword binding, no copy).
-            event = cls._build(fields)
-        except (TypeError, ValueError):
-            raise WireError("bad event: fields") from None
-        # The builder stamped this process's time and context: the sender's are the truth.
-        fields["timestamp"] = timestamp
-        fields["context"] = context
-        return event
+        out: list[Event] = []
+        BatchDecoder.publish_all([entry], contexts, out.append, _raise_reject)
+        return out[0]
+
+    @staticmethod
+    def publish_all(entries: list[Any], contexts: list[JobContext | None],
+                    publish: Callable[[Event], object],
+                    reject: Callable[[str], object]) -> int:
+        """Decode every ``[type, fields]`` entry of a batch and hand each valid event to
+        ``publish``, in order; each invalid one costs ``reject(reason)`` and only itself.
+        Returns the events published.
+
+        One loop for the whole batch (the receiver's hot path): the per-event checks are
+        written out here, with everything they look up bound once per batch.
+        """
+        registry = _REGISTRY
+        isfinite = math.isfinite
+        n_contexts = len(contexts)
+        published = 0
+        for entry in entries:
+            if type(entry) is not list or len(entry) != 2:
+                reject("bad event: not [type, fields]")
+                continue
+            name, fields = entry
+            if type(name) is not str or type(fields) is not dict:
+                reject("bad event: not [type, fields]")
+                continue
+            cls = registry.get(name)  # event_class() without its error message's cost
+            if cls is None:
+                reject("unknown event type")
+                continue
+            index = fields.pop("context", None)
+            if type(index) is not int or not 0 <= index < n_contexts:
+                reject("bad event: context")
+                continue
+            context = contexts[index]
+            if context is None:
+                reject("spoofed rank")
+                continue
+            timestamp = fields.pop("timestamp", None)
+            if type(timestamp) is not float:
+                if type(timestamp) is not int or not -_MAX_INT_TIMESTAMP < timestamp < \
+                        _MAX_INT_TIMESTAMP:
+                    reject("bad event: timestamp")
+                    continue
+                timestamp = float(timestamp)
+            if not isfinite(timestamp):
+                reject("bad event: timestamp")
+                continue
+            data = fields.get("data")
+            if data is not None and type(data) is not dict:
+                reject("bad event: data")
+                continue
+            try:
+                # record()'s builder with the sender's timestamp and context: it validates
+                # ``fields`` in place, snapshots data and makes ``fields`` the event's own
+                # __dict__ (no keyword binding, no copy).
+                event = cls._decode(fields, timestamp, context)
+            except (TypeError, ValueError):
+                reject("bad event: fields")
+                continue
+            publish(event)
+            published += 1
+        return published
+
+
+#: an int timestamp beyond this is refused (a float cannot even hold it)
+_MAX_INT_TIMESTAMP = 2**1000
+
+
+def _raise_reject(reason: str) -> NoReturn:
+    raise WireError(reason)
 
 
 # -- exit ledgers -------------------------------------------------------------------------

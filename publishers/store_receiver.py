@@ -8,12 +8,19 @@ type, and republishes them on a bus. Sequence gaps, duplicates and the sender's 
 become ``EVENTS_LOST`` events; malformed input is counted per reason and reported the same
 way, and never stops the receiver.
 
+Given a doorbell (``bell=``, see :func:`eventbus.wire.bell_key`), a second thread with its
+own client blocks on the doorbell queue, where senders push the key of the queue they just
+pushed to: that queue is popped at once, so a batch waits for no poll interval. Without a
+ring (an old sender, a lost ring) queues are still polled, backing off while idle.
+
 The agent of ``eventbus run`` runs receivers through its store transport plugin
 (:mod:`eventbus_app.launcher.store_transport`).
 """
 
 from __future__ import annotations
 
+import collections
+import datetime
 import logging
 import threading
 import time
@@ -40,6 +47,13 @@ logger = logging.getLogger("eventbus")
 
 #: at most one "the store failed" warning per this many seconds (each error is counted)
 STORE_ERROR_REPORT_INTERVAL_S = 10.0
+
+#: a doorbell token longer than this is not a queue key: ignored
+_MAX_BELL_TOKEN = 1024
+
+#: how long one blocking pop of the doorbell waits before it is simply made again. Long:
+#: c10d logs two warning lines at every timed-out wait, and stop() wakes the pop itself.
+BELL_WAIT_S = 3600.0
 
 
 @attrs.define
@@ -69,7 +83,9 @@ class StoreReceiver:
 
     Call :meth:`watch` for each queue, then :meth:`start` (a background thread polling
     every ``poll_interval`` seconds while idle) or :meth:`drain_once` by hand.
-    ``on_end(key, sender)`` runs when a sender's end marker arrives.
+    ``on_end(key, sender)`` runs when a sender's end marker arrives. ``bell``: this
+    receiver's doorbell queue (needs ``host`` and ``port``): :meth:`start` also starts a
+    thread blocking on it, and a queue whose key rings is popped at once.
     """
 
     def __init__(
@@ -89,6 +105,7 @@ class StoreReceiver:
         reconnect_interval: float = 1.0,
         reconnect_timeout: float = 2.0,
         on_end: Callable[[str, str], object] | None = None,
+        bell: str | None = None,
     ) -> None:
         if client is None:
             if host is None or port is None:
@@ -129,6 +146,12 @@ class StoreReceiver:
         self._reject_reports = RateLimiter()
         self._error_reports = RateLimiter()
         self._decoder = BatchDecoder(max_value_bytes=max_value_bytes)
+        #: the doorbell queue, the keys rung since the last drain, and the wake-up
+        self.bell = bell if host is not None and port is not None else None
+        self.rings = 0
+        self._rung: collections.deque[bytes] = collections.deque()
+        self._wake = threading.Event()
+        self._bell_thread: threading.Thread | None = None
 
     # -- queues -------------------------------------------------------------------------
     def watch(self, key: str, *, kind: SenderKind, rank: int) -> None:
@@ -164,6 +187,15 @@ class StoreReceiver:
             client = self.client if self.client is not None else self._reconnect(now)
             if client is None:
                 return 0
+            rung = self._rung
+            while rung:
+                try:
+                    token = rung.popleft().decode("utf-8", "replace")
+                except IndexError:
+                    break
+                due = self._queues.get(token)
+                if due is not None:  # anything else rang: not a queue of ours, ignored
+                    due.next_poll = 0.0
             for queue in list(self._queues.values()):
                 if not every and now < queue.next_poll:
                     continue
@@ -208,23 +240,70 @@ class StoreReceiver:
         self._thread = threading.Thread(target=self._run, name="eventbus-store-receiver",
                                         daemon=True)
         self._thread.start()
+        if self.bell is not None and self._bell_thread is None:
+            self._bell_thread = threading.Thread(target=self._listen, args=(self.bell,),
+                                                 name="eventbus-store-bell", daemon=True)
+            self._bell_thread.start()
 
     def _run(self) -> None:
+        wake = self._wake
         while not self._stop.is_set():
+            wake.clear()  # a ring from here on ends the wait below at once
             try:
                 popped = self.drain_once()
             except Exception:  # never let the agent lose its receiver
                 logger.exception("store receiver: draining failed; retrying")
                 popped = 0
             if not popped:
-                self._stop.wait(self.poll_interval)
+                wake.wait(self.poll_interval)
+
+    def _listen(self, bell: str) -> None:
+        """The doorbell thread: block on ``bell`` with a client of its own (a blocking pop
+        would stall every other call on a shared one), note each key that rings, wake the
+        receiver. A store failure costs only the rings: the queues are still polled."""
+        client: Any = None
+        while not self._stop.is_set():
+            try:
+                if client is None:
+                    assert self.host is not None and self.port is not None
+                    client = connect_store(self.host, self.port,
+                                           timeout=self.reconnect_timeout)
+                    client.set_timeout(datetime.timedelta(seconds=BELL_WAIT_S))
+                token = client.queue_pop(bell, block=True)
+            except Exception:
+                client = None
+                self._stop.wait(self.reconnect_interval)
+                continue
+            if type(token) is bytes and 0 < len(token) <= _MAX_BELL_TOKEN:
+                self.rings += 1
+                self._rung.append(token)
+                self._wake.set()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop the background thread (queues are left as they are)."""
+        """Stop the background threads (queues are left as they are)."""
         self._stop.set()
+        self._wake.set()
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+        bell_thread, self._bell_thread = self._bell_thread, None
+        if bell_thread is not None and self.bell is not None:
+            # Wake the blocked pop with an empty ring, then drop the doorbell queue (it
+            # may hold rings that came after the last drain: a key nobody pops).
+            with self._lock:
+                client = self.client
+                try:
+                    if client is not None:
+                        client.queue_push(self.bell, b"")
+                except Exception:
+                    pass
+            bell_thread.join(timeout)
+            with self._lock:
+                try:
+                    if self.client is not None:
+                        self.client.delete_key(self.bell)
+                except Exception:
+                    pass
 
     def _reconnect(self, now: float) -> Any:
         if self.host is None or self.port is None or now < self._next_connect:
@@ -289,18 +368,9 @@ class StoreReceiver:
                 state.dropped[reason] = count
                 self._lost(sender, key, delta, f"dropped by sender: {reason}", {})
 
-        delivered = 0
-        publish = self.bus.publish
-        decode = self._decoder.event
-        contexts = batch.contexts
-        for entry in entries[skip:] if skip else entries:
-            try:
-                event = decode(entry, contexts)
-            except WireError as rej:
-                self._reject(key, rej.reason, 1)
-                continue
-            publish(event)
-            delivered += 1
+        delivered = self._decoder.publish_all(
+            entries[skip:] if skip else entries, batch.contexts, self.bus.publish,
+            lambda reason: self._reject(key, reason, 1))
         state.delivered += delivered
         self.delivered += delivered
         if batch.end and not state.ended:

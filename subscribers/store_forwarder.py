@@ -58,6 +58,7 @@ from eventbus.bus import Bus
 from eventbus.bus import Subscription
 from eventbus.bus import get_default_bus
 from eventbus.events import Event
+from eventbus.wire import ENV_BELL
 from eventbus.wire import ENV_LEDGER_DIR
 from eventbus.wire import ENV_PREFIX
 from eventbus.wire import ENV_STORE
@@ -113,7 +114,10 @@ class StoreForwarder:
       keyword options to override them; ``close_timeout`` is also the default budget of
       :meth:`flush` and :meth:`close`, ``report_interval`` the rate of loss reports;
     * ``ledger_dir``: a local directory where :meth:`close` leaves this sender's exit
-      ledger (default: none).
+      ledger (default: none);
+    * ``bell``: the receiver's doorbell queue (:func:`eventbus.wire.bell_key`): after each
+      push, ``key`` is pushed there too, so that the receiver pops it at once instead of at
+      its next poll (default: none, the receiver polls).
     """
 
     def __init__(
@@ -130,9 +134,12 @@ class StoreForwarder:
         reconnect_interval: float = 2.0,
         settings: QueueSettings = FORWARDER_QUEUE,
         ledger_dir: str | None = None,
+        bell: str | None = None,
         **options: Any,
     ) -> None:
         self.host = host
+        self.bell = bell
+        self._ring = key.encode("utf-8")
         self.ledger_dir = ledger_dir
         self.port = port
         self.key = key
@@ -274,6 +281,10 @@ class StoreForwarder:
                 else:
                     self._pushes += 1
                     self._pushed_events += n
+                    if self.bell is not None:
+                        # a hint: if it is lost, the receiver's next poll finds the push
+                        with contextlib.suppress(Exception):
+                            client.queue_push(self.bell, self._ring)
             if end:
                 self._ended = True
 
@@ -529,7 +540,8 @@ def attach_from_env(environ: dict[str, str] | None = None) -> StoreForwarder | N
     """Attach the worker forwarder described by the launcher's environment variables.
 
     ``EVENTBUS_AGENT_STORE=host:port`` and ``EVENTBUS_STORE_PREFIX`` (the attempt's key
-    namespace); the worker's rank comes from ``RANK``. Returns the forwarder, or None (with
+    namespace), and ``EVENTBUS_STORE_BELL`` (the agent's doorbell, optional); the worker's
+    rank comes from ``RANK``. Returns the forwarder, or None (with
     a warning) when the variables are unusable. Calling it again returns the same one.
     """
     global _worker_forwarder
@@ -559,7 +571,12 @@ def attach_from_env(environ: dict[str, str] | None = None) -> StoreForwarder | N
         logger.warning("eventbus: %s=%r is not an absolute directory; this worker leaves no "
                        "exit ledger", ENV_LEDGER_DIR, ledger_dir[:200])
         ledger_dir = None
+    bell = env.get(ENV_BELL) or None
+    if bell is not None and not _plain_key(bell):
+        logger.warning("eventbus: %s=%r is not a store key; this worker's events reach the "
+                       "agent at its next poll", ENV_BELL, bell[:200])
+        bell = None
     _worker_forwarder = StoreForwarder(host=host, port=port, key=worker_key(prefix, rank),
-                                       rank=rank, kind="w", ledger_dir=ledger_dir)
+                                       rank=rank, kind="w", ledger_dir=ledger_dir, bell=bell)
     install_exit_hooks()
     return _worker_forwarder

@@ -209,3 +209,28 @@ def test_a_worker_leaves_its_ledger_only_in_a_folder_its_agent_made(
     agent.before_exit(timeout=5.0)
     assert taken == [None, env[ENV_LEDGER_DIR]]
     assert len([r for r in caplog.records if ENV_LEDGER_DIR in r.getMessage()]) == 1
+
+
+def test_a_worker_rings_its_agents_doorbell_and_refuses_a_hostile_one(
+    store: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """EVENTBUS_STORE_BELL from the agent is the worker forwarder's doorbell; a value that
+    is not a plain store key is refused with a warning (the events still go, unrung)."""
+    import subscribers.store_forwarder as sf
+    from eventbus.wire import ENV_BELL
+
+    monkeypatch.setattr(sf, "install_exit_hooks", lambda: None)
+    agent, _got, env = _agent(store)
+    base = {"RANK": "0", "EVENTBUS_AGENT_STORE": env["EVENTBUS_AGENT_STORE"],
+            "EVENTBUS_STORE_PREFIX": env["EVENTBUS_STORE_PREFIX"]}
+    bells = []
+    for value in (env[ENV_BELL], "../../x", "x" * 600):
+        monkeypatch.setattr(sf, "_worker_forwarder", None)
+        with caplog.at_level(logging.WARNING, logger="eventbus"):
+            fwd = sf.attach_from_env({**base, ENV_BELL: value})
+        assert fwd is not None
+        bells.append(fwd.bell)
+        fwd.close(2.0)
+    agent.before_exit(timeout=5.0)
+    assert bells == [env[ENV_BELL], None, None]
+    assert len([r for r in caplog.records if ENV_BELL in r.getMessage()]) == 2

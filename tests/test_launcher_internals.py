@@ -177,7 +177,9 @@ class Plugin:
         self.log.flush()
         return {"EVENTBUS_TEST_PLUGIN": f"attempt-{info.restart_count}"}
     def before_exit(self, *, timeout):
-        self.log.write(json.dumps({"exit": timeout}) + "\\n")
+        # the agent moved its heap out of the collector's way after the first rendezvous
+        frozen = __import__("gc").get_freeze_count() > 0
+        self.log.write(json.dumps({"exit": timeout, "frozen": frozen}) + "\\n")
         self.log.close()
     def drain(self, *, timeout):
         # stands for "what the failed worker sent before it died"
@@ -190,7 +192,8 @@ sys.exit(main(sys.argv[2:], plugins=[*default_plugins(), Plugin()]))
 def test_agent_plugin_sees_every_rendezvous_and_feeds_worker_env(tmp_path: Path) -> None:
     """A plugin passed to the launcher gets the long-lived store after each rendezvous (reachable, keys
     kept across the restart), its env vars reach that attempt's workers, its drain runs
-    before a failure is published, and before_exit runs once at the end."""
+    before a failure is published, and before_exit runs once at the end, with the agent's
+    heap frozen out of the collector's way."""
     log = tmp_path / "plugin.jsonl"
     out = tmp_path / "out"
     out.mkdir()
@@ -209,7 +212,7 @@ def test_agent_plugin_sees_every_rendezvous_and_feeds_worker_env(tmp_path: Path)
     assert entries[0]["nodes"] == 1 and entries[0]["bus"] == "default"
     assert entries[0]["port"] > 0 and entries[1]["port"] == entries[0]["port"]
     assert entries[1]["earlier"] == [True]
-    assert entries[2:] == [{"exit": 5.0}]
+    assert entries[2:] == [{"exit": 5.0, "frozen": True}]
     kinds = [(e["type"], e.get("exit_code")) for e in read_jsonl(tmp_path / "events.jsonl")
              if e["type"] in ("METRIC", "WORKER_EXIT")]
     assert kinds.index(("METRIC", None)) < kinds.index(("WORKER_EXIT", 3))

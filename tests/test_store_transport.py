@@ -24,9 +24,11 @@ import pytest
 import eventbus
 from eventbus import ALL
 from eventbus import EventType
+from eventbus.wire import ENV_BELL
 from eventbus.wire import ENV_PREFIX
 from eventbus.wire import ENV_STORE
 from eventbus.wire import BatchEncoder
+from eventbus.wire import bell_key
 from eventbus.wire import namespace
 from eventbus.wire import node_key
 from eventbus.wire import worker_key
@@ -268,6 +270,66 @@ def test_receiver_pops_only_without_blocking_on_its_own_client(store: Any) -> No
     assert calls and all(kw == {"block": False} for kw in calls)
 
 
+def _wait_for(predicate: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_ringing_sender_is_popped_at_once_not_at_the_backed_off_poll(store: Any) -> None:
+    """A forwarder with the receiver's doorbell rings it after each push: its queue is
+    popped at once although the receiver's idle poll of it is 60 s away."""
+    dst, got = _bus_with_log("dst")
+    bell = bell_key("test", "rx0")
+    rx = StoreReceiver(bus=dst, host="127.0.0.1", port=store.port, connect_timeout=10,
+                       poll_interval=60.0, max_idle_interval=60.0, bell=bell)
+    rx.watch(KEY, kind="w", rank=0)
+    rx.start()
+    src = eventbus.Bus("src")
+    fwd = StoreForwarder(host="127.0.0.1", port=store.port, key=KEY, rank=0, bus=src,
+                         bell=bell)
+    try:
+        # the receiver's first poll finds the queue empty: the next is 60 s away
+        assert _wait_for(lambda: rx.stats()["values"] == 0 and rx.queues(), 5.0)
+        time.sleep(0.2)
+        for round_ in range(3):
+            src.record(EventType.EPOCH_END, epoch=round_)
+            assert fwd.flush(5.0)
+            assert _wait_for(lambda n=round_ + 1: len(got) == n, 20.0), rx.stats()
+        assert [e.epoch for e in got] == [0, 1, 2]
+        assert rx.rings >= 3
+    finally:
+        fwd.close(5.0)
+        rx.stop()
+
+
+def test_doorbell_ignores_strangers_and_stop_wakes_and_removes_it(store: Any) -> None:
+    """Rings that name no watched queue (or are oversized) are ignored; stop() ends the
+    blocked doorbell thread and deletes the doorbell queue; the queues are still polled."""
+    dst, got = _bus_with_log("dst")
+    bell = bell_key("test", "rx1")
+    rx = StoreReceiver(bus=dst, host="127.0.0.1", port=store.port, connect_timeout=10,
+                       poll_interval=0.01, max_idle_interval=0.05, bell=bell)
+    rx.watch(KEY, kind="w", rank=0)
+    rx.start()
+    for token in (b"eventbus/test/0/w9", b"x" * 5000, b"\xff\xfe", KEY.encode()):
+        store.queue_push(bell, token)
+    src = eventbus.Bus("src")
+    fwd = StoreForwarder(host="127.0.0.1", port=store.port, key=KEY, rank=0, bus=src)
+    src.record(EventType.EPOCH_END, epoch=7)  # no bell: found by the poll
+    assert fwd.close(5.0)
+    assert _wait_for(lambda: len(got) == 1, 20.0)
+    assert rx.stats()["rejected"] == {}
+    thread = rx._bell_thread
+    assert thread is not None and thread.is_alive()
+    rx.stop(timeout=10.0)
+    assert not thread.is_alive()
+    assert not store.check([bell])
+
+
 def test_job_event_filter_defaults_to_builtins_and_takes_exclusions() -> None:
     """Default: every built-in type; '-METRIC' keeps per-step metrics on the node;
     an unknown name is refused by name."""
@@ -311,13 +373,16 @@ def test_two_level_fan_in_brings_every_node_to_group_rank_0(store: Any) -> None:
     env1 = agent1.after_rendezvous(_info(store, bus1, group_rank=1))
     assert {k: env0[k] for k in (ENV_STORE, ENV_PREFIX)} == {
         ENV_STORE: f"127.0.0.1:{store.port}", ENV_PREFIX: namespace("job", 0)}
+    # each agent's workers ring their own agent's doorbell
+    assert agent0.receiver is not None and agent1.receiver is not None
+    assert env0[ENV_BELL] == agent0.receiver.bell != env1[ENV_BELL] == agent1.receiver.bell
     workers = []
     for rank in range(4):
         wbus = eventbus.Bus(f"w{rank}")
         env = env0 if rank < 2 else env1
         workers.append(StoreForwarder(host="127.0.0.1", port=store.port,
                                       key=worker_key(env[ENV_PREFIX], rank), rank=rank,
-                                      bus=wbus))
+                                      bus=wbus, bell=env[ENV_BELL]))
         ctx = eventbus.JobContext(rank=rank, group_rank=rank // 2, run_id="job",
                                   restart_count=0)
         for i in range(500):

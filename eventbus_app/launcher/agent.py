@@ -25,6 +25,7 @@ reaps and reports it as usual).
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -262,6 +263,7 @@ class EventAgent(LocalElasticAgent):
         self._failure_summary: str | None = None
         self.reactor_errors = 0
         self._attempt = 0
+        self._heap_frozen = False
         if reliable_restarts and os.environ.setdefault(RELIABLE_RESTARTS_ENV, "1") != "1":
             logger.warning(
                 "%s=%s is set: restarts share the rendezvous store with the dead "
@@ -593,6 +595,19 @@ class EventAgent(LocalElasticAgent):
         self._observe_health(steps=worker_group.group_rank in (0, None))
         if self.plugins:
             self._after_rendezvous(worker_group)
+        self._freeze_heap()
+
+    def _freeze_heap(self) -> None:
+        """Once, after the first rendezvous: move the agent's heap so far (torch, the
+        rendezvous, the plugins: it lives as long as the agent) out of the collector's
+        reach. Every full collection then scans only what came later; without it, the
+        collections the workers' event stream triggers scan torch's heap each time
+        (measured on the 4-worker flood of benchmarks/bench_store.py: about 1 s of
+        collections, pauses up to 0.3 s, against 0.05 s and 9 ms)."""
+        if self._heap_frozen:
+            return
+        self._heap_frozen = True
+        gc.freeze()
 
     def rendezvous_info(self, worker_group: WorkerGroup | None = None) -> RendezvousInfo:
         """What plugins get after a rendezvous (see :class:`RendezvousInfo`)."""

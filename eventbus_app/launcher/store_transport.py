@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import tempfile
 import threading
@@ -37,10 +38,12 @@ import attrs
 from eventbus.events import Event
 from eventbus.events import EventType
 from eventbus.events import event_class
+from eventbus.wire import ENV_BELL
 from eventbus.wire import ENV_LEDGER_DIR
 from eventbus.wire import ENV_PREFIX
 from eventbus.wire import ENV_STORE
 from eventbus.wire import ack_key
+from eventbus.wire import bell_key
 from eventbus.wire import namespace
 from eventbus.wire import node_key
 from eventbus.wire import read_ledgers
@@ -151,8 +154,12 @@ class StoreTransport:
             previous, self.info = self.info, info
             prefix = namespace(info.run_id, info.restart_count)
             if self.receiver is None:
+                # The workers ring this receiver's doorbell after each push: their batches
+                # are popped at once, not at the next poll of a backed-off queue.
+                bell = bell_key(info.run_id, secrets.token_hex(8))
                 self.receiver = self._start_receiver(info, self.settings.poll_interval,
-                                                     self.settings.max_idle_interval)
+                                                     self.settings.max_idle_interval,
+                                                     bell=bell)
             receiver = self.receiver
             self._retire_all(receiver)
             for rank in info.global_ranks:
@@ -163,6 +170,8 @@ class StoreTransport:
             else:
                 self._forward_job_view(info, prefix, previous)
             env = {ENV_STORE: f"{info.store_host}:{info.store_port}", ENV_PREFIX: prefix}
+            if receiver.bell is not None:
+                env[ENV_BELL] = receiver.bell
             ledger_dir = self._ledger_dir(info, prefix)
             if ledger_dir is not None:
                 env[ENV_LEDGER_DIR] = ledger_dir
@@ -270,11 +279,12 @@ class StoreTransport:
 
     def _start_receiver(self, info: RendezvousInfo, poll_interval: float,
                         max_idle_interval: float,
-                        on_end: Callable[[str, str], object] | None = None) -> StoreReceiver:
+                        on_end: Callable[[str, str], object] | None = None,
+                        bell: str | None = None) -> StoreReceiver:
         receiver = StoreReceiver(bus=info.bus, host=info.store_host, port=info.store_port,
                                  connect_timeout=self.settings.connect_timeout,
                                  poll_interval=poll_interval,
-                                 max_idle_interval=max_idle_interval, on_end=on_end)
+                                 max_idle_interval=max_idle_interval, on_end=on_end, bell=bell)
         receiver.start()
         return receiver
 
