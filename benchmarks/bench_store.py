@@ -13,9 +13,12 @@ subprocess of this one with a probe plugin on the agent's bus. Each worker:
    from the first start to the last worker's last ``record()`` (the agent cannot receive
    faster than the workers record, on a machine the two share);
 2. times ``record()`` in interleaved rounds: with the forwarder attached, with no
-   subscriber at all, and with one no-op subscriber (building the event is what any
-   subscriber costs). Two clocks: the recording thread's CPU time (what the caller pays)
-   and the whole process's CPU time (adds the forwarder thread's encoding and pushing).
+   subscriber at all, with one no-op subscriber (building the event is what any
+   subscriber costs), and with one subscriber that only keeps the events (``deque.append``:
+   the floor of any queue, whose events stay alive, and so are traversed by the garbage
+   collector, until their batch is handled). Two clocks: the recording thread's CPU time
+   (what the caller pays) and the whole process's CPU time (adds the forwarder thread's
+   encoding and pushing).
 
 Figures are medians over rounds; ratios are taken within one worker's run.
 """
@@ -39,7 +42,7 @@ __all__ = ["run"]
 ROOT = Path(__file__).resolve().parents[1]
 
 WORKER = textwrap.dedent("""
-    import json, os, statistics, sys, time
+    import collections, json, os, statistics, sys, time
     import eventbus
     from eventbus import ALL, EventType
     import subscribers.store_forwarder as sf
@@ -83,13 +86,18 @@ WORKER = textwrap.dedent("""
             record(METRIC, step=-1, data=d)
         return ((time.thread_time() - c0) / n * 1e9, (time.process_time() - p0) / n * 1e9)
 
-    samples = {"forwarder": [], "none": [], "noop": []}
+    samples = {"forwarder": [], "none": [], "noop": [], "retain": []}
+    kept = collections.deque()
     for r in range(rounds):
         fwd.subscription.cancel()
         samples["none"].append(timed(block))
         sub = bus.subscribe(ALL, on_event=lambda e: None)
         samples["noop"].append(timed(block))
         sub.cancel()
+        sub = bus.subscribe(ALL, on_event=kept.append)
+        samples["retain"].append(timed(block))
+        sub.cancel()
+        kept.clear()
         fwd.subscription = bus.subscribe(ALL, on_event=fwd.sink)
         samples["forwarder"].append(timed(block))
         fwd.flush(60)
@@ -204,10 +212,14 @@ def _one(workers: int, *, flood: int, block: int, rounds: int,
         "record() ns, no subscriber": round(med("none_thread_ns")),
         "record() ns, 1 no-op subscriber": round(med("noop_thread_ns")),
         "record() ns, forwarder": round(med("forwarder_thread_ns")),
+        "record() ns, 1 subscriber keeping the events (queue floor)": round(
+            med("retain_thread_ns")),
         "forwarder / no subscriber": round(statistics.median(
             r["forwarder_thread_ns"] / r["none_thread_ns"] for r in ranks), 2),
         "forwarder / no-op subscriber": round(statistics.median(
             r["forwarder_thread_ns"] / r["noop_thread_ns"] for r in ranks), 2),
+        "queue floor / no-op subscriber": round(statistics.median(
+            r["retain_thread_ns"] / r["noop_thread_ns"] for r in ranks), 2),
         "forwarder / no subscriber, process CPU": round(statistics.median(
             r["forwarder_process_ns"] / r["none_process_ns"] for r in ranks), 2),
         "pushes": sum(r["stats"]["pushes"] for r in ranks),

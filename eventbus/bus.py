@@ -26,6 +26,7 @@ import os
 import sys
 import threading
 import traceback
+import types
 import weakref
 from collections.abc import Callable
 from collections.abc import Iterator
@@ -76,6 +77,25 @@ def _count_value(counter: itertools.count[int]) -> int:
     return int(repr(counter)[6:-1])
 
 
+def _direct_callable(on_event: Handler) -> Handler:
+    """``on_event``, or, for an instance of a class with a Python ``__call__`` (a
+    ``QueuedSink``, say), that method bound to the instance.
+
+    Why: calling such an instance goes through its type's call slot, which looks the
+    method up and builds an argument tuple on every event (~100 ns on 3.11, a tenth of a
+    ``record()`` to a queued sink); the bound method is a direct call. Python looks
+    ``__call__`` up on the class, never the instance, and so does this, once.
+    """
+    for klass in type(on_event).__mro__:
+        call = klass.__dict__.get("__call__")
+        if call is not None:
+            if isinstance(call, types.FunctionType):
+                bound: Handler = types.MethodType(call, on_event)
+                return bound
+            break
+    return on_event
+
+
 class Subscription:
     """One subscriber of a bus. ``cancel()`` stops delivery; calling it again does nothing."""
 
@@ -114,7 +134,7 @@ class Subscription:
         self._dispatch: Handler = self._make_dispatch()
 
     def _make_dispatch(self) -> Handler:
-        on_event, where = self.on_event, self.where
+        on_event, where = _direct_callable(self.on_event), self.where
         if not self.once and where is None:
             return on_event
         filtered = self._filtered

@@ -113,20 +113,25 @@ def estimate_size(event: Event) -> int:
     size = _BASE_SIZE + 48 * len(data)
     for value in data.values():
         cls = value.__class__
-        if cls is int or cls is float or cls is bool or value is None:
+        if cls is float or cls is int or cls is bool or value is None:
             continue
-        if cls is str or cls is bytes or isinstance(value, (str, bytes, bytearray)):
-            size += len(value)
-        elif isinstance(value, (dict, list, tuple, set, frozenset)):
-            size += 32 * len(value)
-        else:
-            try:  # a numpy array or a torch tensor (a sparse one raises)
-                nbytes = getattr(value, "nbytes", None)
-            except Exception:
-                nbytes = None
-            if type(nbytes) is int:
-                size += nbytes
+        size += _value_size(value)
     return size
+
+
+def _value_size(value: Any) -> int:
+    """The part of :func:`estimate_size` beyond the per-key allowance for one value that
+    is not a number (``QueuedSink.__call__`` writes the number case out and calls this for
+    the rest)."""
+    if value.__class__ is str or isinstance(value, (str, bytes, bytearray)):
+        return len(value)
+    if isinstance(value, (dict, list, tuple, set, frozenset)):
+        return 32 * len(value)
+    try:  # a numpy array or a torch tensor (a sparse one raises)
+        nbytes = getattr(value, "nbytes", None)
+    except Exception:
+        nbytes = None
+    return nbytes if type(nbytes) is int else 0
 
 
 class QueuedSink:
@@ -164,17 +169,29 @@ class QueuedSink:
         _sinks.add(self)
 
     def _init_state(self) -> None:
-        self._queue: collections.deque[tuple[Event, int]] = collections.deque()
+        # Two deques side by side, not one of (event, size) tuples: a tuple per event is
+        # one more allocation on record()'s path and one more object for every young
+        # garbage collection to traverse while it is queued (the queue holds thousands).
+        self._queue: collections.deque[Event] = collections.deque()
+        self._sizes: collections.deque[int] = collections.deque()
         self._bytes = 0
-        # The producers take the plain lock (its C-level context manager is cheaper than
-        # the Condition's); the sink thread waits on a Condition over the same lock.
+        # The producers take the plain lock (acquire/release, cheaper than its context
+        # manager); the sink thread waits on a Condition over the same lock.
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self._closed = False
+        #: the count the fast path admits below: max_events, or 0 once closed (one test
+        #: per event covers both)
+        self._limit = self._max_events
+        #: the queue length at which the fast path calls _kick: 1 until the thread runs
+        #: (start it), then max_batch (wake it for a full batch)
+        self._kick_at = 1
         self._in_flight = 0
         self._pid = os.getpid()
-        self.enqueued = 0
+        #: events that left the queue (handed over, evicted, or cleared by close):
+        #: ``enqueued`` is this plus what is queued, so the fast path counts nothing
+        self._removed = 0
         self.handled = 0
         self.failed = 0
         self.dropped: dict[str, int] = {}
@@ -182,28 +199,56 @@ class QueuedSink:
         self._noted_drops = 0
         self._drop_reports = RateLimiter()
 
+    @property
+    def enqueued(self) -> int:
+        """Events accepted into the queue so far (delivered, failed, evicted or queued)."""
+        return self._removed + len(self._queue)
+
     # -- the subscriber side (caller's thread) ------------------------------------------
     def __call__(self, event: Event) -> None:
         """Enqueue ``event``; never blocks on the sink."""
-        # The hot path: one size estimate (free for an empty payload), one plain lock,
-        # one append. Everything unusual (closed, full, too large) is _enqueue_slow's.
+        # The hot path: a size estimate (numbers written out here: no call), the plain
+        # lock, two appends, one counter. Nothing in the locked part allocates an object
+        # the garbage collector tracks (deque blocks and ints are not), so no collection,
+        # and no finalizer that might record() again, runs while the lock is held.
+        # Everything unusual (closed, full, too large) is _enqueue_slow's.
         if self._default_size:
-            size = estimate_size(event) if event.data else _BASE_SIZE
+            data = event.data
+            size = _BASE_SIZE
+            if data:
+                size += 48 * len(data)
+                for value in data.values():
+                    cls = value.__class__
+                    if cls is float or cls is int or cls is bool or value is None:
+                        continue
+                    size += _value_size(value)
         else:
             size = self.size_of(event)
-        with self._lock:
+        # The lock stays: under the GIL each step below is atomic, but the length test,
+        # the byte sum and the appends together are not (another producer thread may run
+        # between them), and free-threaded builds have no GIL at all.
+        lock = self._lock
+        lock.acquire()
+        try:
             queue = self._queue
-            if (len(queue) < self._max_events and self._bytes + size <= self._max_bytes
-                    and not self._closed):
-                queue.append((event, size))
-                self._bytes += size
-                self.enqueued += 1
-                if self._thread is None:
-                    self._start()
-                elif len(queue) == self._max_batch:
-                    self._cond.notify()
-                return
-            self._enqueue_slow(event, size)
+            total = self._bytes + size
+            if len(queue) < self._limit and total <= self._max_bytes:
+                queue.append(event)
+                self._sizes.append(size)
+                self._bytes = total
+                if len(queue) == self._kick_at:
+                    self._kick()
+            else:
+                self._enqueue_slow(event, size)
+        finally:
+            lock.release()
+
+    def _kick(self) -> None:
+        # Called with the lock held, when the queue just reached _kick_at.
+        if self._thread is None:
+            self._start()
+        else:
+            self._cond.notify()
 
     def _enqueue_slow(self, event: Event, size: int) -> None:
         # Called with the lock held.
@@ -217,13 +262,15 @@ class QueuedSink:
             self._drop("queue full", 1)
             return
         queue = self._queue
+        sizes = self._sizes
         while queue and (len(queue) >= self._max_events or self._bytes + size > self._max_bytes):
-            _, old_size = queue.popleft()
-            self._bytes -= old_size
+            queue.popleft()
+            self._bytes -= sizes.popleft()
+            self._removed += 1
             self._drop("queue full", 1)
-        queue.append((event, size))
+        queue.append(event)
+        sizes.append(size)
         self._bytes += size
-        self.enqueued += 1
         if self._thread is None:
             self._start()
 
@@ -235,7 +282,27 @@ class QueuedSink:
         thread = threading.Thread(target=self._run, name=f"eventbus-sink:{self.name}",
                                   daemon=True)
         self._thread = thread
+        self._kick_at = self._max_batch  # from now on, _kick wakes it for a full batch
         thread.start()
+
+    def _take(self) -> list[Event]:
+        # Called with the lock held: up to max_batch events off the queue, in order.
+        queue = self._queue
+        sizes = self._sizes
+        n = len(queue)
+        if n <= self._max_batch:
+            batch = list(queue)
+            queue.clear()
+            self._bytes -= sum(sizes)
+            sizes.clear()
+        else:
+            n = self._max_batch
+            popleft = queue.popleft
+            pop_size = sizes.popleft
+            batch = [popleft() for _ in range(n)]
+            self._bytes -= sum(pop_size() for _ in range(n))
+        self._removed += n
+        return batch
 
     def _run(self) -> None:
         while True:
@@ -248,11 +315,7 @@ class QueuedSink:
                         return
                     self._maybe_report()
                     continue
-                batch = []
-                for _ in range(min(self._max_batch, len(self._queue))):
-                    event, size = self._queue.popleft()
-                    self._bytes -= size
-                    batch.append(event)
+                batch = self._take()
                 self._in_flight = len(batch)
             try:
                 self.handle_batch(batch)
@@ -311,9 +374,12 @@ class QueuedSink:
         done = self.flush(timeout)
         with self._cond:
             self._closed = True
+            self._limit = 0  # the fast path admits nothing: _enqueue_slow drops it
             if self._queue:
                 self._drop("closed before delivery", len(self._queue))
+                self._removed += len(self._queue)
                 self._queue.clear()
+                self._sizes.clear()
                 self._bytes = 0
             self._cond.notify_all()
         thread = self._thread

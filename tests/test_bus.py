@@ -348,3 +348,27 @@ def test_strict_bus_context_reraises_inside_only() -> None:
         bus.record(EventType.EPOCH_END, epoch=2)
     finally:
         logging.getLogger("eventbus").disabled = False
+
+
+def test_a_callable_object_subscriber_is_called_and_its_failures_counted(
+        bus: eventbus.Bus) -> None:
+    """A subscriber that is an instance with a Python __call__ (called through its bound
+    method, see bus._direct_callable) gets every event, and its failures count against
+    its own subscription."""
+
+    class Collect:
+        def __init__(self) -> None:
+            self.steps: list[int] = []
+
+        def __call__(self, event: Event) -> None:
+            self.steps.append(event.fields()["step"])
+            if len(self.steps) == 2:
+                raise RuntimeError("second event")
+
+    collect = Collect()
+    sub = bus.subscribe(EventType.METRIC, on_event=collect)
+    for step in range(3):
+        bus.record(EventType.METRIC, step=step)
+    assert collect.steps == [0, 1, 2]
+    stats = sub.stats()
+    assert (stats["delivered"], stats["failed"]) == (2, 1)

@@ -278,3 +278,92 @@ def test_every_queue_takes_its_bounds_from_one_settings_object() -> None:
         QueueSettings(flush_interval=-1)
     with pytest.raises(ValueError, match=r"QueueSettings\.max_bytes"):
         JsonlRecorder("/nonexistent-dir/never-created.jsonl", max_bytes=0)
+
+
+@pytest.mark.parametrize("max_events", [1_000_000, 500])
+def test_two_producer_threads_count_every_event_once(bus: eventbus.Bus,
+                                                    max_events: int) -> None:
+    """Two threads recording at once into one sink: with room, every event is delivered
+    once and in each thread's order; with a gated sink and a small queue, what was
+    enqueued plus what was dropped is everything recorded, and the queue stays bounded."""
+    per_thread = 20_000
+    gate = threading.Event()
+    if max_events > per_thread:
+        gate.set()
+    got: list[tuple[int, int]] = []
+
+    def handle(batch: Sequence[Event]) -> None:
+        gate.wait(10)
+        got.extend((e.data["t"], e.step) for e in batch)
+
+    sink = QueuedSink(handle, max_events=max_events, max_batch=200)
+    bus.subscribe(ALL, on_event=sink)
+    start = threading.Barrier(2)
+
+    def produce(t: int) -> None:
+        start.wait(10)
+        for i in range(per_thread):
+            bus.record(EventType.METRIC, step=i, data={"t": t})
+
+    threads = [threading.Thread(target=produce, args=(t,)) for t in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+        assert not thread.is_alive()
+    stats = sink.stats()
+    assert stats["pending"] <= max_events + 200
+    assert stats["enqueued"] + sum(stats["dropped"].values()) == 2 * per_thread
+    gate.set()
+    assert sink.close(30)
+    stats = sink.stats()
+    assert stats["handled"] == stats["enqueued"] == len(got) == len(set(got))
+    for t in range(2):
+        steps = [step for tid, step in got if tid == t]
+        assert steps == sorted(steps)
+    if max_events > per_thread:
+        assert len(got) == 2 * per_thread and stats["dropped"] == {}
+
+
+def test_queued_bytes_are_the_sum_of_the_estimates_of_what_is_queued() -> None:
+    """The enqueue path's own size arithmetic matches estimate_size() for numbers, strings,
+    containers and a tensor, and the bytes go back to zero as the queue drains."""
+    import torch
+
+    gate = threading.Event()
+    sink = QueuedSink(lambda batch: gate.wait(10), max_batch=1)
+    events = [eventbus.Metric(step=1),
+              eventbus.Metric(step=2, data={"loss": 0.5, "n": 3, "ok": True, "none": None}),
+              eventbus.Metric(step=3, data={"name": "x" * 1000, "raw": b"y" * 10}),
+              eventbus.Metric(step=4, data={"xs": [1, 2, 3], "m": {"a": 1}}),
+              eventbus.Metric(step=5, data={"w": torch.zeros(1000)})]
+    sink(eventbus.Metric(step=0))  # the thread takes this one and waits on the gate
+    deadline = time.monotonic() + 10
+    while sink.stats()["queued_bytes"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for event in events:
+        sink(event)
+    assert sink.stats()["queued_bytes"] == sum(estimate_size(e) for e in events)
+    assert estimate_size(events[4]) >= 4000
+    gate.set()
+    assert sink.close(10)
+    assert sink.stats()["queued_bytes"] == 0
+
+
+def test_max_bytes_bounds_a_queue_of_tensors() -> None:
+    """Tensor payloads count by nbytes: a gated queue of 1 MB tensors holds at most
+    max_bytes of them, whatever max_events allows, and counts the rest as dropped."""
+    import torch
+
+    gate = threading.Event()
+    sink = QueuedSink(lambda batch: gate.wait(10), max_bytes=5_000_000, max_events=10**6,
+                      max_batch=1, overflow="drop-oldest")
+    for step in range(50):
+        sink(eventbus.Metric(step=step, data={"w": torch.zeros(250_000)}))
+    stats = sink.stats()
+    assert stats["queued_bytes"] <= 5_000_000
+    assert stats["pending"] <= 6
+    assert stats["dropped"]["queue full"] >= 44
+    assert stats["enqueued"] == 50
+    gate.set()
+    sink.close(10)
