@@ -241,6 +241,11 @@ _CONSTANT_ATTRS = {
         RECORD_NAME, logging.INFO, "eventbus", 0, "", None, None).__dict__.items()
     if key in ("args", "pathname", "filename", "module", "exc_info", "exc_text", "stack_info",
                "lineno", "funcName")}
+#: when logging was imported, in seconds (``relativeCreated`` counts from it): Python 3.13
+#: keeps ``logging._startTime`` in nanoseconds, earlier versions in seconds
+_START_S: float = (logging._startTime / 1e9  # type: ignore[attr-defined]
+                   if isinstance(logging._startTime, int)  # type: ignore[attr-defined]
+                   else logging._startTime)  # type: ignore[attr-defined]
 #: methods that, replaced by a subclass or on the instance, need the full record path
 _RECORD_PATH_METHODS = frozenset({"emit", "format", "handle"})
 #: converters that are a pure function of the whole second (``time.localtime`` rounds
@@ -442,7 +447,7 @@ class EventLoggingHandler(logging.Handler):
         created = event.timestamp
         record.created = created
         record.msecs = int((created - int(created)) * 1000) + 0.0
-        record.relativeCreated = (created - logging._startTime) * 1000  # type: ignore[attr-defined]
+        record.relativeCreated = (created - _START_S) * 1000
         context = event.context
         cached = self._context_dict
         if cached[0] is not context:  # contexts are immutable: one dict per context
@@ -531,7 +536,7 @@ class EventLoggingHandler(logging.Handler):
                 **_CONSTANT_ATTRS, "name": RECORD_NAME, "msg": message, "message": message,
                 "levelname": logging.getLevelName(level), "levelno": level, "created": created,
                 "msecs": msecs,
-                "relativeCreated": (created - logging._startTime) * 1000,  # type: ignore[attr-defined]
+                "relativeCreated": (created - _START_S) * 1000,
             }
             if uses_time:
                 values["asctime"] = self._format_time(created, msecs)

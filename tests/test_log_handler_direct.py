@@ -176,3 +176,17 @@ def test_subclass_overriding_emit_gets_records() -> None:
 
     Keep(stream=io.StringIO()).on_event(EVENTS[0])
     assert [record.event for record in seen] == [EVENTS[0]]  # type: ignore[attr-defined]
+
+
+def test_relative_created_counts_from_logging_start_on_every_python() -> None:
+    """relativeCreated of an event's record is what logging gives a record made at the same
+    moment (Python 3.13 keeps logging's start time in nanoseconds, earlier ones in seconds),
+    on both paths."""
+    event = eventbus.EpochEnd(epoch=1)
+    plain = logging.LogRecord("x", logging.INFO, "p", 0, "m", None, None)
+    handler = EventLoggingHandler(stream=io.StringIO())
+    record = handler.make_record(event, logging.INFO)
+    assert abs(record.relativeCreated - plain.relativeCreated) < 60_000
+    direct, direct_sink, _, _ = pair("%(relativeCreated)d")
+    direct.on_event(event)
+    assert abs(int(direct_sink.getvalue()) - plain.relativeCreated) < 60_000
