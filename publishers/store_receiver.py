@@ -85,7 +85,10 @@ class StoreReceiver:
     every ``poll_interval`` seconds while idle) or :meth:`drain_once` by hand.
     ``on_end(key, sender)`` runs when a sender's end marker arrives. ``bell``: this
     receiver's doorbell queue (needs ``host`` and ``port``): :meth:`start` also starts a
-    thread blocking on it, and a queue whose key rings is popped at once.
+    thread blocking on it, and a queue whose key rings is popped at once. ``hold``: asked
+    before every pop; while it returns true nothing is popped (what the senders push waits
+    in the store): the agent passes :func:`subscribers.queued.backlogged`, so that a
+    flood does not overflow the JSONL file's queue.
     """
 
     def __init__(
@@ -106,6 +109,7 @@ class StoreReceiver:
         reconnect_timeout: float = 2.0,
         on_end: Callable[[str, str], object] | None = None,
         bell: str | None = None,
+        hold: Callable[[], object] | None = None,
     ) -> None:
         if client is None:
             if host is None or port is None:
@@ -152,6 +156,11 @@ class StoreReceiver:
         self._rung: collections.deque[bytes] = collections.deque()
         self._wake = threading.Event()
         self._bell_thread: threading.Thread | None = None
+        self.hold = hold
+        #: pops deferred because ``hold`` said so, and whether the last drain was held
+        self.holds = 0
+        self._held = False
+        self._rounds = 0
 
     # -- queues -------------------------------------------------------------------------
     def watch(self, key: str, *, kind: SenderKind, rank: int) -> None:
@@ -182,6 +191,8 @@ class StoreReceiver:
         one pop per ``max_idle_interval`` each (see docs/across-processes.md, Scaling).
         """
         popped = 0
+        hold = self.hold
+        self._held = False
         with self._lock:
             now = time.monotonic()
             client = self.client if self.client is not None else self._reconnect(now)
@@ -196,11 +207,21 @@ class StoreReceiver:
                 due = self._queues.get(token)
                 if due is not None:  # anything else rang: not a queue of ours, ignored
                     due.next_poll = 0.0
-            for queue in list(self._queues.values()):
+            queues = list(self._queues.values())
+            if len(queues) > 1:  # each round starts at the next queue: none waits behind
+                start = self._rounds % len(queues)  # a flooding one while others are held
+                queues = queues[start:] + queues[:start]
+            self._rounds += 1
+            for queue in queues:
                 if not every and now < queue.next_poll:
                     continue
                 got = 0
                 for _ in range(self.max_pops_per_queue):
+                    if hold is not None and hold():
+                        # a sink downstream is behind: the rest stays in the store
+                        self.holds += 1
+                        self._held = True
+                        break
                     try:
                         raw = client.queue_pop(queue.key, block=False)
                     except self._empty_error:
@@ -212,9 +233,12 @@ class StoreReceiver:
                         return popped
                     got += 1
                     self.handle_value(queue.key, raw, kind=queue.kind, rank=queue.rank)
-                if got:
+                if got or self._held:
                     queue.idle = 0.0
                     queue.next_poll = now
+                    if self._held:
+                        popped += got
+                        break
                 else:
                     queue.idle = min(self.max_idle_interval,
                                      max(self.poll_interval, queue.idle * 2))
@@ -224,13 +248,17 @@ class StoreReceiver:
         return popped
 
     def drain(self, *, timeout: float) -> bool:
-        """Drain until every queue is empty or ``timeout`` passes; True if all were empty."""
+        """Drain until every queue is empty or ``timeout`` passes; True if all were empty.
+        While ``hold`` holds, it waits for the sinks within the same budget."""
         deadline = time.monotonic() + timeout
         while True:
-            if self.drain_once(every=True) == 0:
+            popped = self.drain_once(every=True)
+            if popped == 0 and not self._held:
                 return True
             if time.monotonic() >= deadline:
                 return False
+            if popped == 0:
+                time.sleep(0.005)
 
     def start(self) -> None:
         """Drain on a background thread until :meth:`stop`."""
@@ -416,6 +444,7 @@ class StoreReceiver:
                 "rejected": dict(self.rejected),
                 "lost": dict(self.lost),
                 "store_errors": self.store_errors,
+                "holds": self.holds,
                 "queues": list(self._queues),
                 "senders": {s: {"key": st.key, "next_seq": st.expected, "ended": st.ended,
                                 "delivered": st.delivered, "dropped": dict(st.dropped)}

@@ -34,13 +34,18 @@ from eventbus.events import Event
 from subscribers.queued import QueuedSink
 from subscribers.queued import QueueSettings
 
-__all__ = ["JsonlRead", "JsonlRecorder", "read_jsonl"]
+__all__ = ["JSONL_QUEUE", "JsonlRead", "JsonlRecorder", "read_jsonl"]
 
 Fsync = Literal["never", "batch", "close"]
 
 _LINE_PREFIX = b'{"type":'
 
 logger = logging.getLogger("eventbus")
+
+#: the recorder's default queue: the file is the job's record, so a flood from the workers
+#: waits in the store (the agent's receiver holds off, see subscribers.queued.backlogged)
+#: instead of being dropped here while the writer is still writing
+JSONL_QUEUE = QueueSettings(flow_control=True)
 
 
 class JsonlRecorder:
@@ -49,8 +54,9 @@ class JsonlRecorder:
     Options (keyword-only): ``fsync``: ``"never"`` (the OS writes back), ``"batch"`` (after
     every batch: survives a machine crash, costs a disk flush per batch) or ``"close"``;
     ``settings``: the queue's :class:`~subscribers.queued.QueueSettings` (bounds, which
-    event a full queue drops, the writer's idle wait, the default budget of :meth:`close`),
-    and any of its fields as keyword options to override them (``max_events=1000``).
+    event a full queue drops, the writer's idle wait, the default budget of :meth:`close`;
+    default :data:`JSONL_QUEUE`, with flow control on), and any of its fields as keyword
+    options to override them (``max_events=1000``).
     """
 
     def __init__(
@@ -63,7 +69,7 @@ class JsonlRecorder:
     ) -> None:
         if fsync not in ("never", "batch", "close"):
             raise ValueError(f"fsync must be 'never', 'batch' or 'close', got {fsync!r}")
-        queue = (settings or QueueSettings()).with_options(options)  # bad options: no file
+        queue = (settings or JSONL_QUEUE).with_options(options)  # bad options: no file
         self.path = Path(path)
         self.fsync: Fsync = fsync
         self._fd: int | None = None

@@ -32,7 +32,8 @@ import attrs
 from eventbus._reporting import RateLimiter
 from eventbus.events import Event
 
-__all__ = ["Overflow", "QueueSettings", "QueuedSink", "estimate_size", "flush_all"]
+__all__ = ["Overflow", "QueueSettings", "QueuedSink", "backlogged", "estimate_size",
+           "flush_all"]
 
 logger = logging.getLogger("eventbus")
 
@@ -79,6 +80,10 @@ class QueueSettings:
     #: at most one drop report per this many seconds (every drop is counted)
     report_interval: float = attrs.field(default=10.0,
                                          validator=_at_least(0, "a number of seconds >= 0"))
+    #: ask a receiver upstream to wait (see :func:`backlogged`) while this queue is at
+    #: least half full and its sink is still making progress, rather than drop: for a
+    #: record that must be complete (the JSONL file), at the price of the receiver's pace
+    flow_control: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     def with_options(self, options: dict[str, Any]) -> QueueSettings:
         """These settings with ``options`` (field name -> value) replaced; an unknown name
@@ -92,6 +97,24 @@ class QueueSettings:
 
 #: live sinks, for flush_all() and the fork/exit hooks
 _sinks: weakref.WeakSet[QueuedSink] = weakref.WeakSet()
+
+#: a flow-controlled sink whose thread handed over no batch for this long is not waited
+#: for: a hung sink drops (and counts) as any other, it never stalls what feeds it
+FLOW_STALL_S = 2.0
+
+
+def backlogged() -> bool:
+    """Whether a live sink of this process with ``flow_control`` is at least half full
+    (events or bytes) and still draining: a receiver feeding this process's bus (the
+    agent's store receiver) then leaves what it would pop where it is, in the store, until
+    the sink catches up, instead of making it drop."""
+    now = time.monotonic()
+    for sink in list(_sinks):
+        if sink._flow and not sink._closed and now - sink._progress < FLOW_STALL_S and (
+                len(sink._queue) * 2 >= sink._max_events
+                or sink._bytes * 2 >= sink._max_bytes):
+            return True
+    return False
 
 
 #: the estimate for an event with an empty ``data``
@@ -192,6 +215,9 @@ class QueuedSink:
         #: events that left the queue (handed over, evicted, or cleared by close):
         #: ``enqueued`` is this plus what is queued, so the fast path counts nothing
         self._removed = 0
+        #: flow control (see backlogged): on, and when the thread last took a batch
+        self._flow = self.settings.flow_control
+        self._progress = time.monotonic()
         self.handled = 0
         self.failed = 0
         self.dropped: dict[str, int] = {}
@@ -317,6 +343,7 @@ class QueuedSink:
                     continue
                 batch = self._take()
                 self._in_flight = len(batch)
+                self._progress = time.monotonic()
             try:
                 self.handle_batch(batch)
             except Exception:

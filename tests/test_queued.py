@@ -367,3 +367,49 @@ def test_max_bytes_bounds_a_queue_of_tensors() -> None:
     assert stats["enqueued"] == 50
     gate.set()
     sink.close(10)
+
+
+def test_backlogged_asks_for_a_pause_only_for_a_draining_flow_controlled_sink(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """backlogged() is true while a flow-controlled sink is half full and its thread still
+    takes batches; never for a sink without flow control; not once the sink is hung for
+    FLOW_STALL_S (it drops instead); and false again once it caught up."""
+    import subscribers.queued as queued
+
+    monkeypatch.setattr(queued, "FLOW_STALL_S", 0.5)
+    gate = threading.Event()
+    flow = QueuedSink(lambda batch: gate.wait(10), max_events=100, max_batch=1,
+                      flow_control=True)
+    plain = QueuedSink(lambda batch: gate.wait(10), max_events=100, max_batch=1)
+    ev = eventbus.EpochEnd(epoch=1)
+    try:
+        for _ in range(60):
+            plain(ev)
+        assert not queued.backlogged()  # no flow control: never asks
+        for _ in range(60):
+            flow(ev)
+        assert queued.backlogged()  # more than half full, its thread took a batch just now
+        time.sleep(0.7)
+        assert not queued.backlogged()  # no batch taken for FLOW_STALL_S: hung, not waited for
+        gate.set()
+        assert flow.flush(10) and plain.flush(10)
+        assert not queued.backlogged()
+    finally:
+        gate.set()
+        flow.close(5)
+        plain.close(5)
+
+
+def test_the_jsonl_recorder_queue_is_flow_controlled_by_default(tmp_path: os.PathLike[str]
+                                                                 ) -> None:
+    """The JSONL file is the job's record: its queue asks the receiver to wait, not drop."""
+    from subscribers.jsonl import JsonlRecorder
+
+    rec = JsonlRecorder(os.path.join(tmp_path, "e.jsonl"))
+    off = JsonlRecorder(os.path.join(tmp_path, "f.jsonl"), flow_control=False)
+    try:
+        assert rec._sink.settings.flow_control
+        assert not off._sink.settings.flow_control
+    finally:
+        rec.close()
+        off.close()

@@ -330,6 +330,31 @@ def test_doorbell_ignores_strangers_and_stop_wakes_and_removes_it(store: Any) ->
     assert not store.check([bell])
 
 
+def test_a_held_receiver_leaves_the_pushes_in_the_store_until_released(store: Any) -> None:
+    """While ``hold`` says so, nothing is popped (the pushes stay in the store, nothing is
+    lost or reported), drain() waits within its budget and says it did not finish; once
+    released, everything arrives in order."""
+    dst, got = _bus_with_log("dst")
+    held = [True]
+    rx = StoreReceiver(bus=dst, host="127.0.0.1", port=store.port, connect_timeout=10,
+                       hold=lambda: held[0])
+    rx.watch(KEY, kind="w", rank=0)
+    src = eventbus.Bus("src")
+    fwd = StoreForwarder(host="127.0.0.1", port=store.port, key=KEY, rank=0, bus=src,
+                         max_batch=10)
+    for i in range(50):
+        src.record(EventType.EPOCH_END, epoch=i)
+    assert fwd.close(5.0)
+    pushes = store.queue_len(KEY)
+    assert pushes >= 5
+    assert rx.drain(timeout=0.3) is False
+    assert got == [] and store.queue_len(KEY) == pushes and rx.stats()["holds"] > 0
+    held[0] = False
+    assert rx.drain(timeout=10)
+    assert [e.epoch for e in got] == list(range(50))
+    assert rx.stats()["lost"] == {} and rx.stats()["rejected"] == {}
+
+
 def test_job_event_filter_defaults_to_builtins_and_takes_exclusions() -> None:
     """Default: every built-in type; '-METRIC' keeps per-step metrics on the node;
     an unknown name is refused by name."""

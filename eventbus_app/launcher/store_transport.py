@@ -50,6 +50,7 @@ from eventbus.wire import read_ledgers
 from eventbus.wire import worker_key
 from eventbus_app.launcher import RendezvousInfo
 from publishers.store_receiver import StoreReceiver
+from subscribers.queued import backlogged
 from subscribers.store_forwarder import StoreForwarder
 
 __all__ = ["ENV_JOB_EVENTS", "StoreTransport", "TransportSettings", "job_event_filter"]
@@ -281,10 +282,13 @@ class StoreTransport:
                         max_idle_interval: float,
                         on_end: Callable[[str, str], object] | None = None,
                         bell: str | None = None) -> StoreReceiver:
+        # hold: a flood waits in the store while the JSONL file's queue is half full, so
+        # that the job's record loses nothing to a writer that is merely slower
         receiver = StoreReceiver(bus=info.bus, host=info.store_host, port=info.store_port,
                                  connect_timeout=self.settings.connect_timeout,
                                  poll_interval=poll_interval,
-                                 max_idle_interval=max_idle_interval, on_end=on_end, bell=bell)
+                                 max_idle_interval=max_idle_interval, on_end=on_end, bell=bell,
+                                 hold=backlogged)
         receiver.start()
         return receiver
 
