@@ -577,11 +577,7 @@ class EventLoggingHandler(logging.Handler):
         line = escape_line(text) + "\n"
         try:
             with self.lock:  # type: ignore[union-attr]  # not None: checked by _make_plan
-                stream = self._stream if self._stream is not None else sys.stderr
-                stream.write(line)
-                flush = getattr(stream, "flush", None)
-                if flush is not None:
-                    flush()
+                self._write_line(line)
         except Exception:
             # reported with the record the record path would have written
             try:
@@ -594,14 +590,17 @@ class EventLoggingHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         """Write ``record`` as one escaped line to the stream."""
         try:
-            line = escape_line(self.format(record)) + "\n"
-            stream = self._stream if self._stream is not None else sys.stderr
-            stream.write(line)
-            flush = getattr(stream, "flush", None)
-            if flush is not None:
-                flush()
+            self._write_line(escape_line(self.format(record)) + "\n")
         except Exception:
             self.handleError(record)
+
+    def _write_line(self, line: str) -> None:
+        """Write one finished line to the stream (stderr when none is set) and flush it."""
+        stream = self._stream if self._stream is not None else sys.stderr
+        stream.write(line)
+        flush = getattr(stream, "flush", None)
+        if flush is not None:
+            flush()
 
     def handleError(self, record: logging.LogRecord) -> None:
         """Report as ``logging.Handler.handleError`` does; never raise (stderr may be the
