@@ -20,6 +20,7 @@ The agent of ``eventbus run`` runs receivers through its store transport plugin
 from __future__ import annotations
 
 import collections
+import contextlib
 import datetime
 import logging
 import threading
@@ -233,17 +234,16 @@ class StoreReceiver:
                         return popped
                     got += 1
                     self.handle_value(queue.key, raw, kind=queue.kind, rank=queue.rank)
-                if got or self._held:
+                popped += got
+                if got or self._held:  # a held queue is not idle: due again at once
                     queue.idle = 0.0
                     queue.next_poll = now
-                    if self._held:
-                        popped += got
-                        break
                 else:
                     queue.idle = min(self.max_idle_interval,
                                      max(self.poll_interval, queue.idle * 2))
                     queue.next_poll = now + queue.idle
-                popped += got
+                if self._held:
+                    break
             self._flush_rejects()
         return popped
 
@@ -318,20 +318,13 @@ class StoreReceiver:
         if bell_thread is not None and self.bell is not None:
             # Wake the blocked pop with an empty ring, then drop the doorbell queue (it
             # may hold rings that came after the last drain: a key nobody pops).
-            with self._lock:
-                client = self.client
-                try:
-                    if client is not None:
-                        client.queue_push(self.bell, b"")
-                except Exception:
-                    pass
+            with self._lock, contextlib.suppress(Exception):
+                if self.client is not None:
+                    self.client.queue_push(self.bell, b"")
             bell_thread.join(timeout)
-            with self._lock:
-                try:
-                    if self.client is not None:
-                        self.client.delete_key(self.bell)
-                except Exception:
-                    pass
+            with self._lock, contextlib.suppress(Exception):
+                if self.client is not None:
+                    self.client.delete_key(self.bell)
 
     def _reconnect(self, now: float) -> Any:
         if self.host is None or self.port is None or now < self._next_connect:
