@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import socket
+from collections.abc import Callable
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -185,6 +186,31 @@ def test_read_ledgers_of_a_missing_directory_is_empty(tmp_path: Path) -> None:
     assert read_ledgers(str(tmp_path / "gone")) == ([], {})
 
 
+def _attach_with(store: Any, monkeypatch: pytest.MonkeyPatch,
+                 caplog: pytest.LogCaptureFixture, var: str,
+                 values: Callable[[dict[str, str]], list[str]],
+                 read: Callable[[Any], Any]) -> tuple[dict[str, str], list[Any]]:
+    """Attach a worker forwarder from a real agent's environment with ``var`` set to each
+    of ``values(env)`` in turn (warnings captured); ``read`` of each forwarder, and the
+    agent's environment."""
+    import subscribers.store_forwarder as sf
+
+    monkeypatch.setattr(sf, "install_exit_hooks", lambda: None)
+    agent, _got, env = _agent(store)
+    base = {"RANK": "0", "EVENTBUS_AGENT_STORE": env["EVENTBUS_AGENT_STORE"],
+            "EVENTBUS_STORE_PREFIX": env["EVENTBUS_STORE_PREFIX"]}
+    seen = []
+    for value in values(env):
+        monkeypatch.setattr(sf, "_worker_forwarder", None)
+        with caplog.at_level(logging.WARNING, logger="eventbus"):
+            fwd = sf.attach_from_env({**base, var: value})
+        assert fwd is not None
+        seen.append(read(fwd))
+        fwd.close(2.0)
+    agent.before_exit(timeout=5.0)
+    return env, seen
+
+
 @pytest.mark.parametrize("hostile", ["/", "relative/attempt-0", "/tmp/attempt-0", "/x\n"])
 def test_a_worker_leaves_its_ledger_only_in_a_folder_its_agent_made(
     store: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
@@ -192,21 +218,9 @@ def test_a_worker_leaves_its_ledger_only_in_a_folder_its_agent_made(
 ) -> None:
     """An inherited EVENTBUS_LEDGER_DIR that is not an agent's attempt folder is refused
     with one warning (no file dropped there); the agent's own folder is taken."""
-    import subscribers.store_forwarder as sf
-
-    monkeypatch.setattr(sf, "install_exit_hooks", lambda: None)
-    agent, _got, env = _agent(store)
-    base = {"RANK": "0", "EVENTBUS_AGENT_STORE": env["EVENTBUS_AGENT_STORE"],
-            "EVENTBUS_STORE_PREFIX": env["EVENTBUS_STORE_PREFIX"]}
-    taken = []
-    for value in (hostile, env[ENV_LEDGER_DIR]):
-        monkeypatch.setattr(sf, "_worker_forwarder", None)
-        with caplog.at_level(logging.WARNING, logger="eventbus"):
-            fwd = sf.attach_from_env({**base, ENV_LEDGER_DIR: value})
-        assert fwd is not None
-        taken.append(fwd.ledger_dir)
-        fwd.close(2.0)
-    agent.before_exit(timeout=5.0)
+    env, taken = _attach_with(store, monkeypatch, caplog, ENV_LEDGER_DIR,
+                              lambda env: [hostile, env[ENV_LEDGER_DIR]],
+                              lambda fwd: fwd.ledger_dir)
     assert taken == [None, env[ENV_LEDGER_DIR]]
     assert len([r for r in caplog.records if ENV_LEDGER_DIR in r.getMessage()]) == 1
 
@@ -216,21 +230,10 @@ def test_a_worker_rings_its_agents_doorbell_and_refuses_a_hostile_one(
 ) -> None:
     """EVENTBUS_STORE_BELL from the agent is the worker forwarder's doorbell; a value that
     is not a plain store key is refused with a warning (the events still go, unrung)."""
-    import subscribers.store_forwarder as sf
     from eventbus.wire import ENV_BELL
 
-    monkeypatch.setattr(sf, "install_exit_hooks", lambda: None)
-    agent, _got, env = _agent(store)
-    base = {"RANK": "0", "EVENTBUS_AGENT_STORE": env["EVENTBUS_AGENT_STORE"],
-            "EVENTBUS_STORE_PREFIX": env["EVENTBUS_STORE_PREFIX"]}
-    bells = []
-    for value in (env[ENV_BELL], "../../x", "x" * 600):
-        monkeypatch.setattr(sf, "_worker_forwarder", None)
-        with caplog.at_level(logging.WARNING, logger="eventbus"):
-            fwd = sf.attach_from_env({**base, ENV_BELL: value})
-        assert fwd is not None
-        bells.append(fwd.bell)
-        fwd.close(2.0)
-    agent.before_exit(timeout=5.0)
+    env, bells = _attach_with(store, monkeypatch, caplog, ENV_BELL,
+                              lambda env: [env[ENV_BELL], "../../x", "x" * 600],
+                              lambda fwd: fwd.bell)
     assert bells == [env[ENV_BELL], None, None]
     assert len([r for r in caplog.records if ENV_BELL in r.getMessage()]) == 2
