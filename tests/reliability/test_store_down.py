@@ -42,6 +42,16 @@ print("worst-record-s", worst, "errors", errors, flush=True)
 """
 
 
+def _wait_until_ready(ready: Path, worker: subprocess.Popen[str], err_path: Path) -> None:
+    """Wait (at most 120 s) for the worker to create ``ready``; fail with its stderr if it
+    exits first."""
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        assert worker.poll() is None, err_path.read_text()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
 @pytest.mark.slow
 def test_store_killed_and_restarted_reported_loss_equals_actual(
     tmp_path: Path, store_process: Callable[[int], subprocess.Popen[str]],
@@ -73,11 +83,7 @@ def test_store_killed_and_restarted_reported_loss_equals_actual(
     worker = subprocess.Popen([sys.executable, "-c", SCRIPT, str(TOTAL), str(ready)],
                               env=env, stdout=subprocess.PIPE, stderr=err_file, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while not ready.exists():
-            assert worker.poll() is None, err_path.read_text()[-3000:]
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        _wait_until_ready(ready, worker, err_path)
         first.kill()
         first.wait(10)
         time.sleep(1.0)
@@ -178,11 +184,7 @@ def test_record_stays_fast_through_a_long_outage(
         worker = subprocess.Popen([sys.executable, "-c", OUTAGE_SCRIPT, str(ready), str(dead)],
                                   env=env, stdout=subprocess.PIPE, stderr=err_file, text=True)
         try:
-            deadline = time.monotonic() + 120
-            while not ready.exists():
-                assert worker.poll() is None, err_path.read_text()[-3000:]
-                assert time.monotonic() < deadline
-                time.sleep(0.01)
+            _wait_until_ready(ready, worker, err_path)
             server.kill()
             server.wait(10)
             dead.write_text("1")
