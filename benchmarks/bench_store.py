@@ -20,6 +20,13 @@ subprocess of this one with a probe plugin on the agent's bus. Each worker:
    (what the caller pays) and the whole process's CPU time (adds the forwarder thread's
    encoding and pushing).
 
+During the flood each worker also counts its full (generation 2) collections and their
+wall time: a flood keeps events alive in the forwarder's queue for a few milliseconds,
+long enough for the collector to promote them, and every ~40,000 promotions it traverses
+the whole heap, torch's included. The last row repeats the 4-worker flood with each
+worker's heap frozen first (``gc.freeze()``, as a training script may do after its
+imports): the difference is what those collections cost.
+
 Figures are medians over rounds; ratios are taken within one worker's run.
 """
 
@@ -43,13 +50,17 @@ __all__ = ["run"]
 ROOT = Path(__file__).resolve().parents[1]
 
 WORKER = textwrap.dedent("""
-    import collections, json, os, statistics, sys, time
+    import collections, gc, json, os, statistics, sys, time
     import eventbus
     from eventbus import ALL, EventType
     import subscribers.store_forwarder as sf
 
     out, flood, block, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     rate = float(sys.argv[5])  # events/s; 0: flood
+    if sys.argv[6] == "1":
+        # What a training script may do once its imports and model are built: move the
+        # heap so far (torch's, mostly) out of the collector's sight.
+        gc.freeze()
     rank = int(os.environ["RANK"])
     fwd = sf._worker_forwarder
     assert fwd is not None, "the forwarder is not attached"
@@ -67,6 +78,14 @@ WORKER = textwrap.dedent("""
     while (len([n for n in os.listdir(out) if n.startswith("ready")]) < world
            and time.monotonic() < deadline):
         time.sleep(0.002)
+    full = []  # the flood's full collections: each traverses the whole unfrozen heap
+
+    def on_gc(phase, info):
+        if info["generation"] == 2:
+            full.append(time.perf_counter() if phase == "start" else
+                        time.perf_counter() - full.pop())
+
+    gc.callbacks.append(on_gc)
     t0 = time.perf_counter()
     t0_wall = time.time()
     if rate <= 0:
@@ -79,6 +98,7 @@ WORKER = textwrap.dedent("""
                 time.sleep(ahead)
             record(METRIC, step=i, data=d)
     flood_s = time.perf_counter() - t0
+    gc.callbacks.remove(on_gc)
     fwd.flush(60)
 
     def timed(n):
@@ -102,7 +122,8 @@ WORKER = textwrap.dedent("""
         fwd.subscription = bus.subscribe(ALL, on_event=fwd.sink)
         samples["forwarder"].append(timed(block))
         fwd.flush(60)
-    res = {"rank": rank, "flood_s": flood_s, "start": t0_wall, "stats": fwd.stats()}
+    res = {"rank": rank, "flood_s": flood_s, "start": t0_wall, "stats": fwd.stats(),
+           "full_gcs": len(full), "full_gc_s": sum(full)}
     for name, values in samples.items():
         res[name + "_thread_ns"] = statistics.median(v[0] for v in values)
         res[name + "_process_ns"] = statistics.median(v[1] for v in values)
@@ -151,14 +172,14 @@ class _Probe:
 
 def _agent_main(argv: list[str]) -> int:
     """Run the job's agent in this process with the probe; print its figures as JSON."""
-    out, workers, flood, block, rounds, rate = (argv[0], int(argv[1]), argv[2], argv[3],
-                                                argv[4], argv[5])
+    out, workers, flood, block, rounds, rate, freeze = (argv[0], int(argv[1]), argv[2],
+                                                        argv[3], argv[4], argv[5], argv[6])
     from eventbus_app.launcher import main as run_main
     from eventbus_app.launcher.agent import default_plugins
     script = Path(out) / "worker.py"
     script.write_text(WORKER)
     code = run_main(["--standalone", "--nproc-per-node", str(workers), "--monitor-interval",
-                     "0.1", str(script), out, flood, block, rounds, rate],
+                     "0.1", str(script), out, flood, block, rounds, rate, freeze],
                     plugins=[*default_plugins(), _Probe()])
     probe = _Probe.instance
     assert probe is not None
@@ -175,14 +196,14 @@ def _agent_main(argv: list[str]) -> int:
 
 
 def _one(workers: int, *, flood: int, block: int, rounds: int,
-         rate: float = 0.0) -> dict[str, Any]:
+         rate: float = 0.0, freeze: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench_store") as out:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
         env.setdefault("LOGLEVEL", "WARNING")
         proc = subprocess.run(
             [sys.executable, str(Path(__file__).resolve()), "--agent", out, str(workers),
-             str(flood), str(block), str(rounds), str(rate)],
+             str(flood), str(block), str(rounds), str(rate), "1" if freeze else "0"],
             env=env, capture_output=True, text=True, timeout=900, check=False, cwd=out)
         if proc.returncode != 0 or not proc.stdout.strip():
             raise RuntimeError(f"the benchmark job failed ({proc.returncode}): "
@@ -200,6 +221,7 @@ def _one(workers: int, *, flood: int, block: int, rounds: int,
     return {
         "producers": workers,
         "events/s per worker": f"{rate:,.0f} (paced)" if rate > 0 else "flood",
+        "workers' heap": "frozen" if freeze else "as imported",
         "events": expected,
         "arrived": agent["arrived"],
         "lost": expected - agent["arrived"],
@@ -224,6 +246,8 @@ def _one(workers: int, *, flood: int, block: int, rounds: int,
         "forwarder / no subscriber, process CPU": round(statistics.median(
             r["forwarder_process_ns"] / r["none_process_ns"] for r in ranks), 2),
         "pushes": sum(r["stats"]["pushes"] for r in ranks),
+        "full collections per worker during the flood": med("full_gcs"),
+        "s in them per worker (wall)": round(med("full_gc_s"), 2),
     }
 
 
@@ -311,12 +335,16 @@ def _target(what: str, value: float, limit: float, *, at_least: bool = False) ->
 
 def run(*, quick: bool = False) -> dict[str, Any]:
     """The store transport's figures: flooding rows (1 and 4 workers), a paced row (4
-    workers at PACED_RATE events/s each), the codec's per-event costs, and the targets."""
+    workers at PACED_RATE events/s each), the 4-worker flood again with each worker's heap
+    frozen (``gc.freeze()`` before the flood: what the workers' full collections of
+    torch's heap cost), the codec's per-event costs, and the targets."""
     flood, block, rounds = (2_000, 500, 3) if quick else (50_000, 5_000, 9)
     paced_events = int(PACED_RATE * (0.2 if quick else 4.0))
     calm = calibration()
     rows = [_one(n, flood=flood, block=block, rounds=rounds) for n in (1, 4)]
     rows.append(_one(4, flood=paced_events, block=100, rounds=1, rate=PACED_RATE))
+    # The diagnosis of the flooding row: the same job with each worker's heap frozen first.
+    rows.append(_one(4, flood=flood, block=block, rounds=rounds, freeze=True))
     four, paced = rows[1], rows[2]
     codec = codec_costs(rounds=2 if quick else 5)
     # The codec targets hold "on a calibrated idle core": each round is scaled by how much

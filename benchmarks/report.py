@@ -13,6 +13,13 @@ def _ns(value: float) -> str:
     return f"{value:,.0f}"
 
 
+def _floor(target: dict[str, Any], key: str) -> str:
+    if key not in target:
+        return ""
+    value = target[key]
+    return f"{value:.3f}" + (" (over the limit)" if value > target["limit"] else "")
+
+
 def _num(value: Any) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
@@ -71,13 +78,17 @@ def _dispatch(result: dict[str, Any]) -> list[str]:
             "interpreter's own cost of the call as written (the enum attribute read and a "
             "call collecting keywords, timed in the same rounds) plus the peer's delivery "
             "(the direct call row at that count), over the peer. A target below its floor "
-            "cannot be met on this interpreter; the ratio is stated either way.", ""]
-    out += _table(["target", "ratio", "limit", "met", "floor (interpreter)"],
+            "cannot be met on this interpreter; the ratio is stated either way. "
+            "`floor with a snapshot` adds what any event that is a snapshot costs, however "
+            "it is built: a new object, the read-only copy of `data` and a timestamp (the "
+            "last step of the breakdown below); at 0 subscribers `record()` builds no event "
+            "and both floors are one.", ""]
+    out += _table(["target", "ratio", "limit", "met", "floor (interpreter)",
+                   "floor with a snapshot"],
                   [[t["target"], f"{t['ratio']:.3f}", f"{t['limit']:.2f}",
                     "yes" if t["met"] else "**no**",
-                    f"{t['floor']:.3f}" + (" (over the limit)" if t["floor"] > t["limit"]
-                                           else "")
-                    if "floor" in t else ""] for t in result["targets"]])
+                    _floor(t, "floor"), _floor(t, "floor_snapshot")]
+                   for t in result["targets"]])
     cuda = result.get("cuda")
     if cuda is not None:
         out += ["", "### CUDA: does recording a CUDA tensor synchronise?", ""]
@@ -150,8 +161,10 @@ def _store(result: dict[str, Any]) -> list[str]:
     out = ["## Worker -> agent through a real TCPStore", "",
            "`benchmarks/bench_store.py`: one `eventbus run --standalone` job per producer "
            "count, each worker flooding `METRIC` events, then timing its own `record()` with "
-           "and without the forwarder (see the module's docstring). The last row paces "
-           "each worker at a steady rate instead of flooding.", ""]
+           "and without the forwarder (see the module's docstring). The third row paces "
+           "each worker at a steady rate instead of flooding; the last repeats the 4-worker "
+           "flood with each worker's heap frozen first (`gc.freeze()`): the difference is "
+           "what the workers' full collections of torch's heap cost during a flood.", ""]
     targets = result.get("targets", [])
     out += _generic({k: v for k, v in result.items() if k != "targets"})
     if targets:

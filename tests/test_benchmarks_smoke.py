@@ -104,20 +104,24 @@ def test_memory_benchmark_reports_peak_rss_per_size() -> None:
 
 @pytest.mark.slow
 def test_store_benchmark_reports_each_producer_count() -> None:
-    """Three real eventbus run jobs (1 and 4 flooding workers, 4 paced ones) report
-    arrivals, latency and the forwarder's cost, each target is judged, and the report
-    renders them."""
+    """Four real eventbus run jobs (1 and 4 flooding workers, 4 paced ones, 4 flooding
+    with their heaps frozen) report arrivals, latency, the forwarder's cost and the
+    workers' full collections, each target is judged, and the report renders them."""
     result = bench_store.run(quick=True)
     rows = result["rows"]
-    assert [r["producers"] for r in rows] == [1, 4, 4]  # flooding 1 and 4, then paced 4
+    # flooding 1 and 4, then paced 4, then flooding 4 with frozen heaps
+    assert [r["producers"] for r in rows] == [1, 4, 4, 4]
+    assert [r["workers' heap"] for r in rows] == ["as imported"] * 3 + ["frozen"]
     for row in rows:
         assert row["arrived"] + row["lost"] == row["events"]
         assert row["p99 latency ms"] >= row["p50 latency ms"] >= 0
         assert row["forwarder / no subscriber"] > 0
+        assert row["full collections per worker during the flood"] >= 0
+        assert row["s in them per worker (wall)"] >= 0
     text = render({"store": result}, machine={}, versions={}, when="now", quick=True,
                   seconds={})
     assert "## Worker -> agent through a real TCPStore" in text
-    assert "| producers | 1 | 4 | 4 |" in text
+    assert "| producers | 1 | 4 | 4 | 4 |" in text
     for t in result["targets"]:
         assert t["met"] == (t["value"] >= t["limit"] if t["at_least"]
                             else t["value"] <= t["limit"]), t
@@ -132,6 +136,7 @@ def test_report_has_every_section(dispatch: dict[str, Any]) -> None:
         assert heading in text, heading
     assert "record() at 1 subscriber <= 0.4x blinker send" in text
     assert "floor (interpreter)" in text
+    assert "floor with a snapshot" in text
 
 
 def test_python_dash_m_benchmarks_writes_the_report(tmp_path: Any) -> None:
