@@ -25,7 +25,10 @@ wall time: a flood keeps events alive in the forwarder's queue for a few millise
 long enough for the collector to promote them, and every ~40,000 promotions it traverses
 the whole heap, torch's included. The last row repeats the 4-worker flood with each
 worker's heap frozen first (``gc.freeze()``, as a training script may do after its
-imports): the difference is what those collections cost.
+imports): the difference is what those collections cost. The last row floods into a held
+agent: its receiver pops nothing until every worker has pushed its whole flood into the
+store, so the arrivals time the agent's one thread with the machine to itself (the
+flooding rows share two cores between four workers and the agent).
 
 Figures are medians over rounds; ratios are taken within one worker's run.
 """
@@ -100,6 +103,7 @@ WORKER = textwrap.dedent("""
     flood_s = time.perf_counter() - t0
     gc.callbacks.remove(on_gc)
     fwd.flush(60)
+    open(os.path.join(out, f"flooded{rank}"), "w").close()  # all of it is in the store
 
     def timed(n):
         c0, p0 = time.thread_time(), time.process_time()
@@ -133,11 +137,17 @@ WORKER = textwrap.dedent("""
 
 
 class _Probe:
-    """Agent plugin counting METRIC arrivals of the flood on the agent's bus."""
+    """Agent plugin counting METRIC arrivals of the flood on the agent's bus.
+
+    With ``held`` (a directory and the worker count), the agent's store receiver pops
+    nothing until every worker has pushed its whole flood into the store: the arrivals
+    then time the agent's drain with the cores to itself."""
 
     instance: _Probe | None = None
 
-    def __init__(self) -> None:
+    def __init__(self, transport: Any = None, held: tuple[str, int] | None = None) -> None:
+        self.transport = transport
+        self.held = held
         self.latencies: list[float] = []
         self.first = 0.0
         self.last = 0.0
@@ -164,7 +174,25 @@ class _Probe:
             self.bus = info.bus
             info.bus.subscribe(EventType.METRIC, on_event=self._on_metric)
             info.bus.subscribe(EventType.EVENTS_LOST, on_event=self._on_lost)
+            receiver = getattr(self.transport, "receiver", None)
+            if self.held is not None and receiver is not None:
+                receiver.hold = self._gate(self.held, receiver.hold)
         return {}
+
+    @staticmethod
+    def _gate(held: tuple[str, int], hold: Any) -> Any:
+        out, workers = held
+        opened = False
+
+        def gate() -> object:
+            nonlocal opened
+            if not opened:
+                opened = len([n for n in os.listdir(out) if n.startswith("flooded")]) >= workers
+                if not opened:
+                    return True
+            return hold() if hold is not None else False
+
+        return gate
 
     def before_exit(self, *, timeout: float) -> None:
         pass
@@ -172,15 +200,18 @@ class _Probe:
 
 def _agent_main(argv: list[str]) -> int:
     """Run the job's agent in this process with the probe; print its figures as JSON."""
-    out, workers, flood, block, rounds, rate, freeze = (argv[0], int(argv[1]), argv[2],
-                                                        argv[3], argv[4], argv[5], argv[6])
+    out, workers, flood, block, rounds, rate, freeze, held = (
+        argv[0], int(argv[1]), argv[2], argv[3], argv[4], argv[5], argv[6], argv[7] == "1")
     from eventbus_app.launcher import main as run_main
     from eventbus_app.launcher.agent import default_plugins
+    from eventbus_app.launcher.store_transport import StoreTransport
     script = Path(out) / "worker.py"
     script.write_text(WORKER)
+    plugins = default_plugins()
+    transport = next(p for p in plugins if isinstance(p, StoreTransport))
     code = run_main(["--standalone", "--nproc-per-node", str(workers), "--monitor-interval",
                      "0.1", str(script), out, flood, block, rounds, rate, freeze],
-                    plugins=[*default_plugins(), _Probe()])
+                    plugins=[*plugins, _Probe(transport, (out, workers) if held else None)])
     probe = _Probe.instance
     assert probe is not None
     lat = sorted(probe.latencies)
@@ -196,14 +227,15 @@ def _agent_main(argv: list[str]) -> int:
 
 
 def _one(workers: int, *, flood: int, block: int, rounds: int,
-         rate: float = 0.0, freeze: bool = False) -> dict[str, Any]:
+         rate: float = 0.0, freeze: bool = False, held: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench_store") as out:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
         env.setdefault("LOGLEVEL", "WARNING")
         proc = subprocess.run(
             [sys.executable, str(Path(__file__).resolve()), "--agent", out, str(workers),
-             str(flood), str(block), str(rounds), str(rate), "1" if freeze else "0"],
+             str(flood), str(block), str(rounds), str(rate), "1" if freeze else "0",
+             "1" if held else "0"],
             env=env, capture_output=True, text=True, timeout=900, check=False, cwd=out)
         if proc.returncode != 0 or not proc.stdout.strip():
             raise RuntimeError(f"the benchmark job failed ({proc.returncode}): "
@@ -222,6 +254,7 @@ def _one(workers: int, *, flood: int, block: int, rounds: int,
         "producers": workers,
         "events/s per worker": f"{rate:,.0f} (paced)" if rate > 0 else "flood",
         "workers' heap": "frozen" if freeze else "as imported",
+        "agent receives": "after the flood (held)" if held else "during the flood",
         "events": expected,
         "arrived": agent["arrived"],
         "lost": expected - agent["arrived"],
@@ -230,8 +263,9 @@ def _one(workers: int, *, flood: int, block: int, rounds: int,
             max(r["start"] + r["flood_s"] for r in ranks) - min(r["start"] for r in ranks),
             1e-9)),
         "events/s at agent": round(agent["events_per_s"]),
-        "p50 latency ms": round(agent["p50_ms"], 1),
-        "p99 latency ms": round(agent["p99_ms"], 1),
+        # held: the latency is the hold, not the transport's
+        "p50 latency ms": "(held)" if held else round(agent["p50_ms"], 1),
+        "p99 latency ms": "(held)" if held else round(agent["p99_ms"], 1),
         "record() ns, no subscriber": round(med("none_thread_ns")),
         "record() ns, 1 no-op subscriber": round(med("noop_thread_ns")),
         "record() ns, forwarder": round(med("forwarder_thread_ns")),
@@ -345,6 +379,9 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     rows.append(_one(4, flood=paced_events, block=100, rounds=1, rate=PACED_RATE))
     # The diagnosis of the flooding row: the same job with each worker's heap frozen first.
     rows.append(_one(4, flood=flood, block=block, rounds=rounds, freeze=True))
+    # What the agent's one thread receives with the cores to itself: the same flood, popped
+    # only once all of it is in the store.
+    rows.append(_one(4, flood=flood, block=block, rounds=rounds, held=True))
     four, paced = rows[1], rows[2]
     codec = codec_costs(rounds=2 if quick else 5)
     # The codec targets hold "on a calibrated idle core": each round is scaled by how much

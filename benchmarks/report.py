@@ -162,9 +162,13 @@ def _store(result: dict[str, Any]) -> list[str]:
            "`benchmarks/bench_store.py`: one `eventbus run --standalone` job per producer "
            "count, each worker flooding `METRIC` events, then timing its own `record()` with "
            "and without the forwarder (see the module's docstring). The third row paces "
-           "each worker at a steady rate instead of flooding; the last repeats the 4-worker "
-           "flood with each worker's heap frozen first (`gc.freeze()`): the difference is "
-           "what the workers' full collections of torch's heap cost during a flood.", ""]
+           "each worker at a steady rate instead of flooding; the fourth repeats the "
+           "4-worker flood with each worker's heap frozen first (`gc.freeze()`): the "
+           "difference is what the workers' full collections of torch's heap cost during a "
+           "flood. The last holds the agent's receiver until every worker has pushed its "
+           "whole flood into the store: its `events/s at agent` is what the agent's one "
+           "thread receives with the machine to itself, where the flooding rows share it "
+           "with the workers.", ""]
     targets = result.get("targets", [])
     out += _generic({k: v for k, v in result.items() if k != "targets"})
     if targets:

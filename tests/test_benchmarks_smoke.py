@@ -104,24 +104,29 @@ def test_memory_benchmark_reports_peak_rss_per_size() -> None:
 
 @pytest.mark.slow
 def test_store_benchmark_reports_each_producer_count() -> None:
-    """Four real eventbus run jobs (1 and 4 flooding workers, 4 paced ones, 4 flooding
-    with their heaps frozen) report arrivals, latency, the forwarder's cost and the
-    workers' full collections, each target is judged, and the report renders them."""
+    """Five real eventbus run jobs (1 and 4 flooding workers, 4 paced ones, 4 flooding
+    with their heaps frozen, 4 flooding into a held agent) report arrivals, latency, the
+    forwarder's cost and the workers' full collections, each target is judged, and the
+    report renders them."""
     result = bench_store.run(quick=True)
     rows = result["rows"]
-    # flooding 1 and 4, then paced 4, then flooding 4 with frozen heaps
-    assert [r["producers"] for r in rows] == [1, 4, 4, 4]
-    assert [r["workers' heap"] for r in rows] == ["as imported"] * 3 + ["frozen"]
+    # flooding 1 and 4, paced 4, flooding 4 with frozen heaps, flooding 4 into a held agent
+    assert [r["producers"] for r in rows] == [1, 4, 4, 4, 4]
+    assert [r["workers' heap"] for r in rows] == ["as imported"] * 3 + ["frozen",
+                                                                        "as imported"]
+    assert [r["agent receives"] for r in rows] == ["during the flood"] * 4 + [
+        "after the flood (held)"]
     for row in rows:
         assert row["arrived"] + row["lost"] == row["events"]
-        assert row["p99 latency ms"] >= row["p50 latency ms"] >= 0
+        if row is not rows[-1]:  # held: its latency is the hold's
+            assert row["p99 latency ms"] >= row["p50 latency ms"] >= 0
         assert row["forwarder / no subscriber"] > 0
         assert row["full collections per worker during the flood"] >= 0
         assert row["s in them per worker (wall)"] >= 0
     text = render({"store": result}, machine={}, versions={}, when="now", quick=True,
                   seconds={})
     assert "## Worker -> agent through a real TCPStore" in text
-    assert "| producers | 1 | 4 | 4 | 4 |" in text
+    assert "| producers | 1 | 4 | 4 | 4 | 4 |" in text
     for t in result["targets"]:
         assert t["met"] == (t["value"] >= t["limit"] if t["at_least"]
                             else t["value"] <= t["limit"]), t
