@@ -60,6 +60,7 @@ WORKER = textwrap.dedent("""
 
     out, flood, block, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     rate = float(sys.argv[5])  # events/s; 0: flood
+    held = sys.argv[7] == "1"  # the agent pops nothing until every worker has flooded
     if sys.argv[6] == "1":
         # What a training script may do once its imports and model are built: move the
         # heap so far (torch's, mostly) out of the collector's sight.
@@ -104,6 +105,10 @@ WORKER = textwrap.dedent("""
     gc.callbacks.remove(on_gc)
     fwd.flush(60)
     open(os.path.join(out, f"flooded{rank}"), "w").close()  # all of it is in the store
+    deadline = time.monotonic() + 120
+    while held and not os.path.exists(os.path.join(out, "drained")) and \
+            time.monotonic() < deadline:
+        time.sleep(0.01)  # idle while the agent drains: the machine is the agent's
 
     def timed(n):
         c0, p0 = time.thread_time(), time.process_time()
@@ -139,13 +144,15 @@ WORKER = textwrap.dedent("""
 class _Probe:
     """Agent plugin counting METRIC arrivals of the flood on the agent's bus.
 
-    With ``held`` (a directory and the worker count), the agent's store receiver pops
-    nothing until every worker has pushed its whole flood into the store: the arrivals
-    then time the agent's drain with the cores to itself."""
+    With ``held`` (a directory, the worker count and the flood's total), the agent's
+    store receiver pops nothing until every worker has pushed its whole flood into the
+    store, and the workers idle until the probe has counted all of it (a ``drained``
+    file): the arrivals then time the agent's drain with the cores to itself."""
 
     instance: _Probe | None = None
 
-    def __init__(self, transport: Any = None, held: tuple[str, int] | None = None) -> None:
+    def __init__(self, transport: Any = None,
+                 held: tuple[str, int, int] | None = None) -> None:
         self.transport = transport
         self.held = held
         self.latencies: list[float] = []
@@ -163,6 +170,8 @@ class _Probe:
             self.first = now
         self.last = now
         self.latencies.append(now - event.timestamp)
+        if self.held is not None and len(self.latencies) == self.held[2]:
+            Path(self.held[0], "drained").touch()
 
     def _on_lost(self, event: Any) -> None:
         self.lost += event.count
@@ -180,8 +189,8 @@ class _Probe:
         return {}
 
     @staticmethod
-    def _gate(held: tuple[str, int], hold: Any) -> Any:
-        out, workers = held
+    def _gate(held: tuple[str, int, int], hold: Any) -> Any:
+        out, workers, _ = held
         opened = False
 
         def gate() -> object:
@@ -210,8 +219,10 @@ def _agent_main(argv: list[str]) -> int:
     plugins = default_plugins()
     transport = next(p for p in plugins if isinstance(p, StoreTransport))
     code = run_main(["--standalone", "--nproc-per-node", str(workers), "--monitor-interval",
-                     "0.1", str(script), out, flood, block, rounds, rate, freeze],
-                    plugins=[*plugins, _Probe(transport, (out, workers) if held else None)])
+                     "0.1", str(script), out, flood, block, rounds, rate, freeze,
+                     "1" if held else "0"],
+                    plugins=[*plugins, _Probe(transport, (out, workers, workers * int(flood))
+                                                          if held else None)])
     probe = _Probe.instance
     assert probe is not None
     lat = sorted(probe.latencies)
