@@ -190,10 +190,10 @@ sys.exit(main(sys.argv[2:], plugins=[*default_plugins(), Plugin()]))
 
 
 def test_agent_plugin_sees_every_rendezvous_and_feeds_worker_env(tmp_path: Path) -> None:
-    """A plugin passed to the launcher gets the long-lived store after each rendezvous (reachable, keys
-    kept across the restart), its env vars reach that attempt's workers, its drain runs
-    before a failure is published, and before_exit runs once at the end, with the agent's
-    heap frozen out of the collector's way."""
+    """A plugin passed to the launcher gets the long-lived store after each rendezvous
+    (reachable, keys kept across the restart), its env vars reach that attempt's workers,
+    its drain runs before a failure is published, and before_exit runs once at the end,
+    with the agent's heap frozen out of the collector's way."""
     log = tmp_path / "plugin.jsonl"
     out = tmp_path / "out"
     out.mkdir()

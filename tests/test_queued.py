@@ -272,7 +272,7 @@ def test_every_queue_takes_its_bounds_from_one_settings_object() -> None:
     finally:
         sink.close(1)
     assert FORWARDER_QUEUE.max_batch > QueueSettings().max_batch
-    with pytest.raises(TypeError, match="'max_event'.*max_events"):
+    with pytest.raises(TypeError, match=r"'max_event'.*max_events"):
         QueuedSink(print, max_event=3)
     with pytest.raises(ValueError, match=r"QueueSettings\.flush_interval"):
         QueueSettings(flush_interval=-1)
@@ -374,7 +374,7 @@ def test_backlogged_asks_for_a_pause_only_for_a_draining_flow_controlled_sink(
     """backlogged() is true while a flow-controlled sink is half full and its thread still
     takes batches; never for a sink without flow control; not once the sink is hung for
     FLOW_STALL_S (it drops instead); and false again once it caught up."""
-    import subscribers.queued as queued
+    from subscribers import queued
 
     monkeypatch.setattr(queued, "FLOW_STALL_S", 0.5)
     gate = threading.Event()

@@ -237,7 +237,8 @@ def test_long_data_is_cut_unless_full(tmp_path: Path,
 def test_the_viewers_import_neither_torch_nor_matplotlib() -> None:
     """trace, tail and the job model read a file without torch; matplotlib loads only to
     draw, so `eventbus tail` starts fast on a login node."""
-    code = ("import sys, eventbus_app.readers.trace, eventbus_app.readers.tail, eventbus_app.readers.timeline\n"
+    code = ("import sys, eventbus_app.readers.trace, eventbus_app.readers.tail, "
+            "eventbus_app.readers.timeline\n"
             "from eventbus_app.readers.jobview import JobView\n"
             f"JobView.from_files([{str(NODE0)!r}])\n"
             "print(sorted(m for m in ('torch', 'matplotlib') if m in sys.modules))")
