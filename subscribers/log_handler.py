@@ -338,11 +338,8 @@ class EventLoggingHandler(logging.Handler):
         if stream is not None and not callable(getattr(stream, "write", None)):
             raise TypeError(f"set_stream(stream): stream needs a write() method (a text file "
                             f"such as sys.stdout), got {type(stream).__name__}")
-        self.acquire()
-        try:
+        with self.lock:  # type: ignore[union-attr]  # createLock() made it
             self._stream = stream
-        finally:
-            self.release()
 
     @property
     def stream(self) -> IO[str]:

@@ -198,8 +198,8 @@ class QueuedSink:
         self._queue: collections.deque[Event] = collections.deque()
         self._sizes: collections.deque[int] = collections.deque()
         self._bytes = 0
-        # The producers take the plain lock (acquire/release, cheaper than its context
-        # manager); the sink thread waits on a Condition over the same lock.
+        # The producers take the plain lock; the sink thread waits on a Condition over
+        # the same lock.
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
@@ -253,9 +253,12 @@ class QueuedSink:
         # The lock stays: under the GIL each step below is atomic, but the length test,
         # the byte sum and the appends together are not (another producer thread may run
         # between them), and free-threaded builds have no GIL at all.
-        lock = self._lock
-        lock.acquire()
-        try:
+        # Taken by ``with``, not acquire() + try/finally: a signal handler (the worker's
+        # SIGTERM flush, a script's own) may run after any call returns, and one that
+        # raises right after acquire() returned, before the try, would leave the lock held
+        # for good (and the exit flush deadlocked on it). ``with`` enters the lock and its
+        # cleanup with no such gap.
+        with self._lock:
             queue = self._queue
             total = self._bytes + size
             if len(queue) < self._limit and total <= self._max_bytes:
@@ -266,8 +269,6 @@ class QueuedSink:
                     self._kick()
             else:
                 self._enqueue_slow(event, size)
-        finally:
-            lock.release()
 
     def _kick(self) -> None:
         # Called with the lock held, when the queue just reached _kick_at.

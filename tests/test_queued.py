@@ -413,3 +413,65 @@ def test_the_jsonl_recorder_queue_is_flow_controlled_by_default(tmp_path: os.Pat
     finally:
         rec.close()
         off.close()
+
+
+SIGNAL_RACE = r"""
+import os, signal, sys, threading, time
+import eventbus
+from subscribers.queued import QueuedSink
+
+class Interrupt(Exception):
+    pass
+
+armed = False
+def handler(signum, frame):
+    if armed:
+        raise Interrupt()
+signal.signal(signal.SIGUSR1, handler)
+sink = QueuedSink(lambda batch: None, name="signal-race", max_events=10**9)
+event = eventbus.Metric(step=1, data={"loss": 0.5})
+main = threading.main_thread().ident
+stop = threading.Event()
+
+def pester():
+    while not stop.is_set():
+        signal.pthread_kill(main, signal.SIGUSR1)
+        time.sleep(0.0002)
+
+threading.Thread(target=pester, daemon=True).start()
+interrupted = leaked = 0
+deadline = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < deadline and interrupted < int(sys.argv[2]):
+    try:
+        armed = True
+        for _ in range(1_000):
+            sink(event)
+        armed = False
+    except Interrupt:
+        armed = False
+        interrupted += 1
+        if not sink._lock.acquire(timeout=5.0):  # the sink's thread holds it a moment
+            leaked += 1
+            break
+        sink._lock.release()
+stop.set()
+print("interrupted", interrupted, "leaked", leaked, flush=True)
+os._exit(0)
+"""
+
+
+def test_a_signal_handler_raising_mid_enqueue_never_leaves_the_lock_held() -> None:
+    """A signal handler runs in the main thread after any call returns, so it may raise
+    inside ``QueuedSink.__call__`` (the worker's chained SIGTERM handler calls the
+    script's, which exits). Hundreds of such interruptions leave the queue's lock free:
+    taken with acquire() + try/finally, the lock was left held after a few, and the exit
+    flush then waited on it for good."""
+    proc = subprocess.run([sys.executable, "-c", SIGNAL_RACE, "20", "300"],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=90,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    words = proc.stdout.split()
+    interrupted = int(words[words.index("interrupted") + 1])
+    leaked = int(words[words.index("leaked") + 1])
+    assert interrupted > 0, proc.stdout  # the signals did land inside the loop
+    assert leaked == 0, f"lock left held after {interrupted} interruptions"
