@@ -198,9 +198,9 @@ class QueuedSink:
         self._queue: collections.deque[Event] = collections.deque()
         self._sizes: collections.deque[int] = collections.deque()
         self._bytes = 0
-        # The producers take the plain lock; the sink thread waits on a Condition over
-        # the same lock.
-        self._lock = threading.Lock()
+        # The producers take the lock; the sink thread waits on a Condition over the same
+        # lock. Re-entrant, for a signal handler that records (see __call__).
+        self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -233,10 +233,10 @@ class QueuedSink:
     # -- the subscriber side (caller's thread) ------------------------------------------
     def __call__(self, event: Event) -> None:
         """Enqueue ``event``; never blocks on the sink."""
-        # The hot path: a size estimate (numbers written out here: no call), the plain
-        # lock, two appends, one counter. Nothing in the locked part allocates an object
-        # the garbage collector tracks (deque blocks and ints are not), so no collection,
-        # and no finalizer that might record() again, runs while the lock is held.
+        # The hot path: a size estimate (numbers written out here: no call), the lock, two
+        # appends, one counter. Nothing in the locked part allocates an object the garbage
+        # collector tracks (deque blocks and ints are not), so no collection, and no
+        # finalizer that might record() again, runs while the lock is held.
         # Everything unusual (closed, full, too large) is _enqueue_slow's.
         if self._default_size:
             data = event.data
@@ -253,19 +253,23 @@ class QueuedSink:
         # The lock stays: under the GIL each step below is atomic, but the length test,
         # the byte sum and the appends together are not (another producer thread may run
         # between them), and free-threaded builds have no GIL at all.
-        # Taken by ``with``, not acquire() + try/finally: a signal handler (the worker's
-        # SIGTERM flush, a script's own) may run after any call returns, and one that
-        # raises right after acquire() returned, before the try, would leave the lock held
-        # for good (and the exit flush deadlocked on it). ``with`` enters the lock and its
-        # cleanup with no such gap.
+        # Signal handlers run in the main thread after any call returns, so they may run
+        # in here. Taken by ``with``: one that raises right after a bare acquire(), before
+        # a try, would leave the lock held for good. Re-entrant (an RLock): one that
+        # records an event (a script's SIGTERM handler, chained by the worker's) enqueues
+        # it instead of deadlocking; so the steps are ordered for an enqueue nested at any
+        # call: the length is read once, the byte sum is one statement, and the kick
+        # depends on this enqueue's own length, so nested enqueues neither skip it nor
+        # lose bytes (they may only swap two events' sizes, or order the nested event
+        # first).
         with self._lock:
             queue = self._queue
-            total = self._bytes + size
-            if len(queue) < self._limit and total <= self._max_bytes:
+            n = len(queue)
+            if n < self._limit and self._bytes + size <= self._max_bytes:
+                self._bytes += size
                 queue.append(event)
                 self._sizes.append(size)
-                self._bytes = total
-                if len(queue) == self._kick_at:
+                if n + 1 == self._kick_at:
                     self._kick()
             else:
                 self._enqueue_slow(event, size)
@@ -292,7 +296,8 @@ class QueuedSink:
         sizes = self._sizes
         while queue and (len(queue) >= self._max_events or self._bytes + size > self._max_bytes):
             queue.popleft()
-            self._bytes -= sizes.popleft()
+            freed = sizes.popleft()  # not in the -= below: its read of _bytes comes before
+            self._bytes -= freed     # the call, and an enqueue nested there would be lost
             self._removed += 1
             self._drop("queue full", 1)
         queue.append(event)

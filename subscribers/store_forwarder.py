@@ -442,9 +442,13 @@ def _close_worker_forwarder(timeout: float | None = None) -> None:
 
 def _lock_free(fwd: StoreForwarder) -> bool:
     # The SIGTERM handler runs in the main thread between two bytecodes, possibly inside
-    # QueuedSink.__call__ with its lock held: flushing inline would then deadlock. The
-    # queue's own thread holds the lock only for a few pops, so a short wait tells which.
+    # QueuedSink.__call__ with its lock held. The lock is re-entrant, so acquiring it here
+    # would succeed, and a flush would then wait (releasing it) while the interrupted
+    # enqueue is half done: never flush inline then. The queue's own thread holds the
+    # lock only for a few pops, so a short wait tells the other case.
     lock = fwd.sink._cond
+    if lock._is_owned():  # type: ignore[attr-defined]  # Condition's, for its RLock
+        return False
     if lock.acquire(timeout=0.2):
         lock.release()
         return True

@@ -27,6 +27,8 @@ import os, signal, sys, time
 mode, ready = sys.argv[1], sys.argv[2]
 if mode == "chained":
     def mine(signum, frame):
+        import eventbus  # imported by then: the handler records its last word, as a
+        eventbus.record("CHECKPOINT_SAVED", path="at-sigterm")  # preemption handler may
         open(ready + ".handler", "w").write("ran")
         sys.exit(7)
     signal.signal(signal.SIGTERM, mine)  # the script's handler, before `import eventbus`
@@ -57,8 +59,9 @@ def test_sigterm_mid_stream_flushes_everything_within_budget(
     store: Any, tmp_path: Path, mode: str, figure: Callable[[int, str], None],
 ) -> None:
     """SIGTERM while the worker records as fast as it can: it exits (by SIGTERM, or by the
-    script's own handler, which ran) within the budget; the agent receives 0..N-1 with no
-    gap, no duplicate, and the sender's end marker."""
+    script's own handler, which ran and recorded an event) within the budget; the agent
+    receives 0..N-1 with no gap, no duplicate, the sender's end marker, and the event the
+    script's handler recorded."""
     from eventbus.wire import ENV_PREFIX
     from eventbus.wire import ENV_STORE
     from eventbus.wire import worker_key
@@ -98,6 +101,9 @@ def test_sigterm_mid_stream_flushes_everything_within_budget(
                f"(budget {BUDGET_S:.0f} s); delivered {len(indices):,}, lost {lost}, "
                f"contiguous {indices == list(range(len(indices)))}")
     assert ended
+    if mode == "chained":  # what the script's own handler recorded arrived too
+        assert [e.fields()["path"] for e in got
+                if e.type == EventType.CHECKPOINT_SAVED] == ["at-sigterm"]
     assert indices == list(range(len(indices)))
     assert len(indices) >= 5_000
     assert lost == 0 and rx.stats()["lost"] == {}
