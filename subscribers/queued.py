@@ -307,7 +307,13 @@ class QueuedSink:
             self._start()
 
     def _drop(self, reason: str, n: int) -> None:
-        self.dropped[reason] = self.dropped.get(reason, 0) + n
+        # One statement with no call in it once the reason is known: a drop nested in
+        # here by a signal handler (see __call__) is not lost to a stale read.
+        dropped = self.dropped
+        if reason in dropped:
+            dropped[reason] += n
+        else:
+            dropped[reason] = n
 
     # -- the sink side (own thread) -----------------------------------------------------
     def _start(self) -> None:
