@@ -85,9 +85,11 @@ WORKER = textwrap.dedent("""
     full = []  # the flood's full collections: each traverses the whole unfrozen heap
 
     def on_gc(phase, info):
-        if info["generation"] == 2:
-            full.append(time.perf_counter() if phase == "start" else
-                        time.perf_counter() - full.pop())
+        if info["generation"] == 2:  # a start pushes its time; its stop, the duration
+            if phase == "start":
+                full.append(time.perf_counter())
+            else:
+                full.append(time.perf_counter() - full.pop())
 
     gc.callbacks.append(on_gc)
     t0 = time.perf_counter()
