@@ -279,15 +279,23 @@ def _wait_for(predicate: Any, timeout: float) -> bool:
     return True
 
 
+def _bell_receiver(store: Any, name: str, *, poll: float,
+                   idle: float) -> tuple[StoreReceiver, list[eventbus.Event], str]:
+    """A started receiver watching KEY with a doorbell of its own: (receiver, what its bus
+    got, the doorbell's key)."""
+    dst, got = _bus_with_log("dst")
+    bell = bell_key("test", name)
+    rx = StoreReceiver(bus=dst, host="127.0.0.1", port=store.port, connect_timeout=10,
+                       poll_interval=poll, max_idle_interval=idle, bell=bell)
+    rx.watch(KEY, kind="w", rank=0)
+    rx.start()
+    return rx, got, bell
+
+
 def test_a_ringing_sender_is_popped_at_once_not_at_the_backed_off_poll(store: Any) -> None:
     """A forwarder with the receiver's doorbell rings it after each push: its queue is
     popped at once although the receiver's idle poll of it is 60 s away."""
-    dst, got = _bus_with_log("dst")
-    bell = bell_key("test", "rx0")
-    rx = StoreReceiver(bus=dst, host="127.0.0.1", port=store.port, connect_timeout=10,
-                       poll_interval=60.0, max_idle_interval=60.0, bell=bell)
-    rx.watch(KEY, kind="w", rank=0)
-    rx.start()
+    rx, got, bell = _bell_receiver(store, "rx0", poll=60.0, idle=60.0)
     src = eventbus.Bus("src")
     fwd = StoreForwarder(host="127.0.0.1", port=store.port, key=KEY, rank=0, bus=src,
                          bell=bell)
@@ -309,12 +317,7 @@ def test_a_ringing_sender_is_popped_at_once_not_at_the_backed_off_poll(store: An
 def test_doorbell_ignores_strangers_and_stop_wakes_and_removes_it(store: Any) -> None:
     """Rings that name no watched queue (or are oversized) are ignored; stop() ends the
     blocked doorbell thread and deletes the doorbell queue; the queues are still polled."""
-    dst, got = _bus_with_log("dst")
-    bell = bell_key("test", "rx1")
-    rx = StoreReceiver(bus=dst, host="127.0.0.1", port=store.port, connect_timeout=10,
-                       poll_interval=0.01, max_idle_interval=0.05, bell=bell)
-    rx.watch(KEY, kind="w", rank=0)
-    rx.start()
+    rx, got, bell = _bell_receiver(store, "rx1", poll=0.01, idle=0.05)
     for token in (b"eventbus/test/0/w9", b"x" * 5000, b"\xff\xfe", KEY.encode()):
         store.queue_push(bell, token)
     src = eventbus.Bus("src")
