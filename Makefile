@@ -7,7 +7,8 @@ STAMP := $(VENV)/.installed
 
 .PHONY: venv test test-slow test-all lint demo bench clean test-pythons test-compat
 
-$(STAMP): pyproject.toml
+# eventbus/_speedups.c is built by the editable install: a change to it reinstalls.
+$(STAMP): pyproject.toml setup.py eventbus/_speedups.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.
@@ -25,6 +26,17 @@ lint: $(STAMP)
 # torchrun jobs, the demo, the 10-restarts-in-a-row run). CI runs those too (.ci/run).
 test: $(STAMP) lint
 	$(PY) -m pytest -q -m "not slow"
+	# The core again on the pure-Python path: the compiled one (eventbus/_speedups.c)
+	# stands in for it where it is built, and both must behave alike.
+	EVENTBUS_PURE_PYTHON=1 $(PY) -m pytest -q -p no:cacheprovider -m "not slow" $(PURE_TESTS)
+
+PURE_TESTS := tests/test_bus.py tests/test_events.py tests/test_queued.py tests/test_wire.py \
+	tests/test_wire_fast_path.py tests/test_properties.py tests/test_compiled.py \
+	tests/test_jsonl.py tests/reliability/test_data_snapshots.py \
+	tests/reliability/test_reentrant_record.py \
+	tests/reliability/test_subscribe_cancel_mid_dispatch.py \
+	tests/reliability/test_raising_subscriber.py tests/reliability/test_strict_mode.py \
+	tests/reliability/test_many_threads.py
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
@@ -52,7 +64,7 @@ test-pythons:
 	@failed=""; for py in $(PYTHONS); do \
 	  v=$$($$py -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
 	  venv=.venv-py$$v; \
-	  if [ ! -f $$venv/.installed ]; then \
+	  if [ ! -f $$venv/.installed ] || [ eventbus/_speedups.c -nt $$venv/.installed ]; then \
 	    $$py -m venv $$venv && $$venv/bin/pip install -q --no-deps -e . && \
 	    $$venv/bin/pip install -q $(TORCH_FREE_DEPS) && touch $$venv/.installed; fi; \
 	  echo "== Python $$v (no torch): fast tests"; \
@@ -85,4 +97,5 @@ test-compat:
 	  "tests/test_launcher.py::test_reactor_restart_recovers_the_job"
 
 clean:
-	rm -rf $(VENV) .venv-py* .venv-compat-* .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-py* .venv-compat-* .pytest_cache .mypy_cache .ruff_cache build \
+		eventbus/_speedups.*.so

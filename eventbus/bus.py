@@ -36,6 +36,7 @@ from typing import Any
 import attrs
 import blinker
 
+from eventbus._compiled import speedups as _speedups
 from eventbus.events import _REGISTRY
 from eventbus.events import Event
 from eventbus.events import EventType
@@ -86,6 +87,10 @@ def _direct_callable(on_event: Handler) -> Handler:
     ``record()`` to a queued sink); the bound method is a direct call. Python looks
     ``__call__`` up on the class, never the instance, and so does this, once.
     """
+    direct = getattr(type(on_event), "_eventbus_direct", None)
+    if callable(direct):  # a queued sink's compiled enqueue (subscribers/queued.py)
+        fast: Handler = direct(on_event)
+        return fast
     for klass in type(on_event).__mro__:
         call = klass.__dict__.get("__call__")
         if call is not None:
@@ -219,9 +224,17 @@ class _Slot:
     check: Callable[[dict[str, Any]], None] = attrs.field(init=False)
     build: Callable[[dict[str, Any]], Event] = attrs.field(init=False)
 
+    #: what the compiled record() reads of this slot (an eventbus._speedups.View: the
+    #: class's compiled description and ``calls``), or None where it is not built
+    view: Any = attrs.field(init=False, default=None)
+
     def __attrs_post_init__(self) -> None:
         self.check = self.event_cls._check
         self.build = self.event_cls._build
+        if _speedups is not None:
+            self.view = _speedups.View(
+                slot=self, spec=self.event_cls.__dict__.get("_spec"), calls=self.calls,
+                published=self.published)
 
 
 class Bus:
@@ -236,6 +249,8 @@ class Bus:
         self._lock = threading.RLock()
         self._seq = itertools.count()
         self._slots: dict[Any, _Slot] = {}
+        #: the compiled record()'s own index: the same keys, each slot's view
+        self._views: dict[Any, Any] = {}
         self._all_signal = blinker.Signal(f"eventbus.{name}.ALL")
         self._all_signal.receiver_connected.connect(self._on_all_changed, weak=False)
         self._all_signal.receiver_disconnected.connect(self._on_all_changed, weak=False)
@@ -247,6 +262,12 @@ class Bus:
             self._add_slot(cls)
         _on_declare.append(self._add_slot)
         _on_generate.append(self._generated)
+        # The compiled record(): the common case in C, anything else handed to the method
+        # below with the same arguments (so the same results and errors). A subclass that
+        # overrides record() keeps its own.
+        if _speedups is not None and type(self).record is Bus.record:
+            self.record = _speedups.Recorder(  # type: ignore[method-assign]
+                self, self._views, Bus.record)
 
     # -- slots and snapshots ------------------------------------------------------------
     def _add_slot(self, cls: type[Event]) -> None:
@@ -263,6 +284,9 @@ class Bus:
             # identity instead of comparing a str subclass with a str.
             self._slots[cls.type] = slot
             self._slots[cls] = slot
+            if slot.view is not None:
+                self._views[cls.type] = slot.view
+                self._views[cls] = slot.view
             self._refresh(slot)
 
     def _generated(self, cls: type[Event]) -> None:
@@ -271,6 +295,8 @@ class Bus:
         if slot is not None and slot.event_cls is cls:
             slot.check = cls._check
             slot.build = cls._build
+            if slot.view is not None:
+                slot.view.spec = cls.__dict__.get("_spec")
 
     def _slot(self, event_type: Any) -> _Slot:
         try:
@@ -314,6 +340,8 @@ class Bus:
         calls = tuple(t._dispatch if isinstance(t, Subscription) else t for t in subs)
         slot.snapshot = (calls, subs)
         slot.calls = calls
+        if slot.view is not None:
+            slot.view.calls = calls
 
     # -- subscribing ----------------------------------------------------------------------
     def subscribe(self, event_type: EventTypeLike, *, on_event: Handler, once: bool = False,

@@ -30,6 +30,7 @@ from typing import TypeVar
 
 import attrs
 
+from eventbus._compiled import speedups as _speedups
 from eventbus.context import JobContext
 from eventbus.context import _holder
 from eventbus.context import context_from_dict
@@ -153,6 +154,9 @@ class Event:
     _decode: ClassVar[Callable[[dict[str, Any], float, JobContext], Event]]
     #: the generated source of the four, for the curious and for debugging
     _source: ClassVar[str] = _GeneratedSource()  # type: ignore[assignment]
+    #: the compiled fast path's description of the class (None: not generated yet, or
+    #: eventbus._speedups not built); set by _generate on the class itself
+    _spec: ClassVar[Any] = None
 
     timestamp: float
     data: dict[str, Any]
@@ -589,6 +593,15 @@ def _generate(cls: type[Event], type_name: str, fields: dict[str, tuple[type, bo
     cls._check = staticmethod(env["_check"])
     cls._build = staticmethod(env["_build"])
     cls._decode = staticmethod(env["_decode"])
+    # The compiled common case of _build and _decode (eventbus/_speedups.c), read by the
+    # buses' record() and the receiver's decoder; anything else still goes to the above.
+    if _speedups is not None:
+        cls._spec = _speedups.Spec(
+            cls=cls, names=(*required, *optional),
+            kinds=(*required.values(), *(kind for kind, _ in optional.values())),
+            nullable=(*(False for _ in required), *(null for _, null in optional.values())),
+            n_required=len(required), empty=empty, snap=snap, atomic=ATOMIC, time=time.time,
+            holder=_holder, set_dict=Event.__dict__["__dict__"])
     env["__init__"].__qualname__ = f"{cls.__qualname__}.__init__"
     cls.__init__ = env["__init__"]  # type: ignore[method-assign]
     # Defaults live on the class, so an event built without an optional field reads it.

@@ -29,6 +29,7 @@ from typing import Literal
 
 import attrs
 
+from eventbus._compiled import speedups as _speedups
 from eventbus._reporting import RateLimiter
 from eventbus.events import Event
 
@@ -273,6 +274,16 @@ class QueuedSink:
                     self._kick()
             else:
                 self._enqueue_slow(event, size)
+
+    def _eventbus_direct(self) -> Callable[[Event], object]:
+        """What a bus calls per event for this sink (eventbus.bus._direct_callable): the
+        compiled enqueue (eventbus/_speedups.c: the steps of ``__call__`` in C, with
+        anything unusual handed to ``__call__`` itself), or ``__call__`` where it is not
+        built or a subclass overrides ``__call__``."""
+        if _speedups is not None and type(self).__call__ is QueuedSink.__call__:
+            return _speedups.Enqueuer(  # type: ignore[no-any-return]
+                self, QueuedSink.__call__, _value_size, _BASE_SIZE)
+        return self.__call__
 
     def _kick(self) -> None:
         # Called with the lock held, when the queue just reached _kick_at.

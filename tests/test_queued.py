@@ -485,10 +485,14 @@ os._exit(0)
 """
 
 
-def _signal_race(mode: str) -> dict[str, int]:
+#: both enqueues: the compiled one (eventbus/_speedups.c) and the pure-Python one
+PATHS = pytest.mark.parametrize("pure", ["0", "1"], ids=["compiled", "python"])
+
+
+def _signal_race(mode: str, pure: str) -> dict[str, int]:
     proc = subprocess.run([sys.executable, "-c", SIGNAL_RACE, mode, "20", "300"],
-                          env=subprocess_env(), capture_output=True, text=True, timeout=120,
-                          check=False)
+                          env=subprocess_env(EVENTBUS_PURE_PYTHON=pure), capture_output=True,
+                          text=True, timeout=120, check=False)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     words = proc.stdout.split()
     figures = {words[i]: words[i + 1] for i in range(0, len(words) - 1, 2)}
@@ -498,22 +502,24 @@ def _signal_race(mode: str) -> dict[str, int]:
     return out
 
 
-def test_a_signal_handler_raising_mid_enqueue_never_leaves_the_lock_held() -> None:
+@PATHS
+def test_a_signal_handler_raising_mid_enqueue_never_leaves_the_lock_held(pure: str) -> None:
     """A signal handler runs in the main thread after any call returns, so it may raise
     inside ``QueuedSink.__call__`` (the worker's chained SIGTERM handler calls the
     script's, which exits). Hundreds of such interruptions leave the queue's lock free:
     taken with acquire() + try/finally, the lock was left held after a few, and the exit
     flush then waited on it for good."""
-    out = _signal_race("raise")
+    out = _signal_race("raise", pure)
     assert out["leaked"] == 0, f"lock left held after {out['interrupted']} interruptions"
 
 
-def test_a_signal_handler_recording_mid_enqueue_neither_deadlocks_nor_loses() -> None:
+@PATHS
+def test_a_signal_handler_recording_mid_enqueue_neither_deadlocks_nor_loses(pure: str) -> None:
     """A signal handler that records an event while the main thread is inside the
     queue's lock (a script's SIGTERM handler recording its last checkpoint): the enqueue
     nests instead of deadlocking (with a plain lock the main thread hung for good), every
     event is handled, and the queue's sizes and byte count still match its events."""
-    out = _signal_race("record")
+    out = _signal_race("record", pure)
     assert out["from-handler"] == out["interrupted"]
     assert out["handled"] == out["enqueued"] and out["dropped"] == 0
     assert out["consistent"] == 1

@@ -1,0 +1,400 @@
+"""The compiled hot path (eventbus/_speedups.c) against the pure-Python one it stands in for.
+
+The compiled record(), decoder and enqueue take only the common case and hand anything
+else to the Python code with the same arguments; these tests pin that the two give the
+same events, the same errors and the same queue state for every kind of call, and what the
+compiled path adds: events of atomic values are invisible to the garbage collector.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import types
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import eventbus
+from eventbus import ALL
+from eventbus import Bus
+from eventbus import EventType
+from eventbus._compiled import speedups
+from eventbus.context import current_context
+from eventbus.events import event_class
+from subscribers.queued import QueuedSink
+from subscribers.queued import estimate_size
+from tests.conftest import subprocess_env
+
+needs_compiled = pytest.mark.skipif(speedups is None,
+                                    reason="eventbus._speedups is not built or disabled")
+
+
+def _compiler() -> str | None:
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    return shutil.which(cc)
+
+
+def test_the_compiled_path_is_built_where_a_compiler_is() -> None:
+    """`make test` builds eventbus._speedups: where a C compiler is at hand, a missing
+    module is a broken build, not a reason to test only the Python path."""
+    if os.environ.get("EVENTBUS_PURE_PYTHON", "") not in ("", "0"):
+        assert speedups is None
+        pytest.skip("EVENTBUS_PURE_PYTHON is set: the pure-Python path is under test")
+    if _compiler() is None:
+        pytest.skip("no C compiler here: eventbus runs its pure-Python path")
+    assert speedups is not None, "eventbus._speedups did not build (pip install -e .)"
+    assert type(eventbus.get_default_bus().record).__name__ == "Recorder"
+
+
+def _pure(bus: Bus) -> Bus:
+    """``bus`` with its record() set back to the pure-Python method."""
+    bus.record = types.MethodType(Bus.record, bus)  # type: ignore[method-assign]
+    return bus
+
+
+def _outcome(bus: Bus, event_type: Any, fields: dict[str, Any]) -> Any:
+    got: list[eventbus.Event] = []
+    sub = bus.subscribe(ALL, on_event=got.append)
+    try:
+        bus.record(event_type, **fields)
+    except Exception as exc:
+        return ("raised", type(exc), str(exc))
+    finally:
+        sub.cancel()
+    [event] = got
+    snapshot = {k: v for k, v in event.__dict__.items() if k != "timestamp"}
+    return ("event", type(event), list(event.__dict__), repr(snapshot),
+            type(event.data), bus.stats()["published"])
+
+
+class _Weird:
+    def __repr__(self) -> str:
+        return "<weird>"
+
+
+CALLS: list[tuple[Any, dict[str, Any]]] = [
+    (EventType.WORKER_EXIT, {"worker_id": 0, "exit_code": 1}),
+    (EventType.WORKER_EXIT, {"worker_id": 0, "exit_code": 1, "data": {"a": 1, "b": "x"}}),
+    (EventType.WORKER_EXIT, {"data": {"a": 1.5}, "exit_code": 1, "worker_id": 0}),
+    (EventType.WORKER_EXIT, {"worker_id": 0, "exit_code": 1, "data": None}),
+    (EventType.WORKER_EXIT, {"worker_id": 0, "exit_code": 1, "data": {}}),
+    (EventType.WORKER_EXIT, {"worker_id": 0, "exit_code": 1, "data": {"l": [1, [2]]}}),
+    (EventType.WORKER_EXIT, {"worker_id": 0, "exit_code": 1, "data": {"a": np.arange(3)}}),
+    (EventType.WORKER_EXIT, {"worker_id": 0, "exit_code": 1, "data": OrderedDict(a=1)}),
+    (EventType.WORKER_EXIT, {"worker_id": 0, "exit_code": 1, "data": {1: "int key"}}),
+    (EventType.WORKER_EXIT, {"worker_id": 0, "exit_code": 1, "data": [1, 2]}),
+    (EventType.WORKER_EXIT, {"worker_id": 0, "exit_code": 1, "data": {"w": _Weird()}}),
+    (EventType.WORKER_EXIT, {"worker_id": 0, "exit_code": 1, "signal": "SIGTERM"}),
+    (EventType.WORKER_EXIT, {"worker_id": 0, "exit_code": 1, "signal": None}),
+    (EventType.WORKER_EXIT, {"worker_id": 0, "exit_code": 1, "worker_pid": np.int64(7)}),
+    (EventType.WORKER_EXIT, {"worker_id": np.int64(3), "exit_code": 1}),
+    (EventType.WORKER_EXIT, {"worker_id": True, "exit_code": 1}),
+    (EventType.WORKER_EXIT, {"worker_id": 1.0, "exit_code": 1}),
+    (EventType.WORKER_EXIT, {"worker_id": None, "exit_code": 1}),
+    (EventType.WORKER_EXIT, {"worker_id": 0}),
+    (EventType.WORKER_EXIT, {"worker_id": 0, "exit_cod": 1}),
+    (EventType.WORKER_EXIT, {"worker_id": 0, "exit_code": 1, "bogus": 2}),
+    (EventType.WORKER_EXIT, {"worker_id": 0, "exit_code": 1, "timestamp": 1.0}),
+    (EventType.WORKER_EXIT, {"worker_id": 0, "exit_code": 1, "context": None}),
+    (EventType.WORKER_EXIT, {}),
+    ("WORKER_EXIT", {"worker_id": 0, "exit_code": 1}),
+    (event_class(EventType.WORKER_EXIT), {"worker_id": 0, "exit_code": 1}),
+    ("NO_SUCH_TYPE", {"x": 1}),
+    ([], {"x": 1}),
+    (EventType.METRIC, {}),
+    (EventType.METRIC, {"step": 3, "data": {"loss": 0.5}}),
+    (EventType.METRIC, {"step": None, "data": {"loss": 0.5}}),
+    (EventType.METRIC, {"step": "3"}),
+    (EventType.METRIC, {"data": {"nan": float("nan"), "b": b"x", "c": 1j, "n": None}}),
+    (EventType.CHECKPOINT_SAVED, {"path": Path("/tmp/x"), "step": 1}),
+    (EventType.CHECKPOINT_SAVED, {"path": "/tmp/x", "step": 1}),
+]
+
+
+@needs_compiled
+@pytest.mark.parametrize(("event_type", "fields"), CALLS,
+                         ids=[f"{i}-{t!s}" for i, (t, _) in enumerate(CALLS)])
+def test_compiled_record_matches_the_python_path(event_type: Any,
+                                                 fields: dict[str, Any]) -> None:
+    compiled, pure = Bus("compiled"), _pure(Bus("pure"))
+    assert type(compiled.record).__name__ == "Recorder"
+    for _ in range(2):  # the first call of a type generates its code: both paths
+        assert _outcome(compiled, event_type, dict(fields)) == \
+            _outcome(pure, event_type, dict(fields))
+
+
+@needs_compiled
+def test_keywords_that_are_not_interned_still_take_the_fast_path() -> None:
+    """record(**fields) with names built at run time (not the compiler's interned
+    constants) matches them by text."""
+    bus = Bus("dynamic")
+    got: list[eventbus.Event] = []
+    bus.subscribe(EventType.WORKER_EXIT, on_event=got.append)
+    names = ["".join(["worker", "_id"]), "".join(["exit", "_code"]), "".join(["da", "ta"])]
+    bus.record(EventType.WORKER_EXIT, **dict(zip(names, [1, 2, {"k": 3}], strict=True)))
+    assert (got[0].worker_id, got[0].exit_code, dict(got[0].data)) == (1, 2, {"k": 3})
+
+
+@needs_compiled
+def test_compiled_record_keeps_the_delivery_semantics() -> None:
+    """A raising subscriber is counted and the next still gets the event; a strict bus
+    re-raises; KeyboardInterrupt goes straight out; a subscriber that cancels another
+    mid-dispatch does not stop it for this event."""
+    bus = Bus("semantics")
+    seen: list[str] = []
+
+    def boom(event: eventbus.Event) -> None:
+        raise RuntimeError("boom")
+
+    bus.subscribe(EventType.METRIC, on_event=boom)
+    later = bus.subscribe(EventType.METRIC, on_event=lambda e: seen.append("later"))
+    bus.subscribe(EventType.METRIC, on_event=lambda e: later.cancel(), once=True)
+    bus.record(EventType.METRIC, step=1)
+    bus.record(EventType.METRIC, step=2)
+    assert seen == ["later"]  # the cancel took effect from the next event
+    stats = {s["subscriber"].rsplit(".", 1)[-1]: s for s in bus.stats()["subscribers"]}
+    assert stats["boom"]["failed"] == 2 and bus.stats()["published"] == {"METRIC": 2}
+
+    bus.strict = True
+    with pytest.raises(RuntimeError, match="boom"):
+        bus.record(EventType.METRIC, step=3)
+
+    stop = Bus("interrupt")
+
+    def interrupt(event: eventbus.Event) -> None:
+        raise KeyboardInterrupt
+
+    stop.subscribe(EventType.METRIC, on_event=interrupt)
+    after = stop.subscribe(EventType.METRIC, on_event=lambda e: seen.append("after"))
+    with pytest.raises(KeyboardInterrupt):
+        stop.record(EventType.METRIC, step=1)
+    assert "after" not in seen and after.stats()["failed"] == 0
+
+
+@needs_compiled
+def test_compiled_record_is_the_bus_method_to_introspection() -> None:
+    bus = eventbus.get_default_bus()
+    assert eventbus.record is bus.record
+    assert bus.record.__self__ is bus and bus.record.__func__ is Bus.record  # type: ignore[attr-defined]
+    import inspect
+    assert list(inspect.signature(bus.record).parameters) == ["event_type", "fields"]
+    assert bus.record.__doc__ == Bus.record.__doc__
+
+
+@needs_compiled
+def test_a_bus_subclass_overriding_record_keeps_its_own() -> None:
+    class Counting(Bus):
+        calls = 0
+
+        def record(self, event_type: Any, /, **fields: Any) -> None:
+            Counting.calls += 1
+            super().record(event_type, **fields)
+
+    bus = Counting("sub")
+    bus.record(EventType.METRIC, step=1)
+    assert Counting.calls == 1
+
+
+@needs_compiled
+def test_events_of_atomic_values_are_not_tracked_by_the_collector() -> None:
+    """An event whose fields and data are numbers and strings cannot be in a reference
+    cycle, so the compiled path leaves it, its __dict__ and its data out of the garbage
+    collector's sight: a backlog of them costs no collection. One with a container in its
+    data stays tracked, as does its context."""
+    bus = Bus("gc")
+    got: list[eventbus.Event] = []
+    bus.subscribe(ALL, on_event=got.append)
+    bus.record(EventType.METRIC, step=1, data={"loss": 0.5, "name": "x"})
+    bus.record(EventType.METRIC, step=1, data={"losses": [0.5]})
+    bus.record(EventType.METRIC, step=1, data={1: 0.5})  # a key that is not a str
+    plain, nested, odd_key = got
+    assert not gc.is_tracked(plain) and not gc.is_tracked(plain.__dict__)
+    assert not gc.is_tracked(plain.data)
+    assert gc.is_tracked(nested) and gc.is_tracked(odd_key)
+    assert gc.is_tracked(current_context())
+
+    kept: list[eventbus.Event] = []
+    bus.subscribe(EventType.WORKER_EXIT, on_event=kept.append)
+    before = len(gc.get_objects())
+    for i in range(3_000):
+        bus.record(EventType.WORKER_EXIT, worker_id=i, exit_code=0, data={"a": 1})
+    grown = len(gc.get_objects()) - before
+    # What each collection traverses. Tracked, each kept event would add three objects
+    # (event, __dict__, data): 9,000.
+    assert grown < 300, grown
+    assert [e.worker_id for e in kept] == list(range(3_000))
+
+
+@needs_compiled
+def test_untracked_events_are_still_freed() -> None:
+    import weakref
+
+    bus = Bus("free")
+    refs: list[weakref.ref[eventbus.Event]] = []
+    bus.subscribe(EventType.METRIC, on_event=lambda e: refs.append(weakref.ref(e)))
+    for i in range(100):
+        bus.record(EventType.METRIC, step=i, data={"v": i})
+    assert refs and all(r() is None for r in refs)
+
+
+# -- the receiver's decoder -----------------------------------------------------------------
+
+DECODES: list[tuple[Any, dict[str, Any]]] = [
+    (EventType.WORKER_EXIT, {"worker_id": 0, "exit_code": 1, "data": {"a": 1}}),
+    (EventType.WORKER_EXIT, {"worker_id": 0, "exit_code": 1}),
+    (EventType.WORKER_EXIT, {"worker_id": 0, "exit_code": 1, "data": {"l": [1, {"x": 2}]}}),
+    (EventType.WORKER_EXIT, {"worker_id": 0, "exit_code": 1.0}),
+    (EventType.WORKER_EXIT, {"worker_id": 0}),
+    (EventType.WORKER_EXIT, {"worker_id": 0, "exit_code": 1, "extra": 1}),
+    (EventType.WORKER_EXIT, {"worker_id": 0, "exit_code": 1, "data": [1]}),
+    (EventType.METRIC, {"step": None, "data": {"loss": 0.5}}),
+    (EventType.METRIC, {"step": "x"}),
+]
+
+
+@needs_compiled
+@pytest.mark.parametrize(("event_type", "fields"), DECODES)
+def test_compiled_decode_matches_the_python_decoder(event_type: Any,
+                                                    fields: dict[str, Any]) -> None:
+    cls = event_class(event_type)
+    cls._source  # noqa: B018 (generates the class's code)
+    spec = cls.__dict__["_spec"]
+    context = current_context()
+    compiled = spec.decode(dict(fields), 12.5, context)
+
+    def python() -> Any:
+        try:
+            return cls._decode(dict(fields), 12.5, context)
+        except (TypeError, ValueError) as exc:
+            return exc
+
+    expected = python()
+    if compiled is None:  # handed back: the Python decoder decides
+        return
+    assert not isinstance(expected, Exception)
+    assert compiled.__dict__ == expected.__dict__
+    assert list(compiled.__dict__) == list(expected.__dict__)
+    assert type(compiled.data) is type(expected.data)
+
+
+@needs_compiled
+def test_compiled_decode_hands_back_what_it_does_not_take() -> None:
+    spec = event_class(EventType.WORKER_EXIT).__dict__["_spec"]
+    context = current_context()
+    for fields in [{"worker_id": 0}, {"worker_id": 0, "exit_code": "1"},
+                   {"worker_id": 0, "exit_code": 1, "x": 1}, {1: 0},
+                   {"worker_id": 0, "exit_code": 1, "data": [1]}]:
+        before = dict(fields)
+        assert spec.decode(fields, 1.0, context) is None
+        assert fields == before  # untouched, for the Python decoder
+
+
+# -- the queued sink's enqueue ----------------------------------------------------------------
+
+def _state(sink: QueuedSink) -> tuple[Any, ...]:
+    return (sink._bytes, list(sink._sizes), len(sink._queue), dict(sink.dropped),
+            sink.enqueued)
+
+
+@needs_compiled
+@pytest.mark.parametrize("options", [
+    {}, {"max_events": 3}, {"max_bytes": 2_000}, {"max_events": 3, "overflow": "drop-newest"},
+    {"max_bytes": 700},
+])
+def test_compiled_enqueue_matches_the_python_path(options: dict[str, Any]) -> None:
+    """The same events through the compiled enqueue and through ``__call__`` leave the
+    same bytes, sizes, queue and drops, whether the queue has room, evicts or refuses.
+    Neither sink's thread runs (a long interval and a batch bigger than the test)."""
+    cls = event_class(EventType.METRIC)
+    events = [cls(step=i, data=data) for i, data in enumerate([
+        {}, {"loss": 0.5}, {"name": "x" * 100}, {"l": list(range(10))}, {"a": np.zeros(8)},
+        {"b": b"xyz", "n": None, "t": True}, {"big": "y" * 1_000}, {"loss": 1.5},
+    ])]
+    compiled_sink = QueuedSink(lambda batch: None, name="compiled", **options)
+    python_sink = QueuedSink(lambda batch: None, name="python", **options)
+    try:
+        enqueue = compiled_sink._eventbus_direct()
+        assert type(enqueue).__name__ == "Enqueuer"
+        for sink in (compiled_sink, python_sink):
+            sink._kick_at = -1  # no thread: compare the queues as the enqueues left them
+        for event in events:
+            enqueue(event)
+            python_sink(event)
+            assert _state(compiled_sink) == _state(python_sink)
+        assert compiled_sink._bytes == sum(estimate_size(e) for e in compiled_sink._queue)
+        compiled_sink.close(0)
+        python_sink.close(0)
+        enqueue(events[0])
+        python_sink(events[0])
+        assert compiled_sink.dropped == python_sink.dropped
+        assert compiled_sink.dropped.get("closed") == 1
+    finally:
+        compiled_sink.close(0)
+        python_sink.close(0)
+
+
+@needs_compiled
+def test_compiled_enqueue_starts_and_wakes_the_sink() -> None:
+    handled: list[eventbus.Event] = []
+    sink = QueuedSink(handled.extend, name="wakes", max_batch=10)
+    bus = Bus("wakes")
+    bus.subscribe(ALL, on_event=sink)
+    try:
+        for i in range(1_000):
+            bus.record(EventType.METRIC, step=i)
+        assert sink.flush(10)
+        assert [e.step for e in handled] == list(range(1_000))
+        assert sink._thread is not None
+    finally:
+        sink.close(5)
+
+
+@needs_compiled
+def test_sinks_that_are_not_plain_keep_the_python_enqueue() -> None:
+    class Own(QueuedSink):
+        seen = 0
+
+        def __call__(self, event: eventbus.Event) -> None:
+            Own.seen += 1
+            super().__call__(event)
+
+    own = Own(lambda batch: None, name="own")
+    custom = QueuedSink(lambda batch: None, name="custom", size_of=lambda e: 10)
+    try:
+        assert own._eventbus_direct() == own.__call__
+        bus = Bus("own")
+        bus.subscribe(ALL, on_event=own)
+        bus.subscribe(ALL, on_event=custom)
+        bus.record(EventType.METRIC, step=1)
+        assert Own.seen == 1
+        assert custom.flush(5) and custom._bytes == 0 and custom.enqueued == 1
+    finally:
+        own.close(0)
+        custom.close(0)
+
+
+PURE_RUN = r"""
+import gc, eventbus
+from eventbus import ALL, EventType
+from eventbus._compiled import speedups
+got = []
+eventbus.get_default_bus().subscribe(ALL, on_event=got.append)
+eventbus.record(EventType.METRIC, step=1, data={"loss": 0.5})
+eventbus.record(EventType.METRIC, step=2, data={"loss": 0.5})
+print(speedups, type(eventbus.record).__name__, gc.is_tracked(got[-1]), len(got))
+"""
+
+
+def test_eventbus_pure_python_disables_the_compiled_path() -> None:
+    proc = subprocess.run([sys.executable, "-c", PURE_RUN],
+                          env=subprocess_env(EVENTBUS_PURE_PYTHON="1"), capture_output=True,
+                          text=True, timeout=60, check=True)
+    assert proc.stdout.split() == ["None", "method", "True", "2"]
