@@ -774,7 +774,7 @@ static PyTypeObject RecorderType = {
    as in the Python method, so no signal handler can interrupt the byte sum or the
    appends (they run only between bytecodes). */
 
-static PyObject *s_default_size, *s_lock, *s_queue, *s_sizes, *s_limit, *s_bytes,
+static PyObject *s_lock, *s_queue, *s_sizes, *s_limit, *s_bytes,
     *s_max_bytes, *s_kick_at, *s_kick, *s_enqueue_slow, *s_append, *s_acquire, *s_release;
 
 typedef struct {
@@ -787,6 +787,9 @@ typedef struct {
     /* The bound methods of the sink's current lock and deques, made once per object:
        the sink replaces those objects only when it resets its state (after a fork). */
     PyObject *lock, *acquire, *release, *queue, *queue_append, *sizes, *sizes_append;
+    /* The last size made into an int: a stream of like events reuses it. */
+    long long last_size;
+    PyObject *last_size_obj;
 } EnqueuerObject;
 
 /* *bound = obj.name, made again only when obj is not *owner. 0, or -1 with an error. */
@@ -813,7 +816,20 @@ enqueuer_fallback(EnqueuerObject *self, PyObject *event)
 static long long
 enqueuer_size(EnqueuerObject *self, PyObject *event)
 {
-    PyObject *data = PyObject_GetAttr(event, s_data);
+    /* event.data: an event's own __dict__ holds it (eventbus.events: every field, data,
+       timestamp and context); anything else is read as an attribute. */
+    PyObject *data = NULL;
+    PyObject *own = PyObject_GenericGetDict(event, NULL);
+    if (own != NULL && PyDict_CheckExact(own)) {
+        data = PyDict_GetItemWithError(own, s_data);
+        Py_XINCREF(data);
+    }
+    Py_XDECREF(own);
+    if (data == NULL) {
+        if (PyErr_Occurred())
+            PyErr_Clear();
+        data = PyObject_GetAttr(event, s_data);
+    }
     if (data == NULL)
         return -1;
     long long size = self->base_size;
@@ -880,12 +896,7 @@ enqueuer_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject
     if (dict == NULL)
         return NULL;
     PyObject *result = NULL, *lock = NULL, *size_obj = NULL;
-    PyObject *flag = PyDict_GetItemWithError(dict, s_default_size);
-    if (flag != Py_True) {
-        if (!PyErr_Occurred())
-            result = enqueuer_fallback(self, event);
-        goto done;
-    }
+    /* The sink's size_of is estimate_size: QueuedSink makes an Enqueuer for no other. */
     long long size = enqueuer_size(self, event);
     if (size == -1)
         goto done;
@@ -893,9 +904,14 @@ enqueuer_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject
         result = enqueuer_fallback(self, event);
         goto done;
     }
-    size_obj = PyLong_FromLongLong(size);
-    if (size_obj == NULL)
-        goto done;
+    if (self->last_size_obj == NULL || self->last_size != size) {
+        PyObject *made = PyLong_FromLongLong(size);
+        if (made == NULL)
+            goto done;
+        Py_XSETREF(self->last_size_obj, made);
+        self->last_size = size;
+    }
+    size_obj = Py_NewRef(self->last_size_obj);
     lock = PyDict_GetItemWithError(dict, s_lock);
     if (lock == NULL) {
         if (!PyErr_Occurred())
@@ -1047,6 +1063,7 @@ enqueuer_clear(EnqueuerObject *self)
     Py_CLEAR(self->queue_append);
     Py_CLEAR(self->sizes);
     Py_CLEAR(self->sizes_append);
+    Py_CLEAR(self->last_size_obj);
     return 0;
 }
 
@@ -1131,7 +1148,6 @@ PyInit__speedups(void)
     INTERN(s_context, "context");
     INTERN(s_value, "value");
     INTERN(s_failed, "_failed");
-    INTERN(s_default_size, "_default_size");
     INTERN(s_lock, "_lock");
     INTERN(s_queue, "_queue");
     INTERN(s_sizes, "_sizes");

@@ -280,7 +280,8 @@ class QueuedSink:
         compiled enqueue (eventbus/_speedups.c: the steps of ``__call__`` in C, with
         anything unusual handed to ``__call__`` itself), or ``__call__`` where it is not
         built or a subclass overrides ``__call__``."""
-        if _speedups is not None and type(self).__call__ is QueuedSink.__call__:
+        if _speedups is not None and type(self).__call__ is QueuedSink.__call__ and \
+                self._default_size:
             return _speedups.Enqueuer(  # type: ignore[no-any-return]
                 self, QueuedSink.__call__, _value_size, _BASE_SIZE)
         return self.__call__
