@@ -22,17 +22,13 @@ from typing import Any
 
 from benchmarks._timing import Case
 from benchmarks._timing import measure
-from eventbus.bus import _default_bus
 
-# What the former inlined eventbus.record read: the default bus's slot dict (never rebound).
-_default_slots = _default_bus._slots
-
-__all__ = ["INLINED_ROW", "SUBSCRIBER_COUNTS", "TARGETS", "run"]
+__all__ = ["PURE_ROW", "SUBSCRIBER_COUNTS", "TARGETS", "run"]
 
 SUBSCRIBER_COUNTS = (0, 1, 10)
 
 #: the row of the hand-inlined eventbus.record that the bound method replaced
-INLINED_ROW = "eventbus.record(), default bus, former inlined copy"
+PURE_ROW = "eventbus record(), pure-Python path"
 
 #: the dispatch targets (the raised ones of PERFORMANCE.md, the snapshot of data included):
 #: (what, eventbus row, its count, peer row, peer count, limit on eventbus / peer)
@@ -48,11 +44,14 @@ TARGETS = [
 ]
 
 #: what the interpreter charges for ``bus.record(EventType.WORKER_EXIT, **fields)`` before
-#: any eventbus code runs (the enum attribute read, a call collecting keywords); the floor
-#: of a target at 1 or 10 subscribers adds the delivery, the "direct call" row at that count
-FLOOR_STEPS = ("EventType.WORKER_EXIT lookup", "call collecting **fields")
-#: what any event that is a snapshot costs on top, however it is built: a new object, the
-#: read-only copy of ``data`` (a dict subclass) and a timestamp; the second floor adds it
+#: any eventbus code runs: the enum attribute read, and the cheapest call that takes those
+#: arguments (a function binding them to its parameters: no dict is built, as a compiled
+#: callee builds none). The floor of a target at 1 or 10 subscribers adds the delivery, the
+#: "direct call" row at that count.
+FLOOR_STEPS = ("EventType.WORKER_EXIT lookup", "call binding the arguments")
+#: what any event that is a snapshot costs on top, however it is built: a new object with
+#: its attributes, the read-only copy of ``data`` (a dict subclass) and a timestamp; the
+#: second floor adds it
 SNAPSHOT_STEP = "bare snapshot event (object, read-only data copy, timestamp)"
 
 
@@ -100,6 +99,14 @@ def _cases() -> dict[tuple[str, int], Case]:
             bus=bus, EventType=EventType)
         add("eventbus record(), hoisted type", n, f"bus.record(W, {payload})",
             bus=bus, W=EventType.WORKER_EXIT)
+        # The same bus's record() without the compiled path (eventbus/_speedups.c): what
+        # an install without a C compiler, or EVENTBUS_PURE_PYTHON=1, runs.
+        pure = eventbus.Bus(f"bench{n}-pure")
+        pure.record = types.MethodType(eventbus.Bus.record, pure)  # type: ignore[method-assign]
+        for _ in range(n):
+            pure.subscribe(EventType.WORKER_EXIT, on_event=_make_noop(_noop_event))
+        add(PURE_ROW, n, f"bus.record(EventType.WORKER_EXIT, {payload})",
+            bus=pure, EventType=EventType)
 
         signal = blinker.Signal()
         for _ in range(n):
@@ -125,37 +132,12 @@ def _cases() -> dict[tuple[str, int], Case]:
     add("eventbus.record(), default bus", 0,
         f"record(EventType.WORKER_EXIT, {payload})",
         record=eventbus.record, EventType=EventType)
-    # Before eventbus.record became the default bus's bound method: the hand copy of
-    # Bus.record's body it replaced, timed side by side with it (issue 11).
-    add(INLINED_ROW, 0, f"record(EventType.WORKER_EXIT, {payload})",
-        record=_inlined_record, EventType=EventType)
     add("torch events.record()", 0,
         "record(Event(name='WORKER_EXIT', source=WORKER, "
         "metadata={'worker_id': 0, 'exit_code': 0, **d}), 'null')",
         record=torch_record, Event=torch_event_api.Event,
         WORKER=torch_event_api.EventSource.WORKER)
     return cases
-
-
-def _inlined_record(event_type: Any, /, **fields: Any) -> None:
-    """``eventbus.record`` as it was until it became ``_default_bus.record``: Bus.record's
-    body copied by hand, reading the default bus's slots from a module global."""
-    try:
-        slot = _default_slots[event_type]
-    except (KeyError, TypeError):
-        slot = _default_bus._slot(event_type)
-    calls = slot.calls
-    if not calls:
-        slot.check(fields)
-        next(slot.published)
-        return
-    event = slot.build(fields)
-    next(slot.published)
-    for call in calls:
-        try:
-            call(event)
-        except Exception as exc:
-            _default_bus._failed(slot, call, event, exc)
 
 
 def _make_noop(template: Any) -> Any:
@@ -174,28 +156,32 @@ def _breakdown_cases() -> list[Case]:
     def collect(event_type: Any, /, **fields: Any) -> None:
         pass
 
+    def take(event_type: Any, /, worker_id: int, exit_code: int, data: Any) -> None:
+        pass
+
     WorkerExit(worker_id=0, exit_code=0)  # its code is generated on first use: now
 
     ns = {"d": {"epoch": 10, "loss": 0.01}, "EventType": EventType,
-          "W": EventType.WORKER_EXIT, "collect": collect, "check": WorkerExit._check,
+          "W": EventType.WORKER_EXIT, "collect": collect, "take": take,
+          "check": WorkerExit._check,
           "build": WorkerExit._build, "eventbus": eventbus,
           # the parts of any snapshot event, with nothing of eventbus's around them
           "new": object.__new__, "cls": WorkerExit, "now": time.time,
           "frozen": type(WorkerExit(worker_id=0, exit_code=0, data={}).data),
           "set_dict": Event.__dict__["__dict__"].__set__,
-          "f": {"worker_id": 0, "exit_code": 0, "data": None}}
+          }
     return [
         Case("empty statement (timing loop)", "pass", ns),
         Case("EventType.WORKER_EXIT lookup", "EventType.WORKER_EXIT", ns),
+        Case("call binding the arguments", "take(W, worker_id=0, exit_code=0, data=d)", ns),
         Case("call collecting **fields", "collect(W, worker_id=0, exit_code=0, data=d)", ns),
         Case("dict of the fields", "{'worker_id': 0, 'exit_code': 0, 'data': d}", ns),
         Case("validate (dict + _check)", "check({'worker_id': 0, 'exit_code': 0, 'data': d})",
              ns),
         Case("validate + build (dict + _build)",
              "build({'worker_id': 0, 'exit_code': 0, 'data': d})", ns),
-        # the keyword dict is record()'s own (counted in the call above): reused here
-        Case(SNAPSHOT_STEP, "x = new(cls); f['data'] = frozen(d); f['timestamp'] = now(); "
-                            "set_dict(x, f)", ns),
+        Case(SNAPSHOT_STEP, "x = new(cls); set_dict(x, {'worker_id': 0, 'exit_code': 0, "
+                            "'data': frozen(d), 'timestamp': now()})", ns),
     ]
 
 

@@ -50,8 +50,10 @@ def _dispatch(result: dict[str, Any]) -> list[str]:
            "lookup alone costs about two direct calls: `enum.EnumType.__getattr__` sends "
            "every attribute read on an enum class through a slow hook; 3.12 dropped it). "
            "torch's `record()` has no subscribers. `eventbus.record(), default bus` is "
-           "`Bus.record` bound to the default bus; the `former inlined copy` row times, in "
-           "the same rounds, the hand copy of its body that `eventbus.record` was before.",
+           "the default bus's `record`. Every `eventbus` row runs the compiled path "
+           "(eventbus/_speedups.c) where it is built, except `pure-Python path`: the same "
+           "`record()` on a bus set back to the Python method, what an install without a "
+           "C compiler (or `EVENTBUS_PURE_PYTHON=1`) runs.",
            ""]
     rows = []
     for name, by_count in table.items():
@@ -75,12 +77,14 @@ def _dispatch(result: dict[str, Any]) -> list[str]:
     out += ["", "### Targets", "",
             "`floor` is the ratio that `bus.record(EventType.WORKER_EXIT, worker_id=0, "
             "exit_code=0, data=d)` could reach if eventbus cost nothing at all: the "
-            "interpreter's own cost of the call as written (the enum attribute read and a "
-            "call collecting keywords, timed in the same rounds) plus the peer's delivery "
+            "interpreter's own cost of the call as written (the enum attribute read and "
+            "the cheapest call taking those arguments, a function binding them to its "
+            "parameters; timed in the same rounds) plus the peer's delivery "
             "(the direct call row at that count), over the peer. A target below its floor "
             "cannot be met on this interpreter; the ratio is stated either way. "
             "`floor with a snapshot` adds what any event that is a snapshot costs, however "
-            "it is built: a new object, the read-only copy of `data` and a timestamp (the "
+            "it is built: a new object with its attributes, the read-only copy of `data` "
+            "and a timestamp (the "
             "last step of the breakdown below); at 0 subscribers `record()` builds no event "
             "and both floors are one.", ""]
     out += _table(["target", "ratio", "limit", "met", "floor (interpreter)",
