@@ -581,6 +581,32 @@ recorder_failed(RecorderObject *self, PyObject *slot, PyObject *call, PyObject *
     return 0;
 }
 
+/* Count the event and hand it to each call of the snapshot, in order: the delivery loop
+   of Bus.record and Bus.publish. 0, or -1 with an error (a strict bus's re-raise, or a
+   BaseException that is not an Exception, which goes straight out). */
+static int
+deliver(RecorderObject *self, ViewObject *view, PyObject *calls, PyObject *event)
+{
+    PyObject *count = PyIter_Next(view->published);
+    if (count == NULL)
+        return -1;
+    Py_DECREF(count);
+    Py_ssize_t ncalls = PyTuple_GET_SIZE(calls);
+    for (Py_ssize_t i = 0; i < ncalls; i++) {
+        PyObject *call = PyTuple_GET_ITEM(calls, i);
+        PyObject *ret = PyObject_CallOneArg(call, event);
+        if (ret != NULL) {
+            Py_DECREF(ret);
+            continue;
+        }
+        if (!PyErr_ExceptionMatches(PyExc_Exception))
+            return -1;  /* KeyboardInterrupt, SystemExit: out, as from the Python loop */
+        if (recorder_failed(self, view->slot, call, event) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 static PyObject *
 recorder_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
@@ -605,7 +631,6 @@ recorder_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject
     Py_INCREF(view);
     SpecObject *spec = (SpecObject *)Py_NewRef(view->spec);
     PyObject *calls = Py_NewRef(view->calls);
-    PyObject *slot = view->slot;
     PyObject *event = NULL, *result = NULL;
     PyObject *data;
     Py_ssize_t data_pos;
@@ -616,29 +641,13 @@ recorder_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject
         result = recorder_fallback(self, args, nargs, kwnames);
         goto done;
     }
-    Py_ssize_t ncalls = PyTuple_GET_SIZE(calls);
-    if (ncalls) {
+    if (PyTuple_GET_SIZE(calls)) {
         event = spec_build(spec, args + 1, kwnames, data, data_pos, NULL, NULL);
         if (event == NULL)
             goto done;
     }
-    PyObject *count = PyIter_Next(view->published);
-    if (count == NULL)
-        goto done;
-    Py_DECREF(count);
-    for (Py_ssize_t i = 0; i < ncalls; i++) {
-        PyObject *call = PyTuple_GET_ITEM(calls, i);
-        PyObject *ret = PyObject_CallOneArg(call, event);
-        if (ret != NULL) {
-            Py_DECREF(ret);
-            continue;
-        }
-        if (!PyErr_ExceptionMatches(PyExc_Exception))
-            goto done;  /* KeyboardInterrupt, SystemExit: out, as from the Python loop */
-        if (recorder_failed(self, slot, call, event) < 0)
-            goto done;
-    }
-    result = Py_NewRef(Py_None);
+    if (deliver(self, view, calls, event) == 0)
+        result = Py_NewRef(Py_None);
 done:
     Py_XDECREF(event);
     Py_DECREF(calls);
@@ -646,6 +655,36 @@ done:
     Py_DECREF(view);
     return result;
 }
+
+/* Bus.publish(event): an event built elsewhere (decoded from a worker, bridged from
+   torch), delivered as it is. Anything but an event of a known type with its slot's view
+   goes to the Python method. */
+static PyObject *
+publisher_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    RecorderObject *self = (RecorderObject *)op;
+    if (PyVectorcall_NARGS(nargsf) != 1 || kwnames != NULL)
+        return recorder_fallback(self, args, PyVectorcall_NARGS(nargsf), kwnames);
+    PyObject *event = args[0];
+    PyObject *found = PyDict_GetItemWithError(self->views, (PyObject *)Py_TYPE(event));
+    if (found == NULL || Py_TYPE(found) != &ViewType) {
+        if (found == NULL && PyErr_Occurred())
+            return NULL;
+        return recorder_fallback(self, args, 1, NULL);
+    }
+    ViewObject *view = (ViewObject *)Py_NewRef(found);
+    PyObject *calls = Py_NewRef(view->calls);
+    PyObject *result = NULL;
+    if (!PyTuple_CheckExact(calls))
+        result = recorder_fallback(self, args, 1, NULL);
+    else if (deliver(self, view, calls, event) == 0)
+        result = Py_NewRef(Py_None);
+    Py_DECREF(calls);
+    Py_DECREF(view);
+    return result;
+}
+
+static PyTypeObject PublisherType;
 
 static int
 recorder_traverse(RecorderObject *self, visitproc visit, void *arg)
@@ -688,7 +727,7 @@ recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     RecorderObject *self = (RecorderObject *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
-    self->vectorcall = recorder_vectorcall;
+    self->vectorcall = type == &PublisherType ? publisher_vectorcall : recorder_vectorcall;
     self->bus = Py_NewRef(bus);
     self->views = Py_NewRef(views);
     self->fallback = Py_NewRef(fallback);
@@ -698,7 +737,9 @@ recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 static PyObject *
 recorder_repr(RecorderObject *self)
 {
-    return PyUnicode_FromFormat("<compiled record() of %R>", self->bus);
+    return PyUnicode_FromFormat("<compiled %s() of %R>",
+                                Py_TYPE(self) == &PublisherType ? "publish" : "record",
+                                self->bus);
 }
 
 static PyObject *
@@ -737,7 +778,7 @@ recorder_get_signature(RecorderObject *self, void *closure)
 
 static PyGetSetDef recorder_getset[] = {
     {"__self__", (getter)recorder_get_self, NULL, "the bus this record() publishes on"},
-    {"__func__", (getter)recorder_get_func, NULL, "the pure-Python Bus.record"},
+    {"__func__", (getter)recorder_get_func, NULL, "the pure-Python method"},
     {"__doc__", (getter)recorder_get_doc, NULL, NULL},
     {"__signature__", (getter)recorder_get_signature, NULL, NULL},
     {NULL},
@@ -749,6 +790,22 @@ static PyTypeObject RecorderType = {
     .tp_basicsize = sizeof(RecorderObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "Bus.record's compiled common case; anything else goes to Bus.record.",
+    .tp_new = recorder_new,
+    .tp_traverse = (traverseproc)recorder_traverse,
+    .tp_clear = (inquiry)recorder_clear,
+    .tp_dealloc = (destructor)recorder_dealloc,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(RecorderObject, vectorcall),
+    .tp_repr = (reprfunc)recorder_repr,
+    .tp_getset = recorder_getset,
+};
+
+static PyTypeObject PublisherType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "eventbus._speedups.Publisher",
+    .tp_basicsize = sizeof(RecorderObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "Bus.publish's compiled common case; anything else goes to Bus.publish.",
     .tp_new = recorder_new,
     .tp_traverse = (traverseproc)recorder_traverse,
     .tp_clear = (inquiry)recorder_clear,
@@ -1164,7 +1221,8 @@ PyInit__speedups(void)
     if ((s_empty_tuple = PyTuple_New(0)) == NULL)
         return NULL;
     if (PyType_Ready(&SpecType) < 0 || PyType_Ready(&ViewType) < 0 ||
-        PyType_Ready(&RecorderType) < 0 || PyType_Ready(&EnqueuerType) < 0)
+        PyType_Ready(&RecorderType) < 0 || PyType_Ready(&PublisherType) < 0 ||
+        PyType_Ready(&EnqueuerType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&speedups_module);
     if (m == NULL)
@@ -1172,6 +1230,7 @@ PyInit__speedups(void)
     if (PyModule_AddObjectRef(m, "Spec", (PyObject *)&SpecType) < 0 ||
         PyModule_AddObjectRef(m, "View", (PyObject *)&ViewType) < 0 ||
         PyModule_AddObjectRef(m, "Recorder", (PyObject *)&RecorderType) < 0 ||
+        PyModule_AddObjectRef(m, "Publisher", (PyObject *)&PublisherType) < 0 ||
         PyModule_AddObjectRef(m, "Enqueuer", (PyObject *)&EnqueuerType) < 0) {
         Py_DECREF(m);
         return NULL;

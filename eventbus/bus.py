@@ -262,12 +262,15 @@ class Bus:
             self._add_slot(cls)
         _on_declare.append(self._add_slot)
         _on_generate.append(self._generated)
-        # The compiled record(): the common case in C, anything else handed to the method
-        # below with the same arguments (so the same results and errors). A subclass that
-        # overrides record() keeps its own.
+        # The compiled record() and publish(): the common case in C, anything else handed
+        # to the methods below with the same arguments (so the same results and errors).
+        # A subclass that overrides one keeps its own.
         if _speedups is not None and type(self).record is Bus.record:
             self.record = _speedups.Recorder(  # type: ignore[method-assign]
                 self, self._views, Bus.record)
+        if _speedups is not None and type(self).publish is Bus.publish:
+            self.publish = _speedups.Publisher(  # type: ignore[method-assign]
+                self, self._views, Bus.publish)
 
     # -- slots and snapshots ------------------------------------------------------------
     def _add_slot(self, cls: type[Event]) -> None:

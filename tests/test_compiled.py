@@ -180,6 +180,31 @@ def test_compiled_record_keeps_the_delivery_semantics() -> None:
 
 
 @needs_compiled
+def test_compiled_publish_matches_the_python_path() -> None:
+    """publish() of a built event: the same deliveries, counts and failures; anything
+    that is not an event gets the Python method's error."""
+    compiled, pure = Bus("compiled-publish"), Bus("pure-publish")
+    pure.publish = types.MethodType(Bus.publish, pure)  # type: ignore[method-assign]
+    assert type(compiled.publish).__name__ == "Publisher"
+    event = event_class(EventType.METRIC)(step=1, data={"loss": 0.5})
+    outcomes = []
+    for bus in (compiled, pure):
+        got: list[eventbus.Event] = []
+        bus.subscribe(EventType.METRIC, on_event=got.append)
+        bus.subscribe(ALL, on_event=lambda e: 1 / 0)
+        bus.subscribe(ALL, on_event=got.append)
+        bus.publish(event)
+        bus.publish(event_class(EventType.WORKER_EXIT)(worker_id=1, exit_code=0))
+        with pytest.raises(TypeError) as error:
+            bus.publish("not an event")  # type: ignore[arg-type]
+        outcomes.append(([type(e).__name__ for e in got], got[0] is event,
+                         bus.stats()["published"],
+                         [s["failed"] for s in bus.stats()["subscribers"]], str(error.value)))
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][0] == ["Metric", "Metric", "WorkerExit"]
+
+
+@needs_compiled
 def test_compiled_record_is_the_bus_method_to_introspection() -> None:
     bus = eventbus.get_default_bus()
     assert eventbus.record is bus.record
@@ -330,8 +355,12 @@ def test_compiled_enqueue_matches_the_python_path(options: dict[str, Any]) -> No
             python_sink(event)
             assert _state(compiled_sink) == _state(python_sink)
         assert compiled_sink._bytes == sum(estimate_size(e) for e in compiled_sink._queue)
-        compiled_sink.close(0)
-        python_sink.close(0)
+        for sink in (compiled_sink, python_sink):  # closed: an enqueue is dropped as such
+            with sink._lock:
+                sink._queue.clear()
+                sink._sizes.clear()
+                sink._bytes = 0
+            sink.close(0)
         enqueue(events[0])
         python_sink(events[0])
         assert compiled_sink.dropped == python_sink.dropped
