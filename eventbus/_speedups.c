@@ -18,6 +18,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <time.h>
 
 static PyObject *s_data, *s_timestamp, *s_context, *s_value, *s_failed, *s_empty_tuple;
 
@@ -190,11 +191,16 @@ spec_snapshot(SpecObject *spec, PyObject *data, int *plain)
     *plain = 0;
     int str_keys = 1;
     while (PyDict_Next(data, &pos, &key, &value)) {
-        int atomic = PySet_Contains(spec->atomic, (PyObject *)Py_TYPE(value));
-        if (atomic < 0)
-            return NULL;
-        if (!atomic)
-            return PyObject_CallOneArg(spec->snap, data);
+        PyTypeObject *t = Py_TYPE(value);
+        /* the usual values first, without the set lookup */
+        if (t != &PyFloat_Type && t != &PyLong_Type && t != &PyUnicode_Type &&
+            t != &PyBool_Type && value != Py_None) {
+            int atomic = PySet_Contains(spec->atomic, (PyObject *)t);
+            if (atomic < 0)
+                return NULL;
+            if (!atomic)
+                return PyObject_CallOneArg(spec->snap, data);
+        }
         str_keys &= PyUnicode_CheckExact(key);
     }
     *plain = str_keys;
@@ -281,6 +287,23 @@ spec_match(SpecObject *spec, PyObject *const *values, PyObject *kwnames,
     return 1;
 }
 
+/* time.time(), read as it reads the clock (nanoseconds, then seconds as a double), without
+   the call; spec->time itself where there is no clock_gettime. */
+static PyObject *
+now_seconds(SpecObject *spec)
+{
+#if defined(CLOCK_REALTIME) && !defined(MS_WINDOWS)
+    struct timespec ts;
+    if (clock_gettime(CLOCK_REALTIME, &ts) == 0) {
+        long long ns = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+        double seconds = ns % 1000000000LL == 0 ? (double)(ns / 1000000000LL)
+                                                : (double)ns / 1e9;
+        return PyFloat_FromDouble(seconds);
+    }
+#endif
+    return PyObject_CallNoArgs(spec->time);
+}
+
 /* Build the event (a new reference), after spec_match returned 1. The event's __dict__
    holds the fields in call order, `data` where it was given (else after them), then
    timestamp and context, as the generated _build makes it. `timestamp` and `context`
@@ -315,7 +338,7 @@ spec_build(SpecObject *spec, PyObject *const *values, PyObject *kwnames, PyObjec
     if (data_pos < 0 && PyDict_SetItem(dict, s_data, frozen) < 0)
         goto error;
     if (timestamp == NULL) {
-        PyObject *now = PyObject_CallNoArgs(spec->time);
+        PyObject *now = now_seconds(spec);
         if (now == NULL || PyDict_SetItem(dict, s_timestamp, now) < 0) {
             Py_XDECREF(now);
             goto error;
@@ -449,7 +472,8 @@ typedef struct {
     PyObject *slot;       /* the bus's _Slot (for bus._failed) */
     PyObject *spec;       /* its class's Spec, or None before the code is generated */
     PyObject *calls;      /* the dispatch snapshot: a tuple of callables */
-    PyObject *published;  /* the slot's itertools.count */
+    PyObject *published;  /* the slot's itertools.count (what the Python path counts) */
+    Py_ssize_t count;     /* events the compiled path published (the bus adds the two) */
 } ViewObject;
 
 static PyMemberDef view_members[] = {
@@ -457,6 +481,8 @@ static PyMemberDef view_members[] = {
     {"spec", T_OBJECT_EX, offsetof(ViewObject, spec), 0, NULL},
     {"calls", T_OBJECT_EX, offsetof(ViewObject, calls), 0, NULL},
     {"published", T_OBJECT_EX, offsetof(ViewObject, published), READONLY, NULL},
+    {"count", T_PYSSIZET, offsetof(ViewObject, count), READONLY,
+     "events published through the compiled path (under the GIL: one C increment)"},
     {NULL},
 };
 
@@ -587,10 +613,7 @@ recorder_failed(RecorderObject *self, PyObject *slot, PyObject *call, PyObject *
 static int
 deliver(RecorderObject *self, ViewObject *view, PyObject *calls, PyObject *event)
 {
-    PyObject *count = PyIter_Next(view->published);
-    if (count == NULL)
-        return -1;
-    Py_DECREF(count);
+    view->count++;
     Py_ssize_t ncalls = PyTuple_GET_SIZE(calls);
     for (Py_ssize_t i = 0; i < ncalls; i++) {
         PyObject *call = PyTuple_GET_ITEM(calls, i);

@@ -16,6 +16,7 @@ class View:
     spec: Spec | None
     calls: tuple[Any, ...]
     published: Any
+    count: int
 
 class Recorder:
     def __init__(self, bus: Any, views: dict[Any, Any],

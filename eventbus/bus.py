@@ -199,6 +199,12 @@ def _queue_stats(on_event: object) -> dict[str, Any]:
     return {"dropped": {}, "pending": 0}
 
 
+def _published(slot: _Slot) -> int:
+    """Events published on a slot: the Python path's count plus the compiled path's."""
+    view = slot.view
+    return _count_value(slot.published) + (view.count if view is not None else 0)
+
+
 def _callable_name(fn: object) -> str:
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
     if name is None:
@@ -497,8 +503,8 @@ class Bus:
     # -- statistics -------------------------------------------------------------------------
     def _published_for(self, key: Any) -> int:
         if key is ALL:
-            return sum(_count_value(s.published) for s in self._unique_slots())
-        return _count_value(self._slots[key].published)
+            return sum(_published(s) for s in self._unique_slots())
+        return _published(self._slots[key])
 
     def _subscription_stats(self, sub: Subscription) -> dict[str, Any]:
         seen = self._published_for(sub.event_type) - sub._published_at_start
@@ -527,7 +533,7 @@ class Bus:
         queue ``delivered == sink["handled"] + sink["failed"] + pending + dropped``.
         """
         with self._lock:
-            published = {str(slot.event_cls.type): _count_value(slot.published)
+            published = {str(slot.event_cls.type): _published(slot)
                          for slot in self._unique_slots()}
             subs = [self._subscription_stats(s) for s in self.subscriptions()]
         return {"published": {k: v for k, v in published.items() if v},

@@ -505,7 +505,7 @@ class BatchDecoder:
                 # record()'s builder with the sender's timestamp and context: it validates
                 # ``fields`` in place, snapshots data and makes ``fields`` the event's own
                 # __dict__ (no keyword binding, no copy).
-                spec = cls._spec
+                spec = cls.__dict__.get("_spec")  # its own, never a base class's
                 event = None if spec is None else spec.decode(fields, timestamp, context)
                 if event is None:  # not compiled, or anything but the common case
                     event = cls._decode(fields, timestamp, context)
