@@ -184,13 +184,23 @@ def queue_empty_error() -> type[BaseException]:
 
 _DUMPS = json.JSONEncoder(allow_nan=False, separators=(",", ":"), check_circular=False).encode
 
-_orjson: Any
-try:  # a C-speed codec for the common batch; json stays the fallback and the judge
-    import orjson
+#: orjson, a C-speed codec for the common batch (json stays the fallback and the judge):
+#: False until the first batch imports it (``import eventbus`` does not pay for it), None
+#: where it is not installed
+_orjson: Any = False
 
-    _orjson = orjson
-except ImportError:  # pragma: no cover - orjson is a dependency, but not a required one
-    _orjson = None
+
+def _codec() -> Any:
+    """orjson, or None where it is not installed (a dependency, but not a required one)."""
+    global _orjson
+    if _orjson is False:
+        try:
+            import orjson
+        except ImportError:  # pragma: no cover
+            _orjson = None
+        else:
+            _orjson = orjson
+    return _orjson
 
 
 _PLAIN_JSON = frozenset({str, int, float, bool, type(None)})
@@ -205,7 +215,8 @@ def _fast_entries(entries: list[Any]) -> bytes | None:
     one. Anything orjson refuses (ints past 64 bits, non-string keys, tensors, ...) goes to
     json as well, so the wire carries the same values either way.
     """
-    if _orjson is None:
+    orjson = _codec()
+    if orjson is None:
         return None
     # orjson writes enums, UUIDs, datetimes and dataclasses natively where json (through
     # sanitize) writes a summary: it only gets data of plain JSON scalars (the typed
@@ -218,8 +229,8 @@ def _fast_entries(entries: list[Any]) -> bytes | None:
                 if type(value) not in plain:
                     return None
     try:
-        out: bytes = _orjson.dumps(entries)
-    except (TypeError, ValueError, _orjson.JSONEncodeError):
+        out: bytes = orjson.dumps(entries)
+    except (TypeError, ValueError, orjson.JSONEncodeError):
         return None
     return None if b"null" in out else out
 
@@ -328,10 +339,11 @@ def _loads(text: str) -> Any:
     refuses (a NaN literal, a lone surrogate escape, an int past 64 bits, deep nesting) is
     handed to json, which accepts or rejects it exactly as before.
     """
-    if _orjson is not None:
+    orjson = _codec()
+    if orjson is not None:
         try:
-            return _orjson.loads(text)
-        except _orjson.JSONDecodeError:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
             pass
     return json.loads(text, parse_constant=reject_constant)
 
