@@ -843,19 +843,24 @@ static PyTypeObject PublisherType = {
 /* Enqueuer: QueuedSink.__call__'s common case (subscribers/queued.py)                 */
 /* ------------------------------------------------------------------------------------ */
 
-/* The same steps as the Python method, in the same order, on the sink's own attributes
-   (read from its __dict__ on every call, so a sink whose state is rebuilt after a fork is
-   still the one served): the size estimate, the lock, the byte sum, the two appends, the
-   kick. Anything unusual is the Python method's: a custom size_of, a sink state that is
-   not plain ints, a queue that is full, closed or over its bytes (_enqueue_slow).
+/* The same steps as the Python method, in the same order: the size estimate, the lock,
+   the byte sum, the two appends, the kick. Anything unusual is the Python method's: a
+   value whose size is not a plain int, a queue that is full, closed or over its bytes
+   (the sink's own _enqueue_slow), a sink not synced yet.
+
+   What changes rarely the sink hands over with sync(): its queue, its sizes, its lock,
+   the admitted count (_limit: max_events, or 0 once closed), max_bytes and the length
+   that kicks its thread. QueuedSink calls sync() wherever those change (its state's
+   reset, its thread's start, close), with its lock held, so an enqueue, which takes the
+   same lock, never sees them half changed. The byte count changes with every batch the
+   sink's thread takes, so it is read from the sink's __dict__ each time.
 
    The lock is the sink's RLock, taken and released around the locked part as `with`
-   does. No Python code runs between the two except the sink's own _kick or _enqueue_slow,
-   as in the Python method, so no signal handler can interrupt the byte sum or the
-   appends (they run only between bytecodes). */
+   does. No Python code runs between the two except the sink's own _kick or
+   _enqueue_slow, as in the Python method, so no signal handler can interrupt the byte
+   sum or the appends (handlers run only between bytecodes). */
 
-static PyObject *s_lock, *s_queue, *s_sizes, *s_limit, *s_bytes,
-    *s_max_bytes, *s_kick_at, *s_kick, *s_enqueue_slow, *s_append, *s_acquire, *s_release;
+static PyObject *s_bytes, *s_kick, *s_enqueue_slow, *s_append, *s_acquire, *s_release;
 
 typedef struct {
     PyObject_HEAD
@@ -864,27 +869,13 @@ typedef struct {
     PyObject *fallback;    /* QueuedSink.__call__, the Python function: fallback(sink, e) */
     PyObject *value_size;  /* subscribers.queued._value_size */
     Py_ssize_t base_size;  /* subscribers.queued._BASE_SIZE */
-    /* The bound methods of the sink's current lock and deques, made once per object:
-       the sink replaces those objects only when it resets its state (after a fork). */
-    PyObject *lock, *acquire, *release, *queue, *queue_append, *sizes, *sizes_append;
+    /* the synced state (NULL until the first sync) */
+    PyObject *queue, *queue_append, *sizes_append, *acquire, *release;
+    long long limit, max_bytes, kick_at;
     /* The last size made into an int: a stream of like events reuses it. */
     long long last_size;
     PyObject *last_size_obj;
 } EnqueuerObject;
-
-/* *bound = obj.name, made again only when obj is not *owner. 0, or -1 with an error. */
-static int
-bound_method(PyObject *obj, PyObject *name, PyObject **owner, PyObject **bound)
-{
-    if (*owner == obj)
-        return 0;
-    PyObject *method = PyObject_GetAttr(obj, name);
-    if (method == NULL)
-        return -1;
-    Py_XSETREF(*bound, method);
-    Py_XSETREF(*owner, Py_NewRef(obj));
-    return 0;
-}
 
 static PyObject *
 enqueuer_fallback(EnqueuerObject *self, PyObject *event)
@@ -953,14 +944,55 @@ enqueuer_size(EnqueuerObject *self, PyObject *event)
     return size;
 }
 
+/* The locked part: 1 enqueued, 2 not the common case (nothing changed: the Python method
+   is to take it once the lock is released), 0 with an error. */
 static int
-as_count(PyObject *value, long long *out)
+enqueuer_locked(EnqueuerObject *self, PyObject *dict, PyObject *event, long long size,
+                PyObject *size_obj)
 {
+    PyObject *value = PyDict_GetItemWithError(dict, s_bytes);
     if (value == NULL || !PyLong_CheckExact(value))
-        return 0;
+        return PyErr_Occurred() ? 0 : 2;
     int overflow;
-    *out = PyLong_AsLongLongAndOverflow(value, &overflow);
-    return !overflow && !(*out == -1 && PyErr_Occurred());
+    long long bytes = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (overflow)
+        return 2;
+    /* Own references: an enqueue nested in this one (a finalizer that records, run by
+       an allocation below) may sync new ones. */
+    PyObject *queue = Py_NewRef(self->queue);
+    PyObject *queue_append = Py_NewRef(self->queue_append);
+    PyObject *sizes_append = Py_NewRef(self->sizes_append);
+    long long limit = self->limit, max_bytes = self->max_bytes, kick_at = self->kick_at;
+    int ok = 0;
+    Py_ssize_t n = PyObject_Size(queue);
+    if (n >= 0 && n < limit && bytes + size <= max_bytes) {
+        PyObject *total = PyLong_FromLongLong(bytes + size);
+        PyObject *r1 = NULL, *r2 = NULL;
+        if (total != NULL && PyDict_SetItem(dict, s_bytes, total) == 0 &&
+            (r1 = PyObject_CallOneArg(queue_append, event)) != NULL &&
+            (r2 = PyObject_CallOneArg(sizes_append, size_obj)) != NULL) {
+            ok = 1;
+            if (n + 1 == kick_at) {
+                PyObject *k = PyObject_CallMethodNoArgs(self->sink, s_kick);
+                if (k == NULL)
+                    ok = 0;
+                Py_XDECREF(k);
+            }
+        }
+        Py_XDECREF(total);
+        Py_XDECREF(r1);
+        Py_XDECREF(r2);
+    }
+    else if (n >= 0) {
+        PyObject *r = PyObject_CallMethodObjArgs(self->sink, s_enqueue_slow, event, size_obj,
+                                                 NULL);
+        ok = r != NULL;
+        Py_XDECREF(r);
+    }
+    Py_DECREF(queue);
+    Py_DECREF(queue_append);
+    Py_DECREF(sizes_append);
+    return ok;
 }
 
 static PyObject *
@@ -972,147 +1004,120 @@ enqueuer_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject
         return NULL;
     }
     PyObject *event = args[0];
-    PyObject *dict = PyObject_GenericGetDict(self->sink, NULL);
-    if (dict == NULL)
-        return NULL;
-    PyObject *result = NULL, *lock = NULL, *size_obj = NULL;
-    /* The sink's size_of is estimate_size: QueuedSink makes an Enqueuer for no other. */
+    if (self->queue == NULL)  /* not synced yet */
+        return enqueuer_fallback(self, event);
     long long size = enqueuer_size(self, event);
     if (size == -1)
-        goto done;
-    if (size == -2) {
-        result = enqueuer_fallback(self, event);
-        goto done;
-    }
+        return NULL;
+    if (size == -2)
+        return enqueuer_fallback(self, event);
     if (self->last_size_obj == NULL || self->last_size != size) {
         PyObject *made = PyLong_FromLongLong(size);
         if (made == NULL)
-            goto done;
+            return NULL;
         Py_XSETREF(self->last_size_obj, made);
         self->last_size = size;
     }
-    size_obj = Py_NewRef(self->last_size_obj);
-    lock = PyDict_GetItemWithError(dict, s_lock);
-    if (lock == NULL) {
-        if (!PyErr_Occurred())
-            result = enqueuer_fallback(self, event);
-        goto done;
-    }
-    Py_INCREF(lock);
-    if (self->lock != lock) {
-        PyObject *acquire = PyObject_GetAttr(lock, s_acquire);
-        PyObject *release = acquire == NULL ? NULL : PyObject_GetAttr(lock, s_release);
-        if (release == NULL) {
-            Py_XDECREF(acquire);
-            goto done;
-        }
-        Py_XSETREF(self->acquire, acquire);
-        Py_XSETREF(self->release, release);
-        Py_XSETREF(self->lock, Py_NewRef(lock));
-    }
-    /* Own references: an enqueue nested in this one (a signal handler or a finalizer
-       that records) may replace the cached ones. */
+    PyObject *dict = PyObject_GenericGetDict(self->sink, NULL);
+    if (dict == NULL)
+        return NULL;
+    PyObject *size_obj = Py_NewRef(self->last_size_obj);
+    PyObject *acquire = Py_NewRef(self->acquire);
     PyObject *release = Py_NewRef(self->release);
-    PyObject *got = PyObject_CallNoArgs(self->acquire);
-    if (got == NULL) {
-        Py_DECREF(release);
-        goto done;
-    }
-    Py_DECREF(got);
-    /* -- locked ------------------------------------------------------------------ */
-    int ok = 0, plain = 0;
-    PyObject *queue = PyDict_GetItemWithError(dict, s_queue);
-    PyObject *sizes = PyDict_GetItemWithError(dict, s_sizes);
-    long long limit, bytes, max_bytes, kick_at;
-    if (queue != NULL && sizes != NULL &&
-        as_count(PyDict_GetItemWithError(dict, s_limit), &limit) &&
-        as_count(PyDict_GetItemWithError(dict, s_bytes), &bytes) &&
-        as_count(PyDict_GetItemWithError(dict, s_max_bytes), &max_bytes) &&
-        as_count(PyDict_GetItemWithError(dict, s_kick_at), &kick_at))
-        plain = 1;
-    if (!plain) {
-        if (!PyErr_Occurred())
-            ok = 2;  /* not plain: the Python method, once the lock is released */
-    }
-    else {
-        Py_INCREF(queue);
-        Py_INCREF(sizes);
-        Py_ssize_t n = PyObject_Size(queue);
-        PyObject *queue_append = NULL, *sizes_append = NULL;
-        if (n >= 0 && bound_method(queue, s_append, &self->queue, &self->queue_append) == 0 &&
-            bound_method(sizes, s_append, &self->sizes, &self->sizes_append) == 0) {
-            queue_append = Py_NewRef(self->queue_append);
-            sizes_append = Py_NewRef(self->sizes_append);
+    PyObject *result = NULL;
+    PyObject *got = PyObject_CallNoArgs(acquire);
+    if (got != NULL) {
+        Py_DECREF(got);
+        int ok = enqueuer_locked(self, dict, event, size, size_obj);
+        PyObject *released;
+        if (ok) {
+            released = PyObject_CallNoArgs(release);
         }
-        else {
-            n = -1;
-        }
-        if (n >= 0 && n < limit && bytes + size <= max_bytes) {
-            PyObject *total = PyLong_FromLongLong(bytes + size);
-            PyObject *r1 = NULL, *r2 = NULL;
-            if (total != NULL && PyDict_SetItem(dict, s_bytes, total) == 0 &&
-                (r1 = PyObject_CallOneArg(queue_append, event)) != NULL &&
-                (r2 = PyObject_CallOneArg(sizes_append, size_obj)) != NULL) {
-                ok = 1;
-                if (n + 1 == kick_at) {
-                    PyObject *k = PyObject_CallMethodNoArgs(self->sink, s_kick);
-                    if (k == NULL)
-                        ok = 0;
-                    Py_XDECREF(k);
-                }
+        else {  /* release, keeping the locked part's error */
+#if PY_VERSION_HEX >= 0x030C0000
+            PyObject *exc = PyErr_GetRaisedException();
+            released = PyObject_CallNoArgs(release);
+            if (released != NULL)
+                PyErr_SetRaisedException(exc);
+            else
+                Py_XDECREF(exc);
+#else
+            PyObject *et, *exc, *tb;
+            PyErr_Fetch(&et, &exc, &tb);
+            released = PyObject_CallNoArgs(release);
+            if (released != NULL) {
+                PyErr_Restore(et, exc, tb);
             }
-            Py_XDECREF(total);
-            Py_XDECREF(r1);
-            Py_XDECREF(r2);
+            else {
+                Py_XDECREF(et);
+                Py_XDECREF(exc);
+                Py_XDECREF(tb);
+            }
+#endif
         }
-        else if (n >= 0) {
-            PyObject *r = PyObject_CallMethodObjArgs(self->sink, s_enqueue_slow, event,
-                                                     size_obj, NULL);
-            ok = r != NULL;
-            Py_XDECREF(r);
+        if (released != NULL) {
+            Py_DECREF(released);
+            if (ok == 1)
+                result = Py_NewRef(Py_None);
+            else if (ok == 2)
+                result = enqueuer_fallback(self, event);
         }
-        Py_XDECREF(queue_append);
-        Py_XDECREF(sizes_append);
-        Py_DECREF(queue);
-        Py_DECREF(sizes);
     }
-    /* -- release, keeping any error of the locked part -------------------------------- */
-    {
-#if PY_VERSION_HEX >= 0x030C0000
-        PyObject *exc = PyErr_GetRaisedException();
-#else
-        PyObject *et, *exc, *tb;
-        PyErr_Fetch(&et, &exc, &tb);
-#endif
-        PyObject *released = PyObject_CallNoArgs(release);
-        Py_DECREF(release);
-        if (released == NULL) {
-#if PY_VERSION_HEX >= 0x030C0000
-            Py_XDECREF(exc);
-#else
-            Py_XDECREF(et);
-            Py_XDECREF(exc);
-            Py_XDECREF(tb);
-#endif
-            goto done;
-        }
-        Py_DECREF(released);
-#if PY_VERSION_HEX >= 0x030C0000
-        PyErr_SetRaisedException(exc);
-#else
-        PyErr_Restore(et, exc, tb);
-#endif
-    }
-    if (ok == 1)
-        result = Py_NewRef(Py_None);
-    else if (ok == 2)
-        result = enqueuer_fallback(self, event);
-done:
-    Py_XDECREF(lock);
-    Py_XDECREF(size_obj);
+    Py_DECREF(acquire);
+    Py_DECREF(release);
+    Py_DECREF(size_obj);
     Py_DECREF(dict);
     return result;
 }
+
+/* sync(queue, sizes, lock, limit, max_bytes, kick_at): the sink's state, as it is now. */
+static PyObject *
+enqueuer_sync(EnqueuerObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError,
+                        "sync(queue, sizes, lock, limit, max_bytes, kick_at)");
+        return NULL;
+    }
+    long long counts[3];
+    for (int i = 0; i < 3; i++) {
+        int overflow;
+        if (!PyLong_Check(args[3 + i])) {
+            PyErr_SetString(PyExc_TypeError, "sync: limit, max_bytes and kick_at are ints");
+            return NULL;
+        }
+        counts[i] = PyLong_AsLongLongAndOverflow(args[3 + i], &overflow);
+        if (overflow)
+            counts[i] = overflow > 0 ? LLONG_MAX : LLONG_MIN;
+        else if (counts[i] == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    PyObject *queue_append = PyObject_GetAttr(args[0], s_append);
+    PyObject *sizes_append = queue_append ? PyObject_GetAttr(args[1], s_append) : NULL;
+    PyObject *acquire = sizes_append ? PyObject_GetAttr(args[2], s_acquire) : NULL;
+    PyObject *release = acquire ? PyObject_GetAttr(args[2], s_release) : NULL;
+    if (release == NULL) {
+        Py_XDECREF(queue_append);
+        Py_XDECREF(sizes_append);
+        Py_XDECREF(acquire);
+        return NULL;
+    }
+    Py_XSETREF(self->queue, Py_NewRef(args[0]));
+    Py_XSETREF(self->queue_append, queue_append);
+    Py_XSETREF(self->sizes_append, sizes_append);
+    Py_XSETREF(self->acquire, acquire);
+    Py_XSETREF(self->release, release);
+    self->limit = counts[0];
+    self->max_bytes = counts[1];
+    self->kick_at = counts[2];
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef enqueuer_methods[] = {
+    {"sync", (PyCFunction)(void (*)(void))enqueuer_sync, METH_FASTCALL,
+     "sync(queue, sizes, lock, limit, max_bytes, kick_at): the sink's state as it is now"},
+    {NULL},
+};
 
 static int
 enqueuer_traverse(EnqueuerObject *self, visitproc visit, void *arg)
@@ -1120,13 +1125,11 @@ enqueuer_traverse(EnqueuerObject *self, visitproc visit, void *arg)
     Py_VISIT(self->sink);
     Py_VISIT(self->fallback);
     Py_VISIT(self->value_size);
-    Py_VISIT(self->lock);
-    Py_VISIT(self->acquire);
-    Py_VISIT(self->release);
     Py_VISIT(self->queue);
     Py_VISIT(self->queue_append);
-    Py_VISIT(self->sizes);
     Py_VISIT(self->sizes_append);
+    Py_VISIT(self->acquire);
+    Py_VISIT(self->release);
     return 0;
 }
 
@@ -1136,13 +1139,11 @@ enqueuer_clear(EnqueuerObject *self)
     Py_CLEAR(self->sink);
     Py_CLEAR(self->fallback);
     Py_CLEAR(self->value_size);
-    Py_CLEAR(self->lock);
-    Py_CLEAR(self->acquire);
-    Py_CLEAR(self->release);
     Py_CLEAR(self->queue);
     Py_CLEAR(self->queue_append);
-    Py_CLEAR(self->sizes);
     Py_CLEAR(self->sizes_append);
+    Py_CLEAR(self->acquire);
+    Py_CLEAR(self->release);
     Py_CLEAR(self->last_size_obj);
     return 0;
 }
@@ -1206,6 +1207,7 @@ static PyTypeObject EnqueuerType = {
     .tp_vectorcall_offset = offsetof(EnqueuerObject, vectorcall),
     .tp_repr = (reprfunc)enqueuer_repr,
     .tp_getset = enqueuer_getset,
+    .tp_methods = enqueuer_methods,
 };
 
 /* ------------------------------------------------------------------------------------ */
@@ -1228,13 +1230,7 @@ PyInit__speedups(void)
     INTERN(s_context, "context");
     INTERN(s_value, "value");
     INTERN(s_failed, "_failed");
-    INTERN(s_lock, "_lock");
-    INTERN(s_queue, "_queue");
-    INTERN(s_sizes, "_sizes");
-    INTERN(s_limit, "_limit");
     INTERN(s_bytes, "_bytes");
-    INTERN(s_max_bytes, "_max_bytes");
-    INTERN(s_kick_at, "_kick_at");
     INTERN(s_kick, "_kick");
     INTERN(s_enqueue_slow, "_enqueue_slow");
     INTERN(s_append, "append");

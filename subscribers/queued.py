@@ -190,6 +190,15 @@ class QueuedSink:
         self._max_bytes = self.settings.max_bytes
         self._max_batch = self.settings.max_batch
         self._init_state()
+        #: the compiled enqueue (eventbus/_speedups.c), made once, before anyone can
+        #: enqueue: where it is built, for a sink whose ``__call__`` and size estimate are
+        #: QueuedSink's own
+        self._direct: Any = None
+        if _speedups is not None and type(self).__call__ is QueuedSink.__call__ and \
+                self._default_size:
+            self._direct = _speedups.Enqueuer(self, QueuedSink.__call__, _value_size,
+                                              _BASE_SIZE)
+            self._sync_direct()
         _sinks.add(self)
 
     def _init_state(self) -> None:
@@ -225,6 +234,7 @@ class QueuedSink:
         #: drops already handed to the rate limiter (the rest are new since the last check)
         self._noted_drops = 0
         self._drop_reports = RateLimiter()
+        self._sync_direct()
 
     @property
     def enqueued(self) -> int:
@@ -279,12 +289,18 @@ class QueuedSink:
         """What a bus calls per event for this sink (eventbus.bus._direct_callable): the
         compiled enqueue (eventbus/_speedups.c: the steps of ``__call__`` in C, with
         anything unusual handed to ``__call__`` itself), or ``__call__`` where it is not
-        built or a subclass overrides ``__call__``."""
-        if _speedups is not None and type(self).__call__ is QueuedSink.__call__ and \
-                self._default_size:
-            return _speedups.Enqueuer(  # type: ignore[no-any-return]
-                self, QueuedSink.__call__, _value_size, _BASE_SIZE)
-        return self.__call__
+        built or a subclass overrides ``__call__``. One per sink, whichever buses it is
+        subscribed to."""
+        direct: Callable[[Event], object] | None = self.__dict__.get("_direct")
+        return self.__call__ if direct is None else direct
+
+    def _sync_direct(self) -> None:
+        # The compiled enqueue keeps what changes rarely: hand it over wherever one of
+        # these changes (the state's reset, the thread's start, close), with the lock held.
+        direct = self.__dict__.get("_direct")
+        if direct is not None:
+            direct.sync(self._queue, self._sizes, self._lock, self._limit, self._max_bytes,
+                        self._kick_at)
 
     def _kick(self) -> None:
         # Called with the lock held, when the queue just reached _kick_at.
@@ -333,6 +349,7 @@ class QueuedSink:
                                   daemon=True)
         self._thread = thread
         self._kick_at = self._max_batch  # from now on, _kick wakes it for a full batch
+        self._sync_direct()
         thread.start()
 
     def _take(self) -> list[Event]:
@@ -426,6 +443,7 @@ class QueuedSink:
         with self._cond:
             self._closed = True
             self._limit = 0  # the fast path admits nothing: _enqueue_slow drops it
+            self._sync_direct()
             if self._queue:
                 self._drop("closed before delivery", len(self._queue))
                 self._removed += len(self._queue)

@@ -350,6 +350,7 @@ def test_compiled_enqueue_matches_the_python_path(options: dict[str, Any]) -> No
         assert type(enqueue).__name__ == "Enqueuer"
         for sink in (compiled_sink, python_sink):
             sink._kick_at = -1  # no thread: compare the queues as the enqueues left them
+            sink._sync_direct()
         for event in events:
             enqueue(event)
             python_sink(event)
