@@ -195,6 +195,11 @@ spec_snapshot(SpecObject *spec, PyObject *data, int *plain)
         /* the usual values first, without the set lookup */
         if (t != &PyFloat_Type && t != &PyLong_Type && t != &PyUnicode_Type &&
             t != &PyBool_Type && value != Py_None) {
+            /* Only a class whose metaclass is `type` is looked up: its hash runs no Python
+               code, so nothing can change `data` while it is read (the atomic types are
+               all such classes; anything else takes the Python copy). */
+            if (!Py_IS_TYPE(t, &PyType_Type))
+                return PyObject_CallOneArg(spec->snap, data);
             int atomic = PySet_Contains(spec->atomic, (PyObject *)t);
             if (atomic < 0)
                 return NULL;

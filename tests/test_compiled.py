@@ -80,6 +80,20 @@ class _Weird:
         return "<weird>"
 
 
+class _HashingMeta(type):
+    """A metaclass with its own __hash__: looking its classes up in a set runs Python
+    code, which could change ``data`` while it is read (the compiled copy leaves such
+    values to the Python one)."""
+
+    def __hash__(cls) -> int:
+        return 1
+
+
+class _Odd(metaclass=_HashingMeta):
+    def __repr__(self) -> str:
+        return "<odd>"
+
+
 CALLS: list[tuple[Any, dict[str, Any]]] = [
     (EventType.WORKER_EXIT, {"worker_id": 0, "exit_code": 1}),
     (EventType.WORKER_EXIT, {"worker_id": 0, "exit_code": 1, "data": {"a": 1, "b": "x"}}),
@@ -92,6 +106,7 @@ CALLS: list[tuple[Any, dict[str, Any]]] = [
     (EventType.WORKER_EXIT, {"worker_id": 0, "exit_code": 1, "data": {1: "int key"}}),
     (EventType.WORKER_EXIT, {"worker_id": 0, "exit_code": 1, "data": [1, 2]}),
     (EventType.WORKER_EXIT, {"worker_id": 0, "exit_code": 1, "data": {"w": _Weird()}}),
+    (EventType.WORKER_EXIT, {"worker_id": 0, "exit_code": 1, "data": {"o": _Odd(), "n": 1}}),
     (EventType.WORKER_EXIT, {"worker_id": 0, "exit_code": 1, "signal": "SIGTERM"}),
     (EventType.WORKER_EXIT, {"worker_id": 0, "exit_code": 1, "signal": None}),
     (EventType.WORKER_EXIT, {"worker_id": 0, "exit_code": 1, "worker_pid": np.int64(7)}),
