@@ -574,11 +574,11 @@ def get_default_bus() -> Bus:
 
 #: Publish a typed, validated event on the default bus: ``record(event_type, /, **fields)``.
 #:
-#: The default bus's own bound method, not a copy of its body: the default bus is made once
+#: The default bus's own ``record``, not a copy of its body: its compiled ``Recorder``
+#: where eventbus/_speedups.c is built, else the bound method. The default bus is made once
 #: above and never replaced (``get_default_bus()`` has no setter; tests and
-#: ``eventbus.testing.strict_bus()`` change its attributes, never the object), so the bound
-#: method cannot go stale. Calling it costs the same one Python frame the hand-inlined copy
-#: did (benchmarks/RESULTS.md, "eventbus.record(), default bus" against the copy's row).
+#: ``eventbus.testing.strict_bus()`` change its attributes, never the object), so this
+#: cannot go stale.
 record = _default_bus.record
 
 
