@@ -147,15 +147,38 @@ def test_compiled_record_matches_the_python_path(event_type: Any,
 
 
 @needs_compiled
+def test_the_usual_call_takes_the_compiled_path_and_the_rest_the_python_one() -> None:
+    """What the parity test above compares is really two paths: the compiled record()
+    counts what it publishes in its view, the Python one in the slot's own counter, and
+    stats() adds the two."""
+    from eventbus.bus import _count_value
+
+    Bus("warm-up").record(EventType.WORKER_EXIT, worker_id=0, exit_code=1)  # code generated
+    bus = Bus("split")
+    bus.subscribe(EventType.WORKER_EXIT, on_event=lambda e: None)
+    slot = bus._slots[EventType.WORKER_EXIT]
+    for _ in range(4):
+        bus.record(EventType.WORKER_EXIT, worker_id=0, exit_code=1, data={"a": 1})
+    bus.record(EventType.WORKER_EXIT, worker_id=np.int64(0), exit_code=1)  # coerced
+    bus.record("WORKER_EXIT", worker_id=0, exit_code=1)  # by name: the dict hit serves
+    assert (slot.view.count, _count_value(slot.published)) == (5, 1)
+    assert bus.stats()["published"] == {"WORKER_EXIT": 6}
+
+
+@needs_compiled
 def test_keywords_that_are_not_interned_still_take_the_fast_path() -> None:
     """record(**fields) with names built at run time (not the compiler's interned
     constants) matches them by text."""
     bus = Bus("dynamic")
+    bus.record(EventType.WORKER_EXIT, worker_id=0, exit_code=0)  # its code generated
     got: list[eventbus.Event] = []
     bus.subscribe(EventType.WORKER_EXIT, on_event=got.append)
+    view = bus._slots[EventType.WORKER_EXIT].view
+    before = view.count
     names = ["".join(["worker", "_id"]), "".join(["exit", "_code"]), "".join(["da", "ta"])]
     bus.record(EventType.WORKER_EXIT, **dict(zip(names, [1, 2, {"k": 3}], strict=True)))
     assert (got[0].worker_id, got[0].exit_code, dict(got[0].data)) == (1, 2, {"k": 3})
+    assert view.count == before + 1  # the compiled path took it
 
 
 @needs_compiled
