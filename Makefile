@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml setup.py eventbus/_speedups.c
 venv: $(STAMP)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check eventbus publishers subscribers eventbus_app
+	$(VENV)/bin/ruff check eventbus publishers subscribers eventbus_app tests benchmarks examples
 	$(VENV)/bin/mypy
 
 # A few minutes on 2 cores: everything but the tests marked slow (real multi-attempt

@@ -3,7 +3,7 @@
 The watch lives on the agent. A worker's ``record()`` gains nothing: no subscriber, no
 lock, no clock read; the worker hook only arms ``faulthandler`` on a signal at import (a
 C-level handler that runs when the agent asks for stacks). The first rows show it: the
-same ``record()`` before and after :func:`eventbus._worker_hook.arm_stack_dump`.
+same ``record()`` before and after :func:`eventbus.app.worker.stack_dump.arm_stack_dump`.
 
 On the agent, each event that reaches its bus costs the stall watch one dict lookup and
 store (and a ``METRIC`` one deque append for the straggler watch), paid inside the bus's
@@ -31,12 +31,11 @@ from eventbus import Bus
 from eventbus import EventType
 from eventbus import JobContext
 from eventbus import Metric
-from eventbus import _worker_hook
-from eventbus._worker_hook import ENV_STACK_DIR
-from eventbus._worker_hook import arm_stack_dump
-from eventbus_app.launcher.health import StallWatch
-from eventbus_app.launcher.health import StragglerWatch
-from eventbus_app.launcher.health import observer
+from eventbus.app.launcher.health import StallWatch
+from eventbus.app.launcher.health import StragglerWatch
+from eventbus.app.launcher.health import observer
+from eventbus.app.worker.stack_dump import arm_stack_dump
+from eventbus.app.worker.stack_dump import default_stack_signal
 
 __all__ = ["EVENTS_PER_WORKER_S", "WORKERS", "run"]
 
@@ -61,7 +60,7 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     record = Case("worker record()", "bus.record(METRIC, step=1)", ns)
     before = measure([record], repeats=repeats)["worker record()"]
     with tempfile.TemporaryDirectory() as tmp:
-        armed = arm_stack_dump({ENV_STACK_DIR: tmp}) or _worker_hook._stack_file
+        armed = arm_stack_dump(tmp, default_stack_signal())
         after = measure([record], repeats=repeats)["worker record()"]
     # 2. the agent: publish of a worker's METRIC with and without the watches: a stream
     #    of 8 ranks' steps with a loss, as the store receiver hands them to the bus: a

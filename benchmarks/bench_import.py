@@ -30,13 +30,13 @@ import time
 t0 = time.perf_counter()
 import blinker, attrs
 t1 = time.perf_counter()
-import eventbus, publishers, subscribers
+import eventbus, eventbus.publishers, eventbus.subscribers
 t2 = time.perf_counter()
 import json, sys
 json.dump([t1 - t0, t2 - t1, "torch" in sys.modules], sys.stdout)
 """
 
-_OURS = ("eventbus", "publishers", "subscribers")
+_OURS = ("eventbus", "eventbus.publishers", "eventbus.subscribers")
 
 
 def _env() -> dict[str, str]:

@@ -28,7 +28,7 @@ TARGET = 1.3
 def _cases(stream: Any) -> list[Case]:
     import eventbus
     from eventbus import EventType
-    from subscribers.log_handler import EventLoggingHandler
+    from eventbus.subscribers.log_handler import EventLoggingHandler
 
     data = {"epoch": 10, "loss": 0.01}
     record = "bus.record(EventType.WORKER_EXIT, worker_id=0, exit_code=0, data=d)"

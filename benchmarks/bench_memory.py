@@ -1,7 +1,7 @@
 """Peak memory with a sink that never drains, as the number of recorded events grows.
 
 Each size runs in its own subprocess (peak RSS is a high-water mark of the whole process;
-read from ``VmHWM``). The child subscribes one ``subscribers.queued.QueuedSink`` (default
+read from ``VmHWM``). The child subscribes one ``eventbus.subscribers.queued.QueuedSink`` (default
 bounds: 100,000 events, 64 MiB) whose sink blocks forever, records N ``WORKER_EXIT`` events with a
 small ``data`` dict holding a list through ``eventbus.record()`` (so every queued event
 holds its snapshot: a read-only dict and a read-only list), and reports its peak RSS, the RSS after
@@ -49,7 +49,7 @@ def _child(n: int) -> dict[str, Any]:
 
     import eventbus
     from eventbus import EventType
-    from subscribers.queued import QueuedSink
+    from eventbus.subscribers.queued import QueuedSink
 
     never = threading.Event()
 

@@ -71,10 +71,10 @@ def _measure(make: Callable[[], Any], *, rounds: int, batch: int) -> dict[str, f
 
 def run(*, quick: bool = False) -> dict[str, Any]:
     """``rows``: sink -> events/s sustained, enqueue ns per event, drops."""
-    from eventbus_app.sinks.mlflow import MlflowSink
-    from eventbus_app.sinks.otlp import OtlpSink
-    from eventbus_app.sinks.tensorboard import TensorBoardSink
-    from subscribers.queued import QueuedSink
+    from eventbus.app.sinks.mlflow import MlflowSink
+    from eventbus.app.sinks.otlp import OtlpSink
+    from eventbus.app.sinks.tensorboard import TensorBoardSink
+    from eventbus.subscribers.queued import QueuedSink
 
     rounds = 2 if quick else 5
     batch = 200 if quick else 5_000

@@ -56,7 +56,7 @@ WORKER = textwrap.dedent("""
     import collections, gc, json, os, statistics, sys, time
     import eventbus
     from eventbus import ALL, EventType
-    import subscribers.store_forwarder as sf
+    import eventbus.subscribers.store_forwarder as sf
 
     out, flood, block, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     rate = float(sys.argv[5])  # events/s; 0: flood
@@ -213,9 +213,9 @@ def _agent_main(argv: list[str]) -> int:
     """Run the job's agent in this process with the probe; print its figures as JSON."""
     out, workers, flood, block, rounds, rate, freeze, held = (
         argv[0], int(argv[1]), argv[2], argv[3], argv[4], argv[5], argv[6], argv[7] == "1")
-    from eventbus_app.launcher import main as run_main
-    from eventbus_app.launcher.agent import default_plugins
-    from eventbus_app.launcher.store_transport import StoreTransport
+    from eventbus.app.launcher import main as run_main
+    from eventbus.app.launcher.agent import default_plugins
+    from eventbus.app.launcher.store_transport import StoreTransport
     script = Path(out) / "worker.py"
     script.write_text(WORKER)
     plugins = default_plugins()
@@ -305,7 +305,7 @@ def codec_costs(*, events: int = 4_000, rounds: int = 5) -> dict[str, float]:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     import eventbus
-    from publishers.store_receiver import StoreReceiver
+    from eventbus.publishers.store_receiver import StoreReceiver
 
     ctx = eventbus.JobContext(rank=0, group_rank=0, run_id="bench", restart_count=0,
                               hostname="node0", pid=1)

@@ -195,8 +195,8 @@ def _import(result: dict[str, Any]) -> list[str]:
 
 def _memory(result: dict[str, Any]) -> list[str]:
     out = ["## Memory: a sink that never drains", "",
-           "One subprocess per size; `subscribers.queued.QueuedSink` with its default bounds "
-           "in front of a sink that blocks forever.", ""]
+           "One subprocess per size; `eventbus.subscribers.queued.QueuedSink` with its default "
+           "bounds in front of a sink that blocks forever.", ""]
     out += _generic(result)
     return out
 

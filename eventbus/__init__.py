@@ -1,8 +1,11 @@
 """eventbus: typed events for PyTorch elastic training jobs.
 
 ``record()`` publishes a typed, validated event on the default bus; subscribe with
-``publishers.get_default_event_publisher().subscribe(...)``. Importing eventbus does not
-import torch.
+``eventbus.publishers.get_default_event_publisher().subscribe(...)``.
+
+``import eventbus`` only defines: in any environment it imports no torch, starts no thread,
+installs no signal handler and replaces nothing of ``os`` or ``signal``. The worker side of
+``eventbus run`` is started by its bootstrap (:mod:`eventbus.app.worker`).
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from eventbus.events import event_types
 from eventbus.events import signal_name
 
 if TYPE_CHECKING:
-    from subscribers.log_handler import EventLoggingHandler
+    from eventbus.subscribers.log_handler import EventLoggingHandler
 
 __all__ = [
     "ALL",
@@ -99,18 +102,12 @@ __version__ = "0.1.0.dev0"
 
 
 def get_logging_handler(destination: str | None = None) -> EventLoggingHandler:
-    """The one default :class:`subscribers.log_handler.EventLoggingHandler`.
+    """The one default :class:`eventbus.subscribers.log_handler.EventLoggingHandler`.
 
     The first call subscribes it to every event of the default bus. ``destination`` is
     accepted for torch compatibility (``events.get_logging_handler("console")``).
     """
-    from subscribers.log_handler import get_default_handler
+    from eventbus.subscribers.log_handler import get_default_handler
 
     return get_default_handler(destination)
 
-
-# In a worker started by `eventbus run`, ship this process's events to its agent (the
-# launcher sets the environment that says where). Nothing happens anywhere else.
-from eventbus._worker_hook import attach_worker_forwarder as _attach_worker_forwarder  # noqa: E402
-
-_attach_worker_forwarder()

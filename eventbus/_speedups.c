@@ -872,8 +872,8 @@ typedef struct {
     vectorcallfunc vectorcall;
     PyObject *sink;
     PyObject *fallback;    /* QueuedSink.__call__, the Python function: fallback(sink, e) */
-    PyObject *value_size;  /* subscribers.queued._value_size */
-    Py_ssize_t base_size;  /* subscribers.queued._BASE_SIZE */
+    PyObject *value_size;  /* eventbus.subscribers.queued._value_size */
+    Py_ssize_t base_size;  /* eventbus.subscribers.queued._BASE_SIZE */
     /* the synced state (NULL until the first sync) */
     PyObject *queue, *queue_append, *sizes_append, *acquire, *release;
     long long limit, max_bytes, kick_at;

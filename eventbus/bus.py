@@ -245,7 +245,7 @@ class _Slot:
 
 class Bus:
     """An event bus. Most code uses the default one through :func:`record` and
-    ``publishers.get_default_event_publisher()``; tests and embedders may make their own.
+    ``eventbus.publishers.get_default_event_publisher()``; tests and embedders may make their own.
     """
 
     def __init__(self, name: str = "default", *, strict: bool = False) -> None:
@@ -524,7 +524,7 @@ class Bus:
     def stats(self) -> dict[str, Any]:
         """Published counts per type, and per active subscription: ``published`` (events
         of its type since it subscribed), ``delivered``, ``failed``, ``filtered``, and for
-        a subscriber that queues (``subscribers.queued.QueuedSink``) ``dropped`` (per
+        a subscriber that queues (``eventbus.subscribers.queued.QueuedSink``) ``dropped`` (per
         reason), ``pending`` and its own ``sink`` stats; ``{}``/``0`` otherwise.
 
         ``delivered`` counts events handed to the subscriber without an exception since it

@@ -1,7 +1,7 @@
 """The store wire format: what a sender pushes to a c10d store queue and how a receiver
 reads it back. Both ends live here, side by side, so that they cannot drift apart:
-:mod:`subscribers.store_forwarder` encodes with :class:`BatchEncoder`,
-:mod:`publishers.store_receiver` decodes with :class:`BatchDecoder`.
+:mod:`eventbus.subscribers.store_forwarder` encodes with :class:`BatchEncoder`,
+:mod:`eventbus.publishers.store_receiver` decodes with :class:`BatchDecoder`.
 
 One ``queue_push`` value is UTF-8 JSON (never pickle)::
 

@@ -1,10 +1,10 @@
 """The application layer of eventbus: what composes the core, the publishers and the
 subscribers into programs.
 
-* :mod:`eventbus_app.cli`: the ``eventbus`` command (``python -m eventbus``);
-* :mod:`eventbus_app.launcher`: ``eventbus run``, the agent (:mod:`.launcher.agent`) and
+* :mod:`eventbus.app.cli`: the ``eventbus`` command (``python -m eventbus``);
+* :mod:`eventbus.app.launcher`: ``eventbus run``, the agent (:mod:`.launcher.agent`) and
   its plugins (:mod:`.launcher.store_transport`);
-* :mod:`eventbus_app.readers`: the offline readers of events JSONL files (the job view,
+* :mod:`eventbus.app.readers`: the offline readers of events JSONL files (the job view,
   ``eventbus trace``, ``eventbus plot``, ``eventbus tail``).
 
 Nothing in ``eventbus``, ``publishers`` or ``subscribers`` imports this package (the one

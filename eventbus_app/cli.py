@@ -12,25 +12,25 @@ __all__ = ["COMMANDS", "main"]
 
 
 def _run(argv: list[str]) -> int:
-    from eventbus_app.launcher.command import main as run_main
+    from eventbus.app.launcher.command import main as run_main
 
     return run_main(argv)
 
 
 def _trace(argv: list[str]) -> int:
-    from eventbus_app.readers.trace import main as trace_main
+    from eventbus.app.readers.trace import main as trace_main
 
     return trace_main(argv)
 
 
 def _plot(argv: list[str]) -> int:
-    from eventbus_app.readers.timeline import main as plot_main
+    from eventbus.app.readers.timeline import main as plot_main
 
     return plot_main(argv)
 
 
 def _tail(argv: list[str]) -> int:
-    from eventbus_app.readers.tail import main as tail_main
+    from eventbus.app.readers.tail import main as tail_main
 
     return tail_main(argv)
 

@@ -31,9 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python examples/demo.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
-from eventbus_app.readers.jobview import JobView  # noqa: E402
-from eventbus_app.readers.trace import chrome_trace  # noqa: E402
-from eventbus_app.readers.trace import write_trace  # noqa: E402
+from eventbus.app.readers.jobview import JobView  # noqa: E402
+from eventbus.app.readers.trace import chrome_trace  # noqa: E402
+from eventbus.app.readers.trace import write_trace  # noqa: E402
 
 #: the job's own budget; the demo normally takes 15-30 s on 2 cores
 JOB_TIMEOUT_S = 150.0
@@ -144,8 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     if (out / "tb").is_dir():
         written.append((out / "tb", f"TensorBoard: tensorboard --logdir {_show(out / 'tb')}"))
     if not args.no_plot:
-        from eventbus_app.readers.timeline import PlotUnavailableError
-        from eventbus_app.readers.timeline import plot_timeline
+        from eventbus.app.readers.timeline import PlotUnavailableError
+        from eventbus.app.readers.timeline import plot_timeline
 
         try:
             plot_timeline(view, out / "timeline.png")

@@ -12,9 +12,9 @@ from eventbus._lazy import lazy_exports as _lazy_exports
 from eventbus.bus import Subscription
 
 if TYPE_CHECKING:
-    from publishers.publisher import EventPublisher
-    from publishers.publisher import get_default_event_publisher
-    from publishers.torchelastic import install_torchelastic_bridge
+    from eventbus.publishers.publisher import EventPublisher
+    from eventbus.publishers.publisher import get_default_event_publisher
+    from eventbus.publishers.torchelastic import install_torchelastic_bridge
 
 __all__ = [
     "EventPublisher",
@@ -25,9 +25,9 @@ __all__ = [
 
 #: public name -> the module that defines it
 _LAZY = {
-    "EventPublisher": "publishers.publisher",
-    "get_default_event_publisher": "publishers.publisher",
-    "install_torchelastic_bridge": "publishers.torchelastic",
+    "EventPublisher": "eventbus.publishers.publisher",
+    "get_default_event_publisher": "eventbus.publishers.publisher",
+    "install_torchelastic_bridge": "eventbus.publishers.torchelastic",
 }
 
 

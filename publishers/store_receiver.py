@@ -1,7 +1,7 @@
 """Bring worker events (and other nodes' events) into a process, from the job's c10d store.
 
 :class:`StoreReceiver` drains queues of the wire format (:mod:`eventbus.wire`) that
-:class:`subscribers.store_forwarder.StoreForwarder` pushes, with its own store client and
+:class:`eventbus.subscribers.store_forwarder.StoreForwarder` pushes, with its own store client and
 non-blocking ``queue_pop`` calls only (a blocking pop would stall every other call on a
 shared client), decodes them as JSON (never pickle), validates every event against its
 type, and republishes them on a bus. Sequence gaps, duplicates and the sender's own drops
@@ -14,7 +14,7 @@ pushed to: that queue is popped at once, so a batch waits for no poll interval. 
 ring (an old sender, a lost ring) queues are still polled, backing off while idle.
 
 The agent of ``eventbus run`` runs receivers through its store transport plugin
-(:mod:`eventbus_app.launcher.store_transport`).
+(:mod:`eventbus.app.launcher.store_transport`).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class StoreReceiver:
     receiver's doorbell queue (needs ``host`` and ``port``): :meth:`start` also starts a
     thread blocking on it, and a queue whose key rings is popped at once. ``hold``: asked
     before every pop; while it returns true nothing is popped (what the senders push waits
-    in the store): the agent passes :func:`subscribers.queued.backlogged`, so that a
+    in the store): the agent passes :func:`eventbus.subscribers.queued.backlogged`, so that a
     flood does not overflow the JSONL file's queue.
     """
 

@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING
 from eventbus._lazy import lazy_exports as _lazy_exports
 
 if TYPE_CHECKING:
-    from subscribers.jsonl import JsonlRecorder
-    from subscribers.jsonl import read_jsonl
-    from subscribers.log_handler import EventLoggingHandler
-    from subscribers.reactors import NonRetriableExitCodes
-    from subscribers.reactors import RestartBudget
-    from subscribers.reactors import StopAfterStalls
-    from subscribers.reactors import StopOnNonFiniteLoss
+    from eventbus.subscribers.jsonl import JsonlRecorder
+    from eventbus.subscribers.jsonl import read_jsonl
+    from eventbus.subscribers.log_handler import EventLoggingHandler
+    from eventbus.subscribers.reactors import NonRetriableExitCodes
+    from eventbus.subscribers.reactors import RestartBudget
+    from eventbus.subscribers.reactors import StopAfterStalls
+    from eventbus.subscribers.reactors import StopOnNonFiniteLoss
 
 __all__ = [
     "EventLoggingHandler",
@@ -32,13 +32,13 @@ __all__ = [
 
 #: public name -> the module that defines it
 _LAZY = {
-    "EventLoggingHandler": "subscribers.log_handler",
-    "JsonlRecorder": "subscribers.jsonl",
-    "NonRetriableExitCodes": "subscribers.reactors",
-    "RestartBudget": "subscribers.reactors",
-    "StopAfterStalls": "subscribers.reactors",
-    "StopOnNonFiniteLoss": "subscribers.reactors",
-    "read_jsonl": "subscribers.jsonl",
+    "EventLoggingHandler": "eventbus.subscribers.log_handler",
+    "JsonlRecorder": "eventbus.subscribers.jsonl",
+    "NonRetriableExitCodes": "eventbus.subscribers.reactors",
+    "RestartBudget": "eventbus.subscribers.reactors",
+    "StopAfterStalls": "eventbus.subscribers.reactors",
+    "StopOnNonFiniteLoss": "eventbus.subscribers.reactors",
+    "read_jsonl": "eventbus.subscribers.jsonl",
 }
 
 

@@ -1,11 +1,11 @@
 """The JSON Lines recorder, and a reader that survives what a crash leaves behind.
 
-Writing: :class:`JsonlRecorder` is a bus subscriber
-(``bus.subscribe(eventbus.ALL, on_event=recorder)``) that appends one ``event.to_json()``
-line per event. ``record()`` only enqueues (a bounded :class:`subscribers.queued.QueuedSink`
-whose drops are counted per reason); a background thread writes each batch with one
-``write()`` on an ``O_APPEND`` descriptor, so complete lines are never interleaved with
-another writer's and a crash can tear at most the line being written.
+Writing: :class:`JsonlRecorder` is a bus subscriber (``bus.subscribe(eventbus.ALL,
+on_event=recorder)``) that appends one ``event.to_json()`` line per event. ``record()`` only
+enqueues (a bounded :class:`~eventbus.subscribers.queued.QueuedSink` whose drops are counted
+per reason); a background thread writes each batch with one ``write()`` on an ``O_APPEND``
+descriptor, so complete lines are never interleaved with another writer's and a crash can
+tear at most the line being written.
 
 Crash safety: after ``kill -9`` the file may end in a torn line (no ``\\n``). The next
 writer that opens the file first ends that line, so its own lines start fresh; readers
@@ -31,8 +31,8 @@ from typing import Literal
 from eventbus._reporting import RateLimiter
 from eventbus.encoding import decode_json
 from eventbus.events import Event
-from subscribers.queued import QueuedSink
-from subscribers.queued import QueueSettings
+from eventbus.subscribers.queued import QueuedSink
+from eventbus.subscribers.queued import QueueSettings
 
 __all__ = ["JSONL_QUEUE", "JsonlRead", "JsonlRecorder", "read_jsonl"]
 
@@ -43,7 +43,7 @@ _LINE_PREFIX = b'{"type":'
 logger = logging.getLogger("eventbus")
 
 #: the recorder's default queue: the file is the job's record, so a flood from the workers
-#: waits in the store (the agent's receiver holds off, see subscribers.queued.backlogged)
+#: waits in the store (the agent's receiver holds off, see eventbus.subscribers.queued.backlogged)
 #: instead of being dropped here while the writer is still writing
 JSONL_QUEUE = QueueSettings(flow_control=True)
 
@@ -53,7 +53,7 @@ class JsonlRecorder:
 
     Options (keyword-only): ``fsync``: ``"never"`` (the OS writes back), ``"batch"`` (after
     every batch: survives a machine crash, costs a disk flush per batch) or ``"close"``;
-    ``settings``: the queue's :class:`~subscribers.queued.QueueSettings` (bounds, which
+    ``settings``: the queue's :class:`~eventbus.subscribers.queued.QueueSettings` (bounds, which
     event a full queue drops, the writer's idle wait, the default budget of :meth:`close`;
     default :data:`JSONL_QUEUE`, with flow control on), and any of its fields as keyword
     options to override them (``max_events=1000``).

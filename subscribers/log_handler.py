@@ -633,7 +633,7 @@ def get_default_handler(
 
     ``destination`` is accepted for torch compatibility (``get_logging_handler("console")``)
     and changes nothing: there is one default handler. The keyword options, when given,
-    configure it; so ``{"()": "subscribers.log_handler.get_default_handler", "stream":
+    configure it; so ``{"()": "eventbus.subscribers.log_handler.get_default_handler", "stream":
     "ext://sys.stdout"}`` in a ``dictConfig`` handlers section configures the default
     handler (``dictConfig`` then sets its level, formatter and filters).
     """

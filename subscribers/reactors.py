@@ -272,5 +272,5 @@ def _tagged(text: Any) -> float | None:
         return None
 
 
-#: ``--reactor subscribers.reactors:stop_on_nonfinite_loss`` (watches ``data["loss"]``)
+#: ``--reactor eventbus.subscribers.reactors:stop_on_nonfinite_loss`` (watches ``data["loss"]``)
 stop_on_nonfinite_loss = StopOnNonFiniteLoss()

@@ -1,12 +1,13 @@
 """Ship a process's events to its agent through the job's c10d store.
 
-In a worker started by ``eventbus run``, ``import eventbus`` attaches a
-:class:`StoreForwarder` to the default bus (see :func:`attach_from_env`): every event goes
-into a bounded :class:`~subscribers.queued.QueuedSink`, whose thread encodes batches and
-``queue_push``-es them to a key of the long-lived rendezvous store namespaced by run id,
-attempt and rank. The agent's :class:`publishers.store_receiver.StoreReceiver` pops them
-and republishes them on its bus. The agents of the other nodes use the same forwarder
-(``kind="n"``) to ship a filtered view of their bus to group rank 0.
+In a worker started by ``eventbus run``, the worker bootstrap (:mod:`eventbus.app.worker`)
+attaches a :class:`StoreForwarder` to the default bus (:func:`attach_worker_forwarder`):
+every event goes into a bounded :class:`~eventbus.subscribers.queued.QueuedSink`, whose
+thread encodes batches and ``queue_push``-es them to a key of the long-lived rendezvous
+store namespaced by run id, attempt and rank. The agent's
+:class:`eventbus.publishers.store_receiver.StoreReceiver` pops them and republishes them on
+its bus. The agents of the other nodes use the same forwarder (``kind="n"``) to ship a
+filtered view of their bus to group rank 0.
 
 The wire format, the keys and the numbering live in :mod:`eventbus.wire`.
 
@@ -22,7 +23,8 @@ What can be lost, and how it shows:
 * the process is SIGKILLed: what is still queued, at most the last ``flush_interval`` of
   events plus one in-flight batch, is lost, and nothing follows it to reveal the gap; the
   agent logs that the sender never sent its end marker. (``os._exit`` in a worker flushes
-  first, within :data:`OS_EXIT_FLUSH_TIMEOUT`.)
+  first, within :data:`eventbus.subscribers.worker_exit.OS_EXIT_FLUSH_TIMEOUT`: see
+  :mod:`eventbus.subscribers.worker_exit`.)
 
 Exit ledger: given ``ledger_dir`` (a worker gets its agent's per-attempt directory from
 ``EVENTBUS_LEDGER_DIR``), :meth:`StoreForwarder.close` also leaves one small local file,
@@ -35,22 +37,17 @@ pays for it.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import encodings.idna  # noqa: F401  (see _probe_port)
 import logging
 import os
-import signal
 import socket
-import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable
 from collections.abc import Sequence
-from types import FrameType
 from typing import Any
-from typing import NoReturn
 
 from eventbus._reporting import RateLimiter
 from eventbus.bus import ALL
@@ -58,26 +55,21 @@ from eventbus.bus import Bus
 from eventbus.bus import Subscription
 from eventbus.bus import get_default_bus
 from eventbus.events import Event
-from eventbus.wire import ENV_BELL
-from eventbus.wire import ENV_LEDGER_DIR
-from eventbus.wire import ENV_PREFIX
-from eventbus.wire import ENV_STORE
+from eventbus.subscribers.queued import QueuedSink
+from eventbus.subscribers.queued import QueueSettings
 from eventbus.wire import BatchEncoder
 from eventbus.wire import ExitLedger
 from eventbus.wire import SenderKind
 from eventbus.wire import connect_store
 from eventbus.wire import worker_key
 from eventbus.wire import write_ledger
-from subscribers.queued import QueuedSink
-from subscribers.queued import QueueSettings
 
 __all__ = [
     "END_CONNECT_WAIT",
     "FORWARDER_QUEUE",
-    "OS_EXIT_FLUSH_TIMEOUT",
     "StoreForwarder",
-    "attach_from_env",
-    "install_exit_hooks",
+    "attach_worker_forwarder",
+    "worker_forwarder",
 ]
 
 logger = logging.getLogger("eventbus")
@@ -359,22 +351,6 @@ class StoreForwarder:
         return f"<StoreForwarder {self.sender} -> {self.host}:{self.port} {self.key}>"
 
 
-def _plain_key(prefix: str) -> bool:
-    # A key prefix as the launcher writes it ("eventbus/<run id>/<attempt>"): printable,
-    # bounded, no "..": an inherited value that is none of these is not ours.
-    return 0 < len(prefix) <= 512 and prefix.isprintable() and ".." not in prefix.split("/")
-
-
-def _plain_dir(path: str) -> bool:
-    # The agent names an absolute, printable path it created (".../eventbus-ledgers-*/
-    # attempt-<n>"); anything else is not ours, and a worker must not drop files there.
-    if not (0 < len(path) <= 4096 and path.isprintable() and os.path.isabs(path)):
-        return False
-    head, name = os.path.split(os.path.normpath(path))
-    return (name.startswith("attempt-") and os.path.basename(head).startswith(
-        "eventbus-ledgers-") and os.path.isdir(path))
-
-
 def _first_line(exc: BaseException) -> str:
     # c10d's errors carry a C++ backtrace of ~20 lines: one line is the reason (and a
     # stable key for StoreForwarder.lost)
@@ -425,162 +401,29 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-# -- exit hooks (workers) ----------------------------------------------------------------
+def attach_worker_forwarder(*, host: str, port: int, prefix: str, rank: int,
+                            ledger_dir: str | None = None,
+                            bell: str | None = None) -> StoreForwarder:
+    """Attach this process's worker forwarder: every event of the default bus goes to the
+    queue of ``rank`` under the attempt's key ``prefix`` of the store at ``host:port``.
 
-_previous_sigterm: Any = None
-_hooks_installed = False
-
-
-def _close_worker_forwarder(timeout: float | None = None) -> None:
-    fwd = _worker_forwarder
-    if fwd is not None and fwd._pid == os.getpid():
-        try:
-            fwd.close(timeout)
-        except Exception:
-            logger.exception("closing the store forwarder failed")
-
-
-def _lock_free(fwd: StoreForwarder) -> bool:
-    # The SIGTERM handler runs in the main thread between two bytecodes, possibly inside
-    # QueuedSink.__call__ with its lock held. The lock is re-entrant, so acquiring it here
-    # would succeed, and a flush would then wait (releasing it) while the interrupted
-    # enqueue is half done: never flush inline then. The queue's own thread holds the
-    # lock only for a few pops, so a short wait tells the other case.
-    lock = fwd.sink._cond
-    if lock._is_owned():  # type: ignore[attr-defined]  # Condition's, for its RLock
-        return False
-    if lock.acquire(timeout=0.2):
-        lock.release()
-        return True
-    return False
-
-
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    fwd = _worker_forwarder
-    previous = _previous_sigterm
-    chained = callable(previous)
-    if fwd is not None and fwd._pid == os.getpid():
-        if _lock_free(fwd):
-            if chained:
-                fwd.flush()
-            else:
-                _close_worker_forwarder()
-        elif not chained:
-            # Finish on a helper thread once the interrupted frame released the lock;
-            # the helper ends the process the way SIGTERM would have.
-            threading.Thread(target=_close_and_die, args=(signum, previous),
-                             name="eventbus-sigterm", daemon=True).start()
-            return
-    if chained:
-        previous(signum, frame)
-        return
-    _die(signum, previous)
-
-
-def _close_and_die(signum: int, previous: Any) -> None:
-    _close_worker_forwarder()
-    _die(signum, previous)
-
-
-def _die(signum: int, previous: Any) -> None:
-    if previous == signal.SIG_IGN:
-        return
-    # The default action: end the process by the signal, as if no handler were installed.
-    with contextlib.suppress(Exception):
-        signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-    time.sleep(1.0)
-    _real_os_exit(128 + signum)
-
-
-def _register_mp_finalizer(_: object = None) -> None:
-    # multiprocessing children (DataLoader workers) leave through os._exit after running
-    # multiprocessing's own finalizers, never through atexit. Their finalizer registry
-    # is cleared at the child's start, then the after-fork callbacks run: register there.
-    import multiprocessing.util
-
-    multiprocessing.util.Finalize(None, _close_worker_forwarder, exitpriority=100)
-
-
-_real_os_exit = os._exit
-#: the budget of the flush in os._exit (the process asked to end at once)
-OS_EXIT_FLUSH_TIMEOUT = 2.0
-
-
-def _os_exit_flushing(status: int) -> NoReturn:
-    """``os._exit`` that first pushes what the worker's forwarder still holds."""
-    with contextlib.suppress(BaseException):
-        _close_worker_forwarder(OS_EXIT_FLUSH_TIMEOUT)
-    _real_os_exit(status)
-
-
-def install_exit_hooks() -> None:
-    """Flush and end the worker's forwarder on normal exit, ``sys.exit``, SIGTERM (chaining
-    the handler installed before), ``os._exit`` (within :data:`OS_EXIT_FLUSH_TIMEOUT`) and
-    the exit of a multiprocessing child. Idempotent."""
-    global _hooks_installed, _previous_sigterm
-    if _hooks_installed:
-        return
-    _hooks_installed = True
-    atexit.register(_close_worker_forwarder)
-    # Failing workers often leave by os._exit (to skip teardown that would hang); it
-    # runs no atexit hook, so without this their last ~20 ms of events would be lost.
-    os._exit = _os_exit_flushing
-    if threading.current_thread() is threading.main_thread():
-        try:
-            _previous_sigterm = signal.getsignal(signal.SIGTERM)
-            signal.signal(signal.SIGTERM, _on_sigterm)
-        except (ValueError, OSError):  # not allowed here (embedded interpreter)
-            logger.warning("eventbus: cannot install a SIGTERM handler; events queued when "
-                           "the agent stops this worker may be lost")
-    if "multiprocessing" in sys.modules:
-        import multiprocessing.util
-
-        multiprocessing.util.register_after_fork(_register_mp_finalizer,
-                                                 _register_mp_finalizer)
-
-
-def attach_from_env(environ: dict[str, str] | None = None) -> StoreForwarder | None:
-    """Attach the worker forwarder described by the launcher's environment variables.
-
-    ``EVENTBUS_AGENT_STORE=host:port`` and ``EVENTBUS_STORE_PREFIX`` (the attempt's key
-    namespace), and ``EVENTBUS_STORE_BELL`` (the agent's doorbell, optional); the worker's
-    rank comes from ``RANK``. Returns the forwarder, or None (with
-    a warning) when the variables are unusable. Calling it again returns the same one.
+    The worker bootstrap (:mod:`eventbus.app.worker`) calls it with what the launcher's
+    environment says, checked there; the exit hooks
+    (:mod:`eventbus.subscribers.worker_exit`) flush it. Calling it again returns the same
+    forwarder.
     """
     global _worker_forwarder
     if _worker_forwarder is not None:
         return _worker_forwarder
-    env = os.environ if environ is None else environ
-    address = env.get(ENV_STORE, "")
-    prefix = env.get(ENV_PREFIX, "")
-    host, _, port_text = address.rpartition(":")
-    try:
-        port = int(port_text)
-        rank = int(env.get("RANK", ""))
-    except ValueError:
-        port = rank = -1
-    if not host or not 0 < port < 65_536 or not 0 <= rank < 2**31 or not _plain_key(prefix):
-        logger.warning("eventbus: %s=%r, %s=%r, RANK=%r do not describe a store to forward "
-                       "to (expected host:port, a key prefix and an int rank); this worker's "
-                       "events stay in this process", ENV_STORE, address[:200], ENV_PREFIX,
-                       prefix[:200], env.get("RANK", "")[:200])
-        return None
-    # Import torch now, in the importing thread: the queue's thread must not race the
+    # Import torch now, in the calling thread: the queue's thread must not race the
     # training script's own `import torch`.
     import torch.distributed  # noqa: F401
 
-    ledger_dir = env.get(ENV_LEDGER_DIR) or None
-    if ledger_dir is not None and not _plain_dir(ledger_dir):
-        logger.warning("eventbus: %s=%r is not an absolute directory; this worker leaves no "
-                       "exit ledger", ENV_LEDGER_DIR, ledger_dir[:200])
-        ledger_dir = None
-    bell = env.get(ENV_BELL) or None
-    if bell is not None and not _plain_key(bell):
-        logger.warning("eventbus: %s=%r is not a store key; this worker's events reach the "
-                       "agent at its next poll", ENV_BELL, bell[:200])
-        bell = None
     _worker_forwarder = StoreForwarder(host=host, port=port, key=worker_key(prefix, rank),
                                        rank=rank, kind="w", ledger_dir=ledger_dir, bell=bell)
-    install_exit_hooks()
+    return _worker_forwarder
+
+
+def worker_forwarder() -> StoreForwarder | None:
+    """The forwarder :func:`attach_worker_forwarder` attached in this process, if any."""
     return _worker_forwarder

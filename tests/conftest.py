@@ -16,6 +16,10 @@ import eventbus
 
 ROOT = Path(__file__).resolve().parents[1]
 
+#: how `eventbus run` starts each worker: the worker bootstrap, then the script, the
+#: module (-m) or the code (-c) with its arguments
+WORKER = (sys.executable, "-m", "eventbus.app.worker")
+
 
 #: torch is importable here. `make test-pythons` runs the suite on Pythons for which this
 #: machine has no torch wheel: there, the rule below leaves out every test module that
@@ -23,9 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 #: do), names them in the summary, and the torch-free rest runs.
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 _NEEDS_TORCH = re.compile(
-    r"^\s*(import torch|from torch)|launcher_helpers|eventbus_app\.launcher|store_forwarder"
+    r"^\s*(import torch|from torch)|launcher_helpers|eventbus.app\.launcher|store_forwarder"
     r"|store_receiver|store_transport|publishers\.torchelastic|publishers import|STORE_SERVER"
-    r"|from matrix import|_worker_hook|\"run\"|torchelastic|from benchmarks", re.M)
+    r"|eventbus\.app\.worker|from matrix import|\"run\"|torchelastic|from benchmarks", re.M)
 _LEFT_OUT: list[str] = []
 
 
@@ -97,7 +101,7 @@ def _no_leftover_torchelastic_bridges() -> Iterator[None]:
     """An in-process agent installs the torch-records bridge; later tests must find torch's
     destination registry as torch leaves it, so every bridge a test installed is removed."""
     yield
-    bridge = sys.modules.get("publishers.torchelastic")
+    bridge = sys.modules.get("eventbus.publishers.torchelastic")
     if bridge is not None:
         for destination in list(getattr(bridge, "_installed", {})):
             bridge.uninstall_torchelastic_bridge(destination)

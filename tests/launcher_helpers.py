@@ -12,7 +12,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any
 
-from subscribers.jsonl import read_jsonl
+from eventbus.subscribers.jsonl import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 JOBS = ROOT / "tests" / "jobs"

@@ -18,7 +18,7 @@ from launcher_helpers import JOBS
 from launcher_helpers import job_env
 from launcher_helpers import run_job
 
-from subscribers.jsonl import read_jsonl
+from eventbus.subscribers.jsonl import read_jsonl
 
 
 def _alive(pid: int) -> bool:

@@ -28,7 +28,7 @@ events.record(events.EventType.WORKER_EXIT, worker_id=0, exit_code=0,
 logger = logging.getLogger("train")
 handler.set_logger(logger)          # event records now go through the user's own logger and its handlers
 
-import publishers as publisher
+import eventbus.publishers as publisher
 event_publisher = publisher.get_default_event_publisher()
 event_publisher.subscribe(events.EventType.WORKER_EXIT, on_event=on_worker_exit)
 # on_worker_exit(event) is called with the typed event for every later WORKER_EXIT

@@ -300,10 +300,10 @@ def test_stats_count_published_delivered_failed_filtered(bus: eventbus.Bus) -> N
 
 def test_record_on_the_default_bus_reaches_the_default_publisher() -> None:
     """eventbus.record publishes on the bus that the default publisher subscribes to."""
-    import publishers
+    import eventbus.publishers
 
     got: list[Event] = []
-    publishers.get_default_event_publisher().subscribe(EventType.WORKER_EXIT,
+    eventbus.publishers.get_default_event_publisher().subscribe(EventType.WORKER_EXIT,
                                                        on_event=got.append)
     eventbus.record(EventType.WORKER_EXIT, worker_id=0, exit_code=0, data={"epoch": 10})
     assert [(e.worker_id, e.data["epoch"]) for e in got] == [(0, 10)]

@@ -29,8 +29,8 @@ from eventbus import EventType
 from eventbus._compiled import speedups
 from eventbus.context import current_context
 from eventbus.events import event_class
-from subscribers.queued import QueuedSink
-from subscribers.queued import estimate_size
+from eventbus.subscribers.queued import QueuedSink
+from eventbus.subscribers.queued import estimate_size
 from tests.conftest import subprocess_env
 
 needs_compiled = pytest.mark.skipif(speedups is None,

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from subscribers.jsonl import read_jsonl
+from eventbus.subscribers.jsonl import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 #: generous: the machine is shared; the demo takes 15-30 s on an idle 2-core machine

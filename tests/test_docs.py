@@ -186,10 +186,10 @@ def test_example_runs(block: Block, tmp_path: Path) -> None:
 
 #: where each subcommand's parser is built
 PARSER_MODULES = {
-    "run": "eventbus_app.launcher.command",
-    "trace": "eventbus_app.readers.trace",
-    "plot": "eventbus_app.readers.timeline",
-    "tail": "eventbus_app.readers.tail",
+    "run": "eventbus.app.launcher.command",
+    "trace": "eventbus.app.readers.trace",
+    "plot": "eventbus.app.readers.timeline",
+    "tail": "eventbus.app.readers.tail",
 }
 
 
@@ -226,7 +226,7 @@ def _make_targets() -> set[str]:
 def test_command_lines_parse(block: Block) -> None:
     """Every eventbus command line in a shell block names a subcommand whose parser accepts
     it, and every make target it names exists."""
-    commands = importlib.import_module("eventbus_app.cli").COMMANDS
+    commands = importlib.import_module("eventbus.app.cli").COMMANDS
     for command in _commands(block):
         words = shlex.split(command, comments=True)
         if words[:1] == ["make"]:

@@ -23,15 +23,15 @@ import pytest
 import eventbus
 from eventbus import ALL
 from eventbus import EventType
+from eventbus.app.launcher.store_transport import StoreTransport
+from eventbus.app.plugins import RendezvousInfo
+from eventbus.subscribers.store_forwarder import StoreForwarder
 from eventbus.wire import ENV_LEDGER_DIR
 from eventbus.wire import ExitLedger
 from eventbus.wire import namespace
 from eventbus.wire import read_ledgers
 from eventbus.wire import worker_key
 from eventbus.wire import write_ledger
-from eventbus_app.launcher import RendezvousInfo
-from eventbus_app.launcher.store_transport import StoreTransport
-from subscribers.store_forwarder import StoreForwarder
 
 torch_dist = pytest.importorskip("torch.distributed")
 
@@ -190,12 +190,15 @@ def _attach_with(store: Any, monkeypatch: pytest.MonkeyPatch,
                  caplog: pytest.LogCaptureFixture, var: str,
                  values: Callable[[dict[str, str]], list[str]],
                  read: Callable[[Any], Any]) -> tuple[dict[str, str], list[Any]]:
-    """Attach a worker forwarder from a real agent's environment with ``var`` set to each
+    """Attach a worker forwarder through the worker bootstrap's :func:`attach`, from a real
+    agent's environment with ``var`` set to each
     of ``values(env)`` in turn (warnings captured); ``read`` of each forwarder, and the
     agent's environment."""
-    import subscribers.store_forwarder as sf
+    import eventbus.subscribers.store_forwarder as sf
+    from eventbus.app.worker import attach
+    from eventbus.subscribers import worker_exit
 
-    monkeypatch.setattr(sf, "install_exit_hooks", lambda: None)
+    monkeypatch.setattr(worker_exit, "install_exit_hooks", lambda: None)
     agent, _got, env = _agent(store)
     base = {"RANK": "0", "EVENTBUS_AGENT_STORE": env["EVENTBUS_AGENT_STORE"],
             "EVENTBUS_STORE_PREFIX": env["EVENTBUS_STORE_PREFIX"]}
@@ -203,8 +206,9 @@ def _attach_with(store: Any, monkeypatch: pytest.MonkeyPatch,
     for value in values(env):
         monkeypatch.setattr(sf, "_worker_forwarder", None)
         with caplog.at_level(logging.WARNING, logger="eventbus"):
-            fwd = sf.attach_from_env({**base, var: value})
-        assert fwd is not None
+            side = attach({**base, var: value})
+        fwd = sf.worker_forwarder()
+        assert side.forwarding and fwd is not None
         seen.append(read(fwd))
         fwd.close(2.0)
     agent.before_exit(timeout=5.0)

@@ -238,7 +238,7 @@ def _receiver() -> tuple[Any, list[Event]]:
         import datetime
 
         dist = pytest.importorskip("torch.distributed")
-        from publishers.store_receiver import StoreReceiver
+        from eventbus.publishers.store_receiver import StoreReceiver
 
         server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                                timeout=datetime.timedelta(seconds=10))

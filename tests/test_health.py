@@ -16,9 +16,9 @@ import pytest
 
 import eventbus
 from eventbus import JobContext
-from eventbus._worker_hook import ENV_STACK_DIR
-from eventbus._worker_hook import ENV_STACK_SIGNAL
-from eventbus_app.launcher import health
+from eventbus.app.launcher import health
+from eventbus.app.worker.stack_dump import ENV_STACK_DIR
+from eventbus.app.worker.stack_dump import ENV_STACK_SIGNAL
 from tests.launcher_helpers import ROOT
 
 
@@ -115,7 +115,7 @@ def test_bad_stall_timeouts_are_usage_errors(text: str) -> None:
 def test_the_auto_floor_is_an_option_and_bounds_auto() -> None:
     """--stall-auto-floor (default 60 s) is the floor of auto's rule; it parses seconds > 0
     and the watch applies it: max(floor, 5 x the longest interval)."""
-    from eventbus_app.launcher.command import build_parser
+    from eventbus.app.launcher.command import build_parser
 
     args = build_parser().parse_args(["--stall-auto-floor", "2", "x.py"])
     assert args.stall_auto_floor == 2.0
@@ -140,7 +140,7 @@ def test_good_stall_timeouts_parse() -> None:
 def test_bad_options_stop_eventbus_run_before_anything_starts(tmp_path: Path) -> None:
     """`eventbus run --stall-timeout 0` (and a bad --stop-exit-code or --slow-factor) is an
     argparse usage error (exit 2) naming the option; no worker starts."""
-    from eventbus_app.launcher.command import build_parser
+    from eventbus.app.launcher.command import build_parser
 
     parser = build_parser()
     for argv in (["--stall-timeout", "-3"], ["--stop-exit-code", "0"],
@@ -161,7 +161,7 @@ def test_bad_options_stop_eventbus_run_before_anything_starts(tmp_path: Path) ->
 
 def test_defaults_of_the_options() -> None:
     """--stop-exit-code defaults to 3 (not torchrun's 1), --slow-factor to 2."""
-    from eventbus_app.launcher.command import build_parser
+    from eventbus.app.launcher.command import build_parser
 
     args = build_parser().parse_args(["x.py"])
     assert args.stop_exit_code == 3 and args.slow_factor == 2.0 and args.stall_timeout is None
@@ -223,9 +223,9 @@ def test_stall_and_slow_events_round_trip() -> None:
 
 CHILD = """
 import os, sys, time
-from eventbus._worker_hook import arm_stack_dump
+from eventbus.app.worker import attach
 def stuck_in_here():
-    print(arm_stack_dump(), flush=True)
+    print(attach().stack_file, flush=True)
     while True:
         time.sleep(0.01)
 stuck_in_here()
@@ -268,7 +268,7 @@ def test_a_worker_that_opts_out_is_never_signalled(tmp_path: Path) -> None:
 def test_stop_after_stalls_stops_on_the_kth_stall_of_a_rank() -> None:
     """StopAfterStalls(2): the first stall of a rank restarts, its second stops; other
     ranks count apart; failures get no opinion."""
-    from subscribers import StopAfterStalls
+    from eventbus.subscribers import StopAfterStalls
 
     reactor = StopAfterStalls(2)
     stall = eventbus.WorkerStalled(worker_id=1, silent_s=5.0)
@@ -281,9 +281,9 @@ def test_stop_after_stalls_stops_on_the_kth_stall_of_a_rank() -> None:
 def test_exit_code_and_loss_reactors_have_no_opinion_on_stalls() -> None:
     """NonRetriableExitCodes and StopOnNonFiniteLoss return None for WORKER_STALLED;
     RestartBudget counts a stall like a failure."""
-    from subscribers import NonRetriableExitCodes
-    from subscribers import RestartBudget
-    from subscribers import StopOnNonFiniteLoss
+    from eventbus.subscribers import NonRetriableExitCodes
+    from eventbus.subscribers import RestartBudget
+    from eventbus.subscribers import StopOnNonFiniteLoss
 
     stall = eventbus.WorkerStalled(worker_id=1, silent_s=5.0, data={"attempt": 0})
     assert NonRetriableExitCodes({3})(stall) is None
@@ -300,7 +300,7 @@ def test_stalls_and_slow_ranks_show_on_their_rank_in_the_trace_and_timeline(
     its args); the timeline draws both (and a legend entry) without error."""
     import json
 
-    from eventbus_app.readers.trace import export_trace
+    from eventbus.app.readers.trace import export_trace
 
     lines = (ROOT / "tests" / "fixtures" / "job_node0.jsonl").read_text().splitlines()
     start = next(json.loads(line) for line in lines if '"WORKER_START"' in line
@@ -323,7 +323,7 @@ def test_stalls_and_slow_ranks_show_on_their_rank_in_the_trace_and_timeline(
     assert found["stall"]["name"] == "rank 1 stalled (silent 301.5 s)"
     assert "spin_forever" in found["stall"]["args"]["data"]["stack"]
     pytest.importorskip("matplotlib")
-    from eventbus_app.cli import main as cli_main
+    from eventbus.app.cli import main as cli_main
 
     assert cli_main(["plot", str(path), "-o", str(tmp_path / "job.png")]) == 0
     assert (tmp_path / "job.png").stat().st_size > 0

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from eventbus_app.readers.jobview import AGENT
-from eventbus_app.readers.jobview import JobView
-from eventbus_app.readers.records import Problem
-from eventbus_app.readers.records import Record
-from eventbus_app.readers.records import decode_line
-from eventbus_app.readers.records import read_records
+from eventbus.app.readers.jobview import AGENT
+from eventbus.app.readers.jobview import JobView
+from eventbus.app.readers.records import Problem
+from eventbus.app.readers.records import Record
+from eventbus.app.readers.records import decode_line
+from eventbus.app.readers.records import read_records
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 NODE0 = FIXTURES / "job_node0.jsonl"

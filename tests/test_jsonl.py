@@ -19,8 +19,8 @@ import eventbus
 from eventbus import ALL
 from eventbus import Bus
 from eventbus import EventType
-from subscribers.jsonl import JsonlRecorder
-from subscribers.jsonl import read_jsonl
+from eventbus.subscribers.jsonl import JsonlRecorder
+from eventbus.subscribers.jsonl import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -166,7 +166,7 @@ def test_bad_path_fails_at_construction(tmp_path: Path) -> None:
 _WRITER = textwrap.dedent("""
     import sys, eventbus
     from eventbus import ALL
-    from subscribers.jsonl import JsonlRecorder
+    from eventbus.subscribers.jsonl import JsonlRecorder
     rec = JsonlRecorder(sys.argv[1], flush_interval=0.001)
     eventbus.get_default_bus().subscribe(ALL, on_event=rec)
     # ~1 MiB per line: 64 strings of 16,000 characters (under the per-string limit)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from subscribers.jsonl import read_jsonl
+from eventbus.subscribers.jsonl import read_jsonl
 from tests.launcher_helpers import JOB_TIMEOUT_S
 from tests.launcher_helpers import JOBS
 from tests.launcher_helpers import JobRun

@@ -1,6 +1,6 @@
 """Pins the private torch internals the launcher relies on, and the agent's own machinery.
 
-If one of these fails after a torch upgrade, eventbus_app.launcher.agent needs attention
+If one of these fails after a torch upgrade, eventbus.app.launcher.agent needs attention
 before anything else: the end-to-end tests would fail in less obvious ways.
 """
 
@@ -28,12 +28,12 @@ from torch.distributed.launcher import api as launcher_api
 
 import eventbus
 from eventbus import Decision
-from eventbus_app.launcher.agent import _ERROR_FILE_ERRORS
-from eventbus_app.launcher.agent import RELIABLE_RESTARTS_ENV
-from eventbus_app.launcher.agent import EventAgent
-from eventbus_app.launcher.agent import _peek_exit
-from eventbus_app.launcher.agent import event_agent
-from subscribers.jsonl import read_jsonl
+from eventbus.app.launcher.agent import _ERROR_FILE_ERRORS
+from eventbus.app.launcher.agent import RELIABLE_RESTARTS_ENV
+from eventbus.app.launcher.agent import EventAgent
+from eventbus.app.launcher.agent import _peek_exit
+from eventbus.app.launcher.agent import event_agent
+from eventbus.subscribers.jsonl import read_jsonl
 from tests.launcher_helpers import ROOT
 from tests.launcher_helpers import run_command
 
@@ -131,10 +131,10 @@ def test_plugins_are_found_through_entry_points(tmp_path: Path,
     """An installed distribution's `eventbus.agent_plugins` entry point becomes an agent
     plugin (its factory called without arguments); one that fails to load is reported by
     name and skipped, never fatal; default_plugins() is the store transport plus those."""
-    from eventbus_app.launcher import PLUGIN_ENTRY_POINT_GROUP
-    from eventbus_app.launcher import entry_point_plugins
-    from eventbus_app.launcher.agent import default_plugins
-    from eventbus_app.launcher.store_transport import StoreTransport
+    from eventbus.app.launcher.agent import default_plugins
+    from eventbus.app.launcher.store_transport import StoreTransport
+    from eventbus.app.plugins import PLUGIN_ENTRY_POINT_GROUP
+    from eventbus.app.plugins import entry_point_plugins
 
     _fake_distribution(
         tmp_path,
@@ -156,8 +156,8 @@ def test_plugins_are_found_through_entry_points(tmp_path: Path,
 _PLUGIN_LAUNCHER = '''
 import json, sys
 from torch.distributed import TCPStore
-from eventbus_app.launcher import main
-from eventbus_app.launcher.agent import default_plugins
+from eventbus.app.launcher import main
+from eventbus.app.launcher.agent import default_plugins
 
 class Plugin:
     def __init__(self):
@@ -241,7 +241,7 @@ def test_event_agent_python_api_with_elastic_launch(tmp_path: Path, peek: bool,
     from eventbus.context import _holder
 
     if not peek:
-        monkeypatch.setattr("eventbus_app.launcher.agent._peek_exit", lambda pid: None)
+        monkeypatch.setattr("eventbus.app.launcher.agent._peek_exit", lambda pid: None)
     monkeypatch.setenv(RELIABLE_RESTARTS_ENV, "1")
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")

@@ -1,13 +1,14 @@
 """The layer rule of docs/architecture.md, read from the source with ``ast``.
 
 Four layers, arrows down only: the core (``eventbus``), then ``publishers`` and
-``subscribers`` side by side, then the application (``eventbus_app``). ``python -m
+``subscribers`` side by side, then the application (``eventbus.app``). ``python -m
 eventbus`` (``eventbus/__main__.py``) is the application's entry point and belongs to it.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,34 +16,53 @@ import pytest
 
 from tests.conftest import ROOT
 
-PACKAGES = ("eventbus", "publishers", "subscribers", "eventbus_app")
-CORE, PUBLISHERS, SUBSCRIBERS, APP = PACKAGES
+#: repository folder -> the module prefix it installs as (pyproject.toml's package-dir)
+FOLDERS = {
+    "eventbus": "eventbus",
+    "publishers": "eventbus.publishers",
+    "subscribers": "eventbus.subscribers",
+    "eventbus_app": "eventbus.app",
+}
+CORE, PUBLISHERS, SUBSCRIBERS, APP = FOLDERS.values()
 
-#: the core's only imports of the layers above, both lazy and both required by the API:
-#: get_logging_handler() returns a subscriber, and ``import eventbus`` in a worker of
-#: ``eventbus run`` attaches the store forwarder
+#: the core's only lazy import of a layer above, required by the API:
+#: get_logging_handler() returns a subscriber
 ALLOWED_LAZY_CORE_IMPORTS = {
-    ("eventbus", "get_logging_handler", "subscribers.log_handler"),
-    ("eventbus._worker_hook", "attach_worker_forwarder", "subscribers.store_forwarder"),
+    ("eventbus", "get_logging_handler", "eventbus.subscribers.log_handler"),
 }
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def _module_name(folder: str, path: Path) -> str:
+    parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
-    return ".".join(parts)
+    return ".".join([FOLDERS[folder], *parts])
 
 
 def _modules() -> dict[str, Path]:
-    return {_module_name(path): path
-            for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))}
+    """Every module of the four folders, read from the folders themselves (os.walk does
+    not follow the checkout's eventbus/{publishers,subscribers,app} links)."""
+    found: dict[str, Path] = {}
+    for folder in FOLDERS:
+        for directory, _, files in os.walk(ROOT / folder):
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    path = Path(directory) / name
+                    found[_module_name(folder, path)] = path
+    return found
 
 
 def _layer(module: str) -> str:
     if module == "eventbus.__main__":
         return APP
-    return module.split(".", 1)[0]
+    for layer in (PUBLISHERS, SUBSCRIBERS, APP):
+        if module == layer or module.startswith(layer + "."):
+            return layer
+    return CORE
+
+
+def _ours(module: str) -> bool:
+    return module == CORE or module.startswith(CORE + ".")
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -73,7 +93,7 @@ def _imports(tree: ast.Module, module: str, known: set[str]
         for node in nodes:
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 for target in targets(node):
-                    if target.split(".", 1)[0] in PACKAGES:
+                    if _ours(target):
                         yield target, function
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 yield from walk(node.body, function or node.name)
@@ -158,8 +178,8 @@ def test_no_module_level_import_cycle() -> None:
 def test_the_check_sees_the_imports_it_guards() -> None:
     """The scanner is not blind: it finds known imports of each kind (module level, lazy,
     relative-free ``from package import module``)."""
-    assert ("eventbus.wire", None) in GRAPH["subscribers.store_forwarder"]
-    assert ("subscribers.log_handler", "get_logging_handler") in GRAPH["eventbus"]
-    assert ("eventbus_app.cli", None) in GRAPH["eventbus.__main__"]
-    assert any(t == "publishers.store_receiver" and f is None
-               for t, f in GRAPH["eventbus_app.launcher.store_transport"])
+    assert ("eventbus.wire", None) in GRAPH["eventbus.subscribers.store_forwarder"]
+    assert ("eventbus.subscribers.log_handler", "get_logging_handler") in GRAPH["eventbus"]
+    assert ("eventbus.app.cli", None) in GRAPH["eventbus.__main__"]
+    assert any(t == "eventbus.publishers.store_receiver" and f is None
+               for t, f in GRAPH["eventbus.app.launcher.store_transport"])

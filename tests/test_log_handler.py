@@ -1,4 +1,4 @@
-"""subscribers.log_handler: bus events as logging records, one line per event."""
+"""eventbus.subscribers.log_handler: bus events as logging records, one line per event."""
 
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ from hypothesis import strategies as st
 
 import eventbus
 from eventbus import EventType
+from eventbus.subscribers import log_handler
+from eventbus.subscribers.log_handler import EventLoggingHandler
+from eventbus.subscribers.log_handler import escape_line
+from eventbus.subscribers.log_handler import format_event
 from eventbus.testing import strict_bus
-from subscribers import log_handler
-from subscribers.log_handler import EventLoggingHandler
-from subscribers.log_handler import escape_line
-from subscribers.log_handler import format_event
 
 PLAIN = "%(levelname)s %(name)s %(message)s"
 
@@ -625,7 +625,7 @@ def test_dict_config_class_handler_subscribes_and_unsubscribes_on_reconfigure(
             "disable_existing_loggers": False,
             "formatters": {"plain": {"format": "cfg %(levelname)s %(message)s"}},
             "handlers": {"events": {
-                "class": "subscribers.log_handler.EventLoggingHandler",
+                "class": "eventbus.subscribers.log_handler.EventLoggingHandler",
                 "subscribe": "default-bus", "stream": sink, "formatter": "plain",
                 "level": "INFO", "levels": {"METRIC": "DEBUG"}}},
         }
@@ -649,7 +649,7 @@ def test_dict_config_factory_configures_the_default_handler(
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"plain": {"format": "dflt %(levelname)s %(message)s"}},
-        "handlers": {"events": {"()": "subscribers.log_handler.get_default_handler",
+        "handlers": {"events": {"()": "eventbus.subscribers.log_handler.get_default_handler",
                                 "stream": sink, "formatter": "plain", "level": "ERROR"}},
     })
     eventbus.record(EventType.WORKER_EXIT, worker_id=0, exit_code=0)  # INFO: below ERROR

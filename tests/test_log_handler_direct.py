@@ -1,4 +1,5 @@
-"""subscribers.log_handler's direct path: the same lines as the LogRecord path, byte for byte."""
+"""eventbus.subscribers.log_handler's direct path: the same lines as the LogRecord path, byte
+for byte."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 import eventbus
-from subscribers.log_handler import DEFAULT_FORMAT
-from subscribers.log_handler import EventLoggingHandler
+from eventbus.subscribers.log_handler import DEFAULT_FORMAT
+from eventbus.subscribers.log_handler import EventLoggingHandler
 
 HOSTILE = "a\nb \x1b[31mred\x1b[0m \x9b31m x\u2028y bidi\u202eevil lone\ud800s tab\there"
 ctx = eventbus.JobContext(rank=3, hostname="h", pid=1)

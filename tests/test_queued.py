@@ -1,4 +1,4 @@
-"""subscribers.queued.QueuedSink: bounded, off the caller's thread, drops counted."""
+"""eventbus.subscribers.queued.QueuedSink: bounded, off the caller's thread, drops counted."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import eventbus
 from eventbus import ALL
 from eventbus import Event
 from eventbus import EventType
-from subscribers.queued import QueuedSink
-from subscribers.queued import estimate_size
-from subscribers.queued import flush_all
+from eventbus.subscribers.queued import QueuedSink
+from eventbus.subscribers.queued import estimate_size
+from eventbus.subscribers.queued import flush_all
 from tests.conftest import subprocess_env
 
 
@@ -177,7 +177,7 @@ def test_exit_flushes_queued_events(tmp_path: os.PathLike[str]) -> None:
     out = os.path.join(tmp_path, "out.txt")
     code = f"""
 import sys, time, eventbus
-from subscribers.queued import QueuedSink
+from eventbus.subscribers.queued import QueuedSink
 f = open({out!r}, "w")
 def write(batch):
     time.sleep(0.001)
@@ -200,7 +200,7 @@ def test_a_forked_child_does_not_duplicate_the_parents_queue(tmp_path: os.PathLi
     out = os.path.join(tmp_path, "out.txt")
     code = f"""
 import os, threading, eventbus
-from subscribers.queued import QueuedSink
+from eventbus.subscribers.queued import QueuedSink
 gate = threading.Event()
 def write(batch):
     gate.wait(10)
@@ -261,9 +261,9 @@ def test_every_queue_takes_its_bounds_from_one_settings_object() -> None:
     names the field before any file is opened."""
     import attrs
 
-    from subscribers.jsonl import JsonlRecorder
-    from subscribers.queued import QueueSettings
-    from subscribers.store_forwarder import FORWARDER_QUEUE
+    from eventbus.subscribers.jsonl import JsonlRecorder
+    from eventbus.subscribers.queued import QueueSettings
+    from eventbus.subscribers.store_forwarder import FORWARDER_QUEUE
 
     base = QueueSettings(max_events=50)
     sink = QueuedSink(print, settings=base, max_batch=7)
@@ -374,7 +374,7 @@ def test_backlogged_asks_for_a_pause_only_for_a_draining_flow_controlled_sink(
     """backlogged() is true while a flow-controlled sink is half full and its thread still
     takes batches; never for a sink without flow control; not once the sink is hung for
     FLOW_STALL_S (it drops instead); and false again once it caught up."""
-    from subscribers import queued
+    from eventbus.subscribers import queued
 
     monkeypatch.setattr(queued, "FLOW_STALL_S", 0.5)
     gate = threading.Event()
@@ -403,7 +403,7 @@ def test_backlogged_asks_for_a_pause_only_for_a_draining_flow_controlled_sink(
 def test_the_jsonl_recorder_queue_is_flow_controlled_by_default(tmp_path: os.PathLike[str]
                                                                  ) -> None:
     """The JSONL file is the job's record: its queue asks the receiver to wait, not drop."""
-    from subscribers.jsonl import JsonlRecorder
+    from eventbus.subscribers.jsonl import JsonlRecorder
 
     rec = JsonlRecorder(os.path.join(tmp_path, "e.jsonl"))
     off = JsonlRecorder(os.path.join(tmp_path, "f.jsonl"), flow_control=False)
@@ -419,7 +419,7 @@ SIGNAL_RACE = r"""
 import os, signal, sys, threading, time
 import eventbus
 from eventbus import ALL, EventType
-from subscribers.queued import QueuedSink
+from eventbus.subscribers.queued import QueuedSink
 
 mode, seconds, enough = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 

@@ -12,9 +12,9 @@ from eventbus import Decision
 from eventbus import EventType
 from eventbus import JobContext
 from eventbus import WorkerExit
-from subscribers.reactors import NonRetriableExitCodes
-from subscribers.reactors import RestartBudget
-from subscribers.reactors import StopOnNonFiniteLoss
+from eventbus.subscribers.reactors import NonRetriableExitCodes
+from eventbus.subscribers.reactors import RestartBudget
+from eventbus.subscribers.reactors import StopOnNonFiniteLoss
 
 
 def _exit(code: int, *, rank: int = 1, attempt: int = 0, signal: str | None = None,

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 import eventbus
+from eventbus.app.sinks import SinkError
+from eventbus.app.sinks import close_sinks
+from eventbus.app.sinks import make_sink
 from eventbus.bus import Bus
-from eventbus_app.sinks import SinkError
-from eventbus_app.sinks import close_sinks
-from eventbus_app.sinks import make_sink
-from publishers.publisher import EventPublisher
+from eventbus.publishers.publisher import EventPublisher
 from tests.sink_helpers import RUN_ID
 from tests.sink_helpers import fabricated_job
 from tests.sink_helpers import free_port
@@ -163,7 +163,7 @@ def test_webhook_posts_the_failure_with_the_agents_decision() -> None:
 
 def test_webhook_is_rate_limited_and_counts_the_drops() -> None:
     """webhook: posts beyond max_per_minute are dropped and counted, not sent."""
-    from eventbus_app.sinks.webhook import WebhookSink
+    from eventbus.app.sinks.webhook import WebhookSink
 
     with receiver() as r:
         sink = WebhookSink(r.url, max_per_minute=2)
@@ -250,7 +250,7 @@ def test_a_missing_extra_names_the_pip_install(monkeypatch: pytest.MonkeyPatch) 
 def test_run_rejects_a_bad_sink_before_the_job_starts(capsys: pytest.CaptureFixture[str],
                                                       tmp_path: Path) -> None:
     """eventbus run --sink with bad input: an argparse usage error (exit 2), no job."""
-    from eventbus_app.launcher.command import main
+    from eventbus.app.launcher.command import main
 
     with pytest.raises(SystemExit) as info:
         main(["--sink", "otlp:localhost:4318", "--standalone", str(tmp_path / "never.py")])

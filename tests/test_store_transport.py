@@ -24,6 +24,11 @@ import pytest
 import eventbus
 from eventbus import ALL
 from eventbus import EventType
+from eventbus.app.launcher.store_transport import StoreTransport
+from eventbus.app.launcher.store_transport import job_event_filter
+from eventbus.app.plugins import RendezvousInfo
+from eventbus.publishers.store_receiver import StoreReceiver
+from eventbus.subscribers.store_forwarder import StoreForwarder
 from eventbus.wire import ENV_BELL
 from eventbus.wire import ENV_PREFIX
 from eventbus.wire import ENV_STORE
@@ -32,11 +37,6 @@ from eventbus.wire import bell_key
 from eventbus.wire import namespace
 from eventbus.wire import node_key
 from eventbus.wire import worker_key
-from eventbus_app.launcher import RendezvousInfo
-from eventbus_app.launcher.store_transport import StoreTransport
-from eventbus_app.launcher.store_transport import job_event_filter
-from publishers.store_receiver import StoreReceiver
-from subscribers.store_forwarder import StoreForwarder
 
 torch_dist = pytest.importorskip("torch.distributed")
 
@@ -375,7 +375,7 @@ def test_job_event_filter_defaults_to_builtins_and_takes_exclusions() -> None:
 
 def test_every_agent_runs_the_store_transport_by_default() -> None:
     """`eventbus run` builds a StoreTransport in every agent (no registration needed)."""
-    from eventbus_app.launcher.agent import default_plugins
+    from eventbus.app.launcher.agent import default_plugins
 
     assert any(isinstance(p, StoreTransport) for p in default_plugins())
 

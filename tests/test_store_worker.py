@@ -1,5 +1,6 @@
-"""The worker side in real child processes: `import eventbus` attaches the forwarder from
-the launcher's environment, and exits of every kind flush it (reliability rows 12-14, 20).
+"""The worker side in real child processes: the worker bootstrap attaches the forwarder
+from the launcher's environment, and exits of every kind flush it (reliability rows 12-14,
+20).
 
 Each test runs a child python with ``EVENTBUS_AGENT_STORE``/``EVENTBUS_STORE_PREFIX``/
 ``RANK`` set, against a real TCPStore, and drains the queue with a real StoreReceiver.
@@ -23,10 +24,11 @@ import pytest
 import eventbus
 from eventbus import ALL
 from eventbus import EventType
+from eventbus.publishers.store_receiver import StoreReceiver
 from eventbus.wire import ENV_PREFIX
 from eventbus.wire import ENV_STORE
 from eventbus.wire import worker_key
-from publishers.store_receiver import StoreReceiver
+from tests.conftest import WORKER
 from tests.conftest import subprocess_env
 
 torch_dist = pytest.importorskip("torch.distributed")
@@ -43,7 +45,7 @@ CHILD = textwrap.dedent("""
         def mine(signum, frame):
             open(out + ".handler", "w").write("ran")
             sys.exit(7)
-        signal.signal(signal.SIGTERM, mine)  # installed before `import eventbus`
+        signal.signal(signal.SIGTERM, mine)  # replaces the bootstrap's handler
     import eventbus
     from eventbus import EventType
     assert ("torch" in sys.modules) == bool(os.environ.get("EVENTBUS_AGENT_STORE"))
@@ -98,7 +100,7 @@ def _env(port: int, **extra: str) -> dict[str, str]:
 def _child(tmp_path: Path, mode: str, n: int, env: dict[str, str]) -> subprocess.Popen[str]:
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    return subprocess.Popen([sys.executable, str(script), mode, str(n),
+    return subprocess.Popen([*WORKER, str(script), mode, str(n),
                              str(tmp_path / "out")], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
@@ -137,8 +139,8 @@ def _wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 60.0) ->
         time.sleep(0.02)
 
 
-def test_import_eventbus_stays_torch_free_without_the_launcher_env(tmp_path: Path) -> None:
-    """Without EVENTBUS_AGENT_STORE, `import eventbus` attaches nothing and imports no
+def test_the_bootstrap_stays_torch_free_without_the_launcher_env(tmp_path: Path) -> None:
+    """Without EVENTBUS_AGENT_STORE, the worker bootstrap attaches nothing and imports no
     torch (the child asserts it)."""
     env = subprocess_env()
     env.pop(ENV_STORE, None)
@@ -222,7 +224,7 @@ def test_dataloader_workers_forward_their_own_events(store: Any, tmp_path: Path)
     (row 12: published = delivered + reported lost, here lost 0)."""
     script = tmp_path / "loader.py"
     script.write_text(DATALOADER)
-    proc = subprocess.run([sys.executable, str(script)], env=_env(store.port), check=False,
+    proc = subprocess.run([*WORKER, str(script)], env=_env(store.port), check=False,
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
     got, rx = _drain(store.port)
@@ -322,7 +324,7 @@ FORKS = textwrap.dedent("""
     import os, sys, threading, time
     import eventbus
     from eventbus import EventType
-    import subscribers.store_forwarder as sf
+    import eventbus.subscribers.store_forwarder as sf
 
     fwd = sf._worker_forwarder
     bus = eventbus.get_default_bus()
@@ -382,7 +384,7 @@ def test_forked_children_send_as_new_senders_and_never_duplicate_the_parent_queu
     its own client, and the parent's queued events arrive once, from the parent (row 11)."""
     script = tmp_path / "forks.py"
     script.write_text(FORKS)
-    proc = subprocess.run([sys.executable, str(script)], env=_env(store.port), check=False,
+    proc = subprocess.run([*WORKER, str(script)], env=_env(store.port), check=False,
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
     children = {int(p) for p in proc.stdout.split()}

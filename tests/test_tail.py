@@ -1,4 +1,4 @@
-"""`eventbus tail` / eventbus_app.readers.tail: one readable line per event, following a file."""
+"""`eventbus tail` / eventbus.app.readers.tail: one readable line per event, following a file."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from typing import IO
 
 import pytest
 
-from eventbus_app.cli import main as cli_main
-from eventbus_app.readers.records import Problem
-from eventbus_app.readers.records import Record
-from eventbus_app.readers.records import decode_line
-from eventbus_app.readers.tail import EventFileReader
-from eventbus_app.readers.tail import format_record
+from eventbus.app.cli import main as cli_main
+from eventbus.app.readers.records import Problem
+from eventbus.app.readers.records import Record
+from eventbus.app.readers.records import decode_line
+from eventbus.app.readers.tail import EventFileReader
+from eventbus.app.readers.tail import format_record
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -237,9 +237,9 @@ def test_long_data_is_cut_unless_full(tmp_path: Path,
 def test_the_viewers_import_neither_torch_nor_matplotlib() -> None:
     """trace, tail and the job model read a file without torch; matplotlib loads only to
     draw, so `eventbus tail` starts fast on a login node."""
-    code = ("import sys, eventbus_app.readers.trace, eventbus_app.readers.tail, "
-            "eventbus_app.readers.timeline\n"
-            "from eventbus_app.readers.jobview import JobView\n"
+    code = ("import sys, eventbus.app.readers.trace, eventbus.app.readers.tail, "
+            "eventbus.app.readers.timeline\n"
+            "from eventbus.app.readers.jobview import JobView\n"
             f"JobView.from_files([{str(NODE0)!r}])\n"
             "print(sorted(m for m in ('torch', 'matplotlib') if m in sys.modules))")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

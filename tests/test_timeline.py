@@ -1,4 +1,4 @@
-"""`eventbus plot` / eventbus_app.readers.timeline: events JSONL -> a timeline picture."""
+"""`eventbus plot` / eventbus.app.readers.timeline: events JSONL -> a timeline picture."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from eventbus_app.cli import main as cli_main
-from eventbus_app.readers.jobview import JobView
-from eventbus_app.readers.records import read_records
-from eventbus_app.readers.timeline import PlotUnavailableError
-from eventbus_app.readers.timeline import plot_timeline
+from eventbus.app.cli import main as cli_main
+from eventbus.app.readers.jobview import JobView
+from eventbus.app.readers.records import read_records
+from eventbus.app.readers.timeline import PlotUnavailableError
+from eventbus.app.readers.timeline import plot_timeline
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 NODE0 = FIXTURES / "job_node0.jsonl"

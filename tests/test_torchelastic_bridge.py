@@ -1,4 +1,4 @@
-"""publishers.torchelastic: torch's own event records reach the bus as typed events."""
+"""eventbus.publishers.torchelastic: torch's own event records reach the bus as typed events."""
 
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ from torch.distributed.elastic.events import handlers as torch_handlers
 
 import eventbus
 from eventbus import EventType
+from eventbus.publishers import install_torchelastic_bridge
+from eventbus.publishers.torchelastic import SOURCE
+from eventbus.publishers.torchelastic import TorchelasticBridge
+from eventbus.publishers.torchelastic import torchelastic_event
+from eventbus.publishers.torchelastic import uninstall_torchelastic_bridge
+from eventbus.subscribers.log_handler import EventLoggingHandler
 from eventbus.testing import capture_events
-from publishers import install_torchelastic_bridge
-from publishers.torchelastic import SOURCE
-from publishers.torchelastic import TorchelasticBridge
-from publishers.torchelastic import torchelastic_event
-from publishers.torchelastic import uninstall_torchelastic_bridge
-from subscribers.log_handler import EventLoggingHandler
 from tests.conftest import subprocess_env
 
 
@@ -357,7 +357,7 @@ def test_loglevel_warning_does_not_silence_the_bridge() -> None:
     code = textwrap.dedent("""
         import json
         from torch.distributed.elastic import events
-        from publishers import install_torchelastic_bridge
+        from eventbus.publishers import install_torchelastic_bridge
         from eventbus.testing import capture_events
         ev = events.Event("torchelastic.worker.status.START", events.EventSource.WORKER,
                           metadata={"global_rank": 0, "metadata": "{}"})
@@ -398,7 +398,7 @@ def test_bridge_repr_counts() -> None:
 LAUNCHER = """
 import json, sys
 import eventbus
-from publishers import get_default_event_publisher, install_torchelastic_bridge
+from eventbus.publishers import get_default_event_publisher, install_torchelastic_bridge
 from torch.distributed import run
 
 install_torchelastic_bridge()  # before torchrun parses --event-log-handler eventbus

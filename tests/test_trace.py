@@ -1,4 +1,4 @@
-"""`eventbus trace` / eventbus_app.readers.trace: events JSONL -> Chrome Trace Event Format JSON."""
+"""`eventbus trace` / eventbus.app.readers.trace: events JSONL -> Chrome Trace Event Format JSON."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from eventbus_app.cli import main as cli_main
-from eventbus_app.readers.trace import export_trace
+from eventbus.app.cli import main as cli_main
+from eventbus.app.readers.trace import export_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"

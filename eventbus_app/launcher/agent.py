@@ -31,6 +31,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -47,7 +48,16 @@ from torch.distributed.elastic.agent.server.api import WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from eventbus._worker_hook import ENV_STACK_DIR
+from eventbus.app.launcher import health
+from eventbus.app.launcher.stop_signal import StopSignal
+from eventbus.app.launcher.store_transport import StoreTransport
+from eventbus.app.plugins import FAILURE_DRAIN_TIMEOUT_S
+from eventbus.app.plugins import AgentPlugin
+from eventbus.app.plugins import RendezvousInfo
+from eventbus.app.plugins import entry_point_plugins
+from eventbus.app.worker import bootstrap_args
+from eventbus.app.worker import run_attached
+from eventbus.app.worker.stack_dump import ENV_STACK_DIR
 from eventbus.bus import ALL
 from eventbus.bus import Bus
 from eventbus.bus import Subscription
@@ -64,15 +74,8 @@ from eventbus.events import WorkerSlow
 from eventbus.events import WorkerStalled
 from eventbus.events import WorkerStart
 from eventbus.events import signal_name
-from eventbus_app.launcher import FAILURE_DRAIN_TIMEOUT_S
-from eventbus_app.launcher import AgentPlugin
-from eventbus_app.launcher import RendezvousInfo
-from eventbus_app.launcher import entry_point_plugins
-from eventbus_app.launcher import health
-from eventbus_app.launcher.stop_signal import StopSignal
-from eventbus_app.launcher.store_transport import StoreTransport
-from publishers.torchelastic import install_torchelastic_bridge
-from publishers.torchelastic import uninstall_torchelastic_bridge
+from eventbus.publishers.torchelastic import install_torchelastic_bridge
+from eventbus.publishers.torchelastic import uninstall_torchelastic_bridge
 
 __all__ = [
     "RELIABLE_RESTARTS_ENV",
@@ -163,7 +166,7 @@ def _find_tcp_store(store: Any) -> Any:
 class _TorchRecordsRelay:
     """Torch's own records of this agent, bridged, -> the agent's bus, never doubling it.
 
-    ``publishers.install_torchelastic_bridge`` turns torch's records into typed events on a
+    ``eventbus.publishers.install_torchelastic_bridge`` turns torch's records into typed events on a
     private bus; this relay republishes them on the agent's bus. The agent publishes the
     typed lifecycle itself, as it happens, so torch's records of the same moments
     (``torchelastic.worker.status.START``, the end-of-run ``SUCCEEDED``/``FAILED``/
@@ -222,7 +225,7 @@ class EventAgent(LocalElasticAgent):
       what ``eventbus.record``, the logging handler and the JSONL recorder use);
     * ``reactors``: callables ``(WorkerExit) -> Decision | None`` consulted on each
       failed worker (see :meth:`add_reactor`);
-    * ``plugins``: :class:`eventbus_app.launcher.AgentPlugin` instances, exactly these;
+    * ``plugins``: :class:`eventbus.app.plugins.AgentPlugin` instances, exactly these;
       default: :func:`default_plugins` (the store transport and the entry points);
     * ``reliable_restarts``: give each attempt a fresh worker store (sets
       ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` unless the environment already sets it),
@@ -270,6 +273,9 @@ class EventAgent(LocalElasticAgent):
                 "attempt's process-group keys and may fail (pytorch/pytorch#135712)",
                 RELIABLE_RESTARTS_ENV, os.environ[RELIABLE_RESTARTS_ENV])
         spec = self._worker_group.spec
+        #: the entry point as the user gave it (AGENT_START names it)
+        self.entrypoint_name: str = spec.get_entrypoint_name()  # type: ignore[no-untyped-call]
+        _start_through_bootstrap(spec)
         #: whether torch's records of this agent go to the bus (see _TorchRecordsRelay)
         self.routes_torch_records = bool(torch_records
                                          and spec.event_log_handler in (None, "null"))
@@ -529,7 +535,7 @@ class EventAgent(LocalElasticAgent):
         set_context(run_id=spec.rdzv_handler.get_run_id(), restart_count=self.attempt,
                     role=spec.role, local_world_size=spec.local_world_size)
         self.bus.record(EventType.AGENT_START,
-                        entrypoint=spec.get_entrypoint_name(),  # type: ignore[no-untyped-call]
+                        entrypoint=self.entrypoint_name,
                         max_restarts=spec.max_restarts, nproc_per_node=spec.local_world_size)
         result: RunResult | None = None
         error: BaseException | None = None
@@ -840,6 +846,32 @@ class EventAgent(LocalElasticAgent):
         self.bus.record(EventType.WORKER_RESTART, attempt=attempt,
                         restarts_left=self.remaining_restarts, reason=reason)
         super()._restart_workers(worker_group)
+
+
+def _start_through_bootstrap(spec: Any) -> None:
+    """Start each worker through the worker bootstrap (:mod:`eventbus.app.worker`), which
+    attaches the forwarder and the stack dump, then runs the script as ``__main__``.
+
+    torchrun's workers are ``python -u SCRIPT ...`` or ``python -u -m MODULE ...``; a
+    function entry point (``--run-path``, ``elastic_launch(config, fn)``) is wrapped in
+    :func:`eventbus.app.worker.run_attached`. A ``--no-python`` program is left as it is
+    (docs/run.md says what it needs)."""
+    entrypoint = spec.entrypoint
+    if callable(entrypoint):
+        spec.entrypoint = run_attached
+        spec.args = (entrypoint, *spec.args)
+    elif isinstance(entrypoint, str) and _is_python(entrypoint):
+        spec.args = bootstrap_args(spec.args)
+    else:
+        logger.info("eventbus: %s is not a Python interpreter (--no-python): its workers "
+                    "start without the worker bootstrap, and only a program that calls "
+                    "eventbus.app.worker.attach() forwards events", entrypoint)
+
+
+def _is_python(entrypoint: str) -> bool:
+    if entrypoint in (sys.executable, os.environ.get("PYTHON_EXEC")):
+        return True
+    return os.path.basename(entrypoint).startswith("python")
 
 
 def _is_failure(event: Event) -> bool:

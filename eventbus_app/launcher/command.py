@@ -3,7 +3,7 @@
 
 torchrun's own argument parser (``torch.distributed.run.get_args_parser``) with three
 more options, and torchrun's own launch path (``torch.distributed.run.run``) with the
-agent swapped for :class:`eventbus_app.launcher.agent.EventAgent`. Exit code: 0 when the job
+agent swapped for :class:`eventbus.app.launcher.agent.EventAgent`. Exit code: 0 when the job
 succeeded, 1 when it failed, as torchrun; ``--stop-exit-code`` (default 3) when a reactor's
 STOP ended it.
 """
@@ -18,11 +18,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from eventbus.app.launcher import health
+from eventbus.app.plugins import AgentPlugin
 from eventbus.bus import ALL
 from eventbus.bus import get_default_bus
-from eventbus_app.launcher import AgentPlugin
-from eventbus_app.launcher import health
-from subscribers.jsonl import JsonlRecorder
+from eventbus.subscribers.jsonl import JsonlRecorder
 
 __all__ = ["build_parser", "load_reactor", "main"]
 
@@ -122,14 +122,14 @@ def main(argv: Sequence[str] | None = None, *,
     """Run the job; returns the exit code (0 success, 1 failure).
 
     ``plugins``: the agent's plugins, exactly these (default:
-    :func:`eventbus_app.launcher.agent.default_plugins`); a launcher script of your own
+    :func:`eventbus.app.launcher.agent.default_plugins`); a launcher script of your own
     adds one with ``main(argv, plugins=[*default_plugins(), MyPlugin()])``.
     """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.multiprocessing.errors import record
     from torch.distributed.run import run as torchrun_run
 
-    from eventbus_app.launcher.agent import event_agent
+    from eventbus.app.launcher.agent import event_agent
 
     parser = build_parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -143,20 +143,20 @@ def main(argv: Sequence[str] | None = None, *,
     # -- sinks (docs/sinks.md): built before the job so a bad --sink is a usage error --
     sinks: list[Any] = []
     if args.sink:
-        from eventbus_app.sinks import SinkError
-        from eventbus_app.sinks import SinksPlugin
-        from eventbus_app.sinks import make_sink
+        from eventbus.app.sinks import SinkError
+        from eventbus.app.sinks import SinksPlugin
+        from eventbus.app.sinks import make_sink
 
         try:
             for spec in args.sink:
                 sinks.append(make_sink(spec))
         except SinkError as exc:
-            from eventbus_app.sinks import close_sinks
+            from eventbus.app.sinks import close_sinks
 
             close_sinks(sinks, timeout=1.0)
             parser.error(str(exc))
         sink_plugin = SinksPlugin(bus, sinks)
-        from eventbus_app.launcher.agent import default_plugins
+        from eventbus.app.launcher.agent import default_plugins
 
         plugins = [*(default_plugins() if plugins is None else plugins), sink_plugin]
     # -- end sinks --

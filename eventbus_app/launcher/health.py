@@ -1,7 +1,7 @@
 """Job health on the agent: stalled workers, stragglers, and the stacks of a stalled node.
 
 Torch-free and clock-injectable, so that the rules are unit-tested without a job; the agent
-(:mod:`eventbus_app.launcher.agent`) feeds the watches the events that reach its bus and
+(:mod:`eventbus.app.launcher.agent`) feeds the watches the events that reach its bus and
 asks them once per monitor interval. The rules (docs/run.md, "Job health"):
 
 * **stall**: after a worker's first event in an attempt, no event for longer than the

@@ -5,11 +5,11 @@ Two-level fan-in over the job's long-lived c10d store (the wire format is
 :mod:`eventbus.wire`):
 
 * every agent drains the queues of its own workers (one per global rank and attempt) with a
-  :class:`publishers.store_receiver.StoreReceiver` and republishes on its bus (its JSONL,
+  :class:`eventbus.publishers.store_receiver.StoreReceiver` and republishes on its bus (its JSONL,
   logging handler and reactors see worker events), and points its workers' forwarders at
   the store through their environment;
 * the agent of every other node forwards what ``job_events`` selects of its bus to one
-  queue per node (a :class:`subscribers.store_forwarder.StoreForwarder` of kind ``"n"``);
+  queue per node (a :class:`eventbus.subscribers.store_forwarder.StoreForwarder` of kind ``"n"``);
   the agent of group rank 0 drains those, one queue per node, so that its bus holds the
   job-wide view.
 
@@ -35,9 +35,13 @@ from typing import Any
 
 import attrs
 
+from eventbus.app.plugins import RendezvousInfo
 from eventbus.events import Event
 from eventbus.events import EventType
 from eventbus.events import event_class
+from eventbus.publishers.store_receiver import StoreReceiver
+from eventbus.subscribers.queued import backlogged
+from eventbus.subscribers.store_forwarder import StoreForwarder
 from eventbus.wire import ENV_BELL
 from eventbus.wire import ENV_LEDGER_DIR
 from eventbus.wire import ENV_PREFIX
@@ -48,10 +52,6 @@ from eventbus.wire import namespace
 from eventbus.wire import node_key
 from eventbus.wire import read_ledgers
 from eventbus.wire import worker_key
-from eventbus_app.launcher import RendezvousInfo
-from publishers.store_receiver import StoreReceiver
-from subscribers.queued import backlogged
-from subscribers.store_forwarder import StoreForwarder
 
 __all__ = ["ENV_JOB_EVENTS", "StoreTransport", "TransportSettings", "job_event_filter"]
 

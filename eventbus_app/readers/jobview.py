@@ -35,11 +35,11 @@ from typing import Literal
 
 import attrs
 
-from eventbus_app.readers.records import Problem
-from eventbus_app.readers.records import Record
-from eventbus_app.readers.records import _duration
-from eventbus_app.readers.records import _int_or_none
-from eventbus_app.readers.records import read_records
+from eventbus.app.readers.records import Problem
+from eventbus.app.readers.records import Record
+from eventbus.app.readers.records import _duration
+from eventbus.app.readers.records import _int_or_none
+from eventbus.app.readers.records import read_records
 
 __all__ = [
     "AGENT",

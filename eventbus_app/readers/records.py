@@ -151,7 +151,7 @@ def decode_line(text: str, *, source: str = "", line: int = 0,
             return problem(f"no newline at the end of the file, not JSON: {why}", "torn")
         if stripped.startswith(_LINE_PREFIX):
             # Starts like a recorder's line but does not parse: a writer crashed mid-line
-            # and the next one ended it (the rule subscribers.jsonl.read_jsonl counts by).
+            # and the next one ended it (the rule eventbus.subscribers.jsonl.read_jsonl counts by).
             return problem(f"an event line cut short: {why}", "torn")
         return problem(f"not JSON: {why}")
     if not isinstance(raw, dict):
@@ -187,9 +187,9 @@ def record_from_dict(raw: dict[str, Any], *, source: str = "") -> Record | None:
 
 
 def read_records(path: str | Path) -> tuple[list[Record], list[Problem]]:
-    """Every event of one JSONL file (read by :func:`subscribers.jsonl.read_jsonl`), and
+    """Every event of one JSONL file (read by :func:`eventbus.subscribers.jsonl.read_jsonl`), and
     how many lines were skipped: torn or foreign (``eventbus tail`` shows each one)."""
-    from subscribers.jsonl import read_jsonl
+    from eventbus.subscribers.jsonl import read_jsonl
 
     source = str(path)
     read = read_jsonl(path)

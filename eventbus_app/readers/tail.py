@@ -37,9 +37,9 @@ from typing import IO
 from typing import Any
 from typing import Literal
 
-from eventbus_app.readers.records import Problem
-from eventbus_app.readers.records import Record
-from eventbus_app.readers.records import decode_line
+from eventbus.app.readers.records import Problem
+from eventbus.app.readers.records import Record
+from eventbus.app.readers.records import decode_line
 
 __all__ = ["DATA_CHARS", "EventFileReader", "format_record", "main"]
 

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 from typing import Literal
 
-from eventbus_app.readers.jobview import AGENT
-from eventbus_app.readers.jobview import JobView
-from eventbus_app.readers.jobview import iter_tracks
-from eventbus_app.readers.jobview import load_for_command
+from eventbus.app.readers.jobview import AGENT
+from eventbus.app.readers.jobview import JobView
+from eventbus.app.readers.jobview import iter_tracks
+from eventbus.app.readers.jobview import load_for_command
 
 __all__ = ["PlotUnavailableError", "main", "plot_timeline"]
 

@@ -3,7 +3,7 @@ https://ui.perfetto.dev (or ``chrome://tracing``) opens.
 
 ``eventbus trace EVENTS.jsonl [MORE.jsonl ...] -o trace.json``; in code,
 :func:`export_trace` (files in, file out) or :func:`chrome_trace` (a
-:class:`~subscribers._jobview.JobView` in, the trace dict out).
+:class:`~eventbus.subscribers._jobview.JobView` in, the trace dict out).
 
 The layout (see docs/seeing-the-job.md for the whole format):
 
@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import Any
 from typing import Literal
 
-from eventbus_app.readers.jobview import AGENT
-from eventbus_app.readers.jobview import JobView
-from eventbus_app.readers.jobview import iter_tracks
-from eventbus_app.readers.jobview import load_for_command
-from eventbus_app.readers.records import Record
+from eventbus.app.readers.jobview import AGENT
+from eventbus.app.readers.jobview import JobView
+from eventbus.app.readers.jobview import iter_tracks
+from eventbus.app.readers.jobview import load_for_command
+from eventbus.app.readers.records import Record
 
 __all__ = ["chrome_trace", "export_trace", "main", "write_trace"]
 

@@ -4,11 +4,11 @@
 :func:`make_sink` and subscribes it to every event on the agent's bus; the same objects
 work in a single process::
 
-    publishers.get_default_event_publisher().subscribe_all(on_event=TensorBoardSink("tb"))
+    eventbus.publishers.get_default_event_publisher().subscribe_all(on_event=TensorBoardSink("tb"))
 
-Every sink is a :class:`~eventbus_app.sinks.base.EventSink`, i.e. a bounded
-:class:`subscribers.queued.QueuedSink`: a slow or dead backend costs dropped, counted events
-and never slows ``record()`` nor the agent's monitor. ``NAME`` is a built-in
+Every sink is a :class:`~eventbus.app.sinks.base.EventSink`, i.e. a bounded
+:class:`~eventbus.subscribers.queued.QueuedSink`: a slow or dead backend costs dropped, counted
+events and never slows ``record()`` nor the agent's monitor. ``NAME`` is a built-in
 (:data:`BUILTIN_SINKS`) or the name of an entry point of the group
 :data:`SINK_ENTRY_POINT_GROUP` (``eventbus.sinks``), whose target is called with ``ARG``
 and returns the subscriber. See docs/sinks.md.
@@ -16,7 +16,6 @@ and returns the subscriber. See docs/sinks.md.
 
 from __future__ import annotations
 
-import importlib
 import importlib.metadata
 import logging
 import sys
@@ -27,13 +26,13 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
+from eventbus.app.plugins import RendezvousInfo
+from eventbus.app.sinks.base import SINK_CLOSE_TIMEOUT_S
+from eventbus.app.sinks.base import EventSink
+from eventbus.app.sinks.base import MissingExtraError
+from eventbus.app.sinks.base import SinkArgumentError
 from eventbus.bus import ALL
 from eventbus.bus import Bus
-from eventbus_app.launcher import RendezvousInfo
-from eventbus_app.sinks.base import SINK_CLOSE_TIMEOUT_S
-from eventbus_app.sinks.base import EventSink
-from eventbus_app.sinks.base import MissingExtraError
-from eventbus_app.sinks.base import SinkArgumentError
 
 __all__ = [
     "BUILTIN_SINKS",
@@ -57,13 +56,45 @@ SINK_ENTRY_POINT_GROUP = "eventbus.sinks"
 #: the budget of closing every sink of a run together, at the end of ``eventbus run``
 SINKS_CLOSE_TIMEOUT_S = 10.0
 
-#: built-in sink name -> "module:class" (imported only when used)
-BUILTIN_SINKS: dict[str, str] = {
-    "mlflow": "eventbus_app.sinks.mlflow:MlflowSink",
-    "otlp": "eventbus_app.sinks.otlp:OtlpSink",
-    "prometheus": "eventbus_app.sinks.prometheus:PrometheusSink",
-    "tensorboard": "eventbus_app.sinks.tensorboard:TensorBoardSink",
-    "webhook": "eventbus_app.sinks.webhook:WebhookSink",
+# Each built-in's module is imported only when its sink is asked for (a backend's extra
+# may be missing, and `--help` stays fast): a function per sink, not a module-name string.
+def _mlflow(arg: str) -> Any:
+    from eventbus.app.sinks.mlflow import MlflowSink
+
+    return MlflowSink(arg)
+
+
+def _otlp(arg: str) -> Any:
+    from eventbus.app.sinks.otlp import OtlpSink
+
+    return OtlpSink(arg)
+
+
+def _prometheus(arg: str) -> Any:
+    from eventbus.app.sinks.prometheus import PrometheusSink
+
+    return PrometheusSink(arg)
+
+
+def _tensorboard(arg: str) -> Any:
+    from eventbus.app.sinks.tensorboard import TensorBoardSink
+
+    return TensorBoardSink(arg)
+
+
+def _webhook(arg: str) -> Any:
+    from eventbus.app.sinks.webhook import WebhookSink
+
+    return WebhookSink(arg)
+
+
+#: built-in sink name -> a function (ARG) -> the sink, importing its module on first use
+BUILTIN_SINKS: dict[str, Callable[[str], Any]] = {
+    "mlflow": _mlflow,
+    "otlp": _otlp,
+    "prometheus": _prometheus,
+    "tensorboard": _tensorboard,
+    "webhook": _webhook,
 }
 
 
@@ -72,11 +103,9 @@ class SinkError(ValueError):
 
 
 def _factory(name: str) -> Callable[[str], Any]:
-    target = BUILTIN_SINKS.get(name)
-    if target is not None:
-        module, _, attr = target.partition(":")
-        factory: Callable[[str], Any] = getattr(importlib.import_module(module), attr)
-        return factory
+    builtin = BUILTIN_SINKS.get(name)
+    if builtin is not None:
+        return builtin
     for entry in importlib.metadata.entry_points(group=SINK_ENTRY_POINT_GROUP):
         if entry.name == name:
             try:
@@ -152,7 +181,7 @@ class SinksPlugin:
     from the start (``AGENT_START`` included), kept on the agent of group rank 0 (the one
     with the job-wide view), closed at the first rendezvous on any other node.
 
-    An :class:`eventbus_app.launcher.AgentPlugin`; :meth:`close` runs after the agent
+    An :class:`eventbus.app.plugins.AgentPlugin`; :meth:`close` runs after the agent
     published ``AGENT_EXIT`` (so the sinks see the outcome), within
     :data:`SINKS_CLOSE_TIMEOUT_S`.
     """

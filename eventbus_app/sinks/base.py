@@ -1,8 +1,8 @@
 """What every sink shares: a bounded queue in front of the backend, a bounded close.
 
 A sink is a plain subscriber (``callable(event)``): :class:`EventSink` *is* a
-:class:`subscribers.queued.QueuedSink`, so ``record()`` (or the agent's monitor thread) only
-appends to a bounded deque and the backend (a file writer, an HTTP exporter, a tracking
+:class:`~eventbus.subscribers.queued.QueuedSink`, so ``record()`` (or the agent's monitor thread)
+only appends to a bounded deque and the backend (a file writer, an HTTP exporter, a tracking
 server) runs on the queue's own thread. A slow or dead backend costs dropped events, counted
 per reason in :meth:`stats` (and so in the bus's ``stats()``) and reported rate-limited on
 the ``eventbus`` logger; it never blocks the caller.
@@ -19,8 +19,8 @@ from typing import ClassVar
 
 from eventbus.events import Event
 from eventbus.events import WorkerStalled
-from subscribers.queued import QueuedSink
-from subscribers.queued import QueueSettings
+from eventbus.subscribers.queued import QueuedSink
+from eventbus.subscribers.queued import QueueSettings
 
 __all__ = [
     "SINK_CLOSE_TIMEOUT_S",

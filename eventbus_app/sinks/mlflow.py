@@ -22,14 +22,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from eventbus.app.sinks.base import EventSink
+from eventbus.app.sinks.base import SinkArgumentError
+from eventbus.app.sinks.base import attempt_of
+from eventbus.app.sinks.base import is_stall
+from eventbus.app.sinks.base import numbers_of
+from eventbus.app.sinks.base import require_extra
 from eventbus.events import Event
-from eventbus_app.sinks.base import EventSink
-from eventbus_app.sinks.base import SinkArgumentError
-from eventbus_app.sinks.base import attempt_of
-from eventbus_app.sinks.base import is_stall
-from eventbus_app.sinks.base import numbers_of
-from eventbus_app.sinks.base import require_extra
-from subscribers.queued import QueueSettings
+from eventbus.subscribers.queued import QueueSettings
 
 __all__ = ["MlflowSink"]
 

@@ -27,14 +27,14 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
+from eventbus.app.sinks.base import SINK_QUEUE
+from eventbus.app.sinks.base import EventSink
+from eventbus.app.sinks.base import attempt_of
+from eventbus.app.sinks.base import describe
+from eventbus.app.sinks.base import is_stall
+from eventbus.app.sinks.otlp import check_url
 from eventbus.events import Event
-from eventbus_app.sinks.base import SINK_QUEUE
-from eventbus_app.sinks.base import EventSink
-from eventbus_app.sinks.base import attempt_of
-from eventbus_app.sinks.base import describe
-from eventbus_app.sinks.base import is_stall
-from eventbus_app.sinks.otlp import check_url
-from subscribers.queued import QueueSettings
+from eventbus.subscribers.queued import QueueSettings
 
 __all__ = ["WEBHOOK_MAX_PER_MINUTE", "WebhookSink"]
 

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 import eventbus
-from subscribers.queued import flush_all
+from eventbus.subscribers.queued import flush_all
 
 
 def main() -> int:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from eventbus import Decision
 from eventbus import WorkerExit
-from subscribers.reactors import NonRetriableExitCodes
-from subscribers.reactors import StopOnNonFiniteLoss
+from eventbus.subscribers.reactors import NonRetriableExitCodes
+from eventbus.subscribers.reactors import StopOnNonFiniteLoss
 
 
 def always_restart(event: WorkerExit) -> Decision:

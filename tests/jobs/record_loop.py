@@ -41,7 +41,7 @@ def main() -> int:
             i += 1
             time.sleep(0.01)
     finally:
-        from subscribers import store_forwarder
+        from eventbus.subscribers import store_forwarder
 
         fwd = store_forwarder._worker_forwarder
         if fwd is not None:

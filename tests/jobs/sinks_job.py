@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import eventbus
-from subscribers.queued import flush_all
+from eventbus.subscribers.queued import flush_all
 
 
 def main() -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,9 @@ from typing import Any
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+#: how `eventbus run` starts each worker: the worker bootstrap, then the script or code
+WORKER = (sys.executable, "-m", "eventbus.app.worker")
 
 #: run the matrix at its full sizes (EVENTBUS_FULL_MATRIX=1)
 FULL = os.environ.get("EVENTBUS_FULL_MATRIX", "") not in ("", "0")

@@ -42,8 +42,8 @@ def test_blocking_pop_stalls_a_shared_client_but_not_the_receivers(
     queue_pop takes about the pop's timeout. The receiver: its client is its own, every
     pop it makes is non-blocking, and the agent's client keeps answering at its usual
     latency while the receiver drains a busy queue."""
+    from eventbus.publishers.store_receiver import StoreReceiver
     from eventbus.wire import BatchEncoder
-    from publishers.store_receiver import StoreReceiver
 
     # -- the fact, measured: a blocking pop on a shared client -------------------------
     shared = _client(store.port, POP_TIMEOUT_S)

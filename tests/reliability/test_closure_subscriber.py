@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from eventbus import Bus
 from eventbus import Event
-from publishers import EventPublisher
+from eventbus.publishers import EventPublisher
 
 
 def _subscribe_closure(bus: Bus, sink: list[int]) -> None:

@@ -28,13 +28,13 @@ from eventbus import ALL
 from eventbus import Bus
 from eventbus import Event
 from eventbus import EventType
+from eventbus.publishers.store_receiver import StoreReceiver
 from eventbus.snapshot import MAX_ARRAY_BYTES
+from eventbus.subscribers.jsonl import JsonlRecorder
+from eventbus.subscribers.jsonl import read_jsonl
+from eventbus.subscribers.queued import QueuedSink
+from eventbus.subscribers.store_forwarder import StoreForwarder
 from eventbus.wire import worker_key
-from publishers.store_receiver import StoreReceiver
-from subscribers.jsonl import JsonlRecorder
-from subscribers.jsonl import read_jsonl
-from subscribers.queued import QueuedSink
-from subscribers.store_forwarder import StoreForwarder
 
 N = 200
 

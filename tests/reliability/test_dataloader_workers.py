@@ -4,12 +4,12 @@ events reach the agent through the store: published = delivered + dropped (per r
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from matrix import WORKER
 from matrix import drain_until_ended
 from matrix import subprocess_env
 
@@ -54,15 +54,15 @@ def test_dataloader_workers_published_equals_delivered_plus_dropped(
     """Every event recorded in the main process and in 2 epochs x 4 forked DataLoader
     workers is delivered to the agent's bus or reported lost with a reason: the gap is 0
     (and with an idle store, nothing is lost at all)."""
+    from eventbus.publishers.store_receiver import StoreReceiver
     from eventbus.wire import ENV_PREFIX
     from eventbus.wire import ENV_STORE
     from eventbus.wire import worker_key
-    from publishers.store_receiver import StoreReceiver
 
     prefix = "eventbus/row12/0"
     env = subprocess_env(**{ENV_STORE: f"127.0.0.1:{store.port}", ENV_PREFIX: prefix,
                             "RANK": "0"})
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(ITEMS), str(EPOCHS),
+    proc = subprocess.run([*WORKER, "-c", SCRIPT, str(ITEMS), str(EPOCHS),
                            str(MAIN_EVENTS)], env=env, check=False, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

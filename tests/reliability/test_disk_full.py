@@ -13,8 +13,8 @@ from matrix import small_tmpfs
 
 import eventbus
 from eventbus import EventType
-from subscribers.jsonl import JsonlRecorder
-from subscribers.jsonl import read_jsonl
+from eventbus.subscribers.jsonl import JsonlRecorder
+from eventbus.subscribers.jsonl import read_jsonl
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from launcher_helpers import job_env
 from launcher_helpers import run_command
 from matrix import small_tmpfs
 
-from subscribers.jsonl import read_jsonl
+from eventbus.subscribers.jsonl import read_jsonl
 
 
 @pytest.fixture

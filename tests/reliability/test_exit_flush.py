@@ -11,7 +11,7 @@ from pathlib import Path
 
 from matrix import subprocess_env
 
-from subscribers.jsonl import read_jsonl
+from eventbus.subscribers.jsonl import read_jsonl
 
 N = 10_000
 LATE = 5
@@ -23,14 +23,14 @@ import eventbus
 path, n, late, how = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 
 def record_after_shutdown():
-    # registered before subscribers.queued is imported, so it runs after its exit hook
+    # registered before eventbus.subscribers.queued is imported, so it runs after its exit hook
     for i in range(late):
         eventbus.record("METRIC", step=n + i)
     print(json.dumps(recorder.stats()), flush=True)
 
 atexit.register(record_after_shutdown)
 
-from subscribers.jsonl import JsonlRecorder
+from eventbus.subscribers.jsonl import JsonlRecorder
 
 recorder = JsonlRecorder(path)
 eventbus.get_default_bus().subscribe(eventbus.ALL, on_event=recorder)

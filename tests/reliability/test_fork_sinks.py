@@ -27,8 +27,8 @@ SCRIPT = r"""
 import datetime, faulthandler, json, os, sys, threading, time
 import eventbus
 from eventbus import EventType
-from subscribers.queued import QueuedSink
-from subscribers.store_forwarder import StoreForwarder
+from eventbus.subscribers.queued import QueuedSink
+from eventbus.subscribers.store_forwarder import StoreForwarder
 
 port, forks, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 parent = os.getpid()
@@ -124,7 +124,7 @@ def test_forks_start_with_empty_queues_and_their_own_store_client(
     client: every child passes its checks and exits in time; the receiver gets the
     parent's 100 events once and each child's 10 events, from 51 senders that all ended,
     with no gap or duplicate."""
-    from publishers.store_receiver import StoreReceiver
+    from eventbus.publishers.store_receiver import StoreReceiver
 
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(store.port), str(FORKS),
                            str(tmp_path / "child")], env=subprocess_env(),

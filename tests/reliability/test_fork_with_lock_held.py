@@ -1,7 +1,7 @@
 """Row 11: fork while another thread holds the bus lock; the child records normally.
 
 The queued-sink part (no inherited buffer duplicated) and the store part (the child opens
-its own store client) are in test_fork_sinks.py, against subscribers.queued and the
+its own store client) are in test_fork_sinks.py, against eventbus.subscribers.queued and the
 store forwarder.
 """
 

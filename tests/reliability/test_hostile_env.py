@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 
 import pytest
+from matrix import WORKER as BOOTSTRAP
 from matrix import free_port
 from matrix import subprocess_env
 
@@ -81,7 +81,7 @@ def test_hostile_store_variables_leave_the_worker_unharmed(servers: dict[str, in
     for name, make in CASES.items():
         env = subprocess_env(**{"EVENTBUS_STORE_PREFIX": "eventbus/run/0", "RANK": "0",
                                 "TORCH_CPP_LOG_LEVEL": "FATAL", **make(servers)})
-        procs[name] = subprocess.Popen([sys.executable, "-c", WORKER], env=env,
+        procs[name] = subprocess.Popen([*BOOTSTRAP, "-c", WORKER], env=env,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                        text=True)
     results = {}

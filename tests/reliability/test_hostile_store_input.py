@@ -84,7 +84,7 @@ def test_hostile_values_rejected_counted_receiver_keeps_running(
     the thread is alive at the end, valid events 100% delivered in order, each hostile
     value counted once under a reason and published as EVENTS_LOST, the pickle never ran;
     a 16 MiB value is refused by the store server itself."""
-    from publishers.store_receiver import StoreReceiver
+    from eventbus.publishers.store_receiver import StoreReceiver
 
     _Exploit.marker = tmp_path / "unpickled"
     hostile = _hostile()

@@ -24,7 +24,7 @@ BUDGET_S = 1.0
 SCRIPT = r"""
 import json, resource, sys, threading, time
 from eventbus import Bus
-from subscribers.queued import QueuedSink
+from eventbus.subscribers.queued import QueuedSink
 
 n, overflow, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 bus = Bus("row5")

@@ -192,7 +192,7 @@ def test_a_stop_on_one_node_ends_both_agents_with_the_stop_exit_code(
     """Two agents (two nodes on this machine, c10d rendezvous), rank 3 exits 3 and the
     reactor of its node STOPs: both agents end, both with --stop-exit-code and an
     AGENT_EXIT carrying it, and neither starts a second attempt."""
-    from subscribers.jsonl import read_jsonl
+    from eventbus.subscribers.jsonl import read_jsonl
     from tests.launcher_helpers import JOBS
     from tests.launcher_helpers import job_env
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import eventbus
 from eventbus import Bus
 from eventbus import Event
-from subscribers.log_handler import EventLoggingHandler
+from eventbus.subscribers.log_handler import EventLoggingHandler
 
 HOSTILE = [
     "line\nbreak", "carriage\rreturn", "crlf\r\n", "u2028\u2028sep", "u2029\u2029sep",
@@ -96,8 +96,8 @@ def test_one_log_line_per_event_through_a_user_logger(bus: Bus) -> None:
 def test_one_jsonl_line_per_event(tmp_path: Path, figure: Callable[[int, str], None]) -> None:
     """Through the JSONL recorder: the file has exactly one line per event (split on
     b"\\n", the way line-based tools read it) and each decodes to its event."""
-    from subscribers.jsonl import JsonlRecorder
-    from subscribers.jsonl import read_jsonl
+    from eventbus.subscribers.jsonl import JsonlRecorder
+    from eventbus.subscribers.jsonl import read_jsonl
 
     bus = Bus("row18-jsonl")
     path = tmp_path / "events.jsonl"

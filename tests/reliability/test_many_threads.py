@@ -145,8 +145,8 @@ def test_many_threads_through_the_jsonl_recorder(
 ) -> None:
     """Row 8's load into the JSONL recorder: 100,000 lines, all parse, none lost, each
     thread's events in its own order in the file."""
-    from subscribers.jsonl import JsonlRecorder
-    from subscribers.jsonl import read_jsonl
+    from eventbus.subscribers.jsonl import JsonlRecorder
+    from eventbus.subscribers.jsonl import read_jsonl
 
     path = tmp_path / "events.jsonl"
     recorder = JsonlRecorder(path, max_events=THREADS * PER_THREAD)

@@ -201,8 +201,8 @@ def test_jsonl_recorder_writes_every_hostile_value_as_a_valid_line(
 ) -> None:
     """Through the JSONL recorder (real file, its own thread): one strict-JSON line per
     event, none invalid, NaN back as NaN through read_jsonl."""
-    from subscribers.jsonl import JsonlRecorder
-    from subscribers.jsonl import read_jsonl
+    from eventbus.subscribers.jsonl import JsonlRecorder
+    from eventbus.subscribers.jsonl import read_jsonl
 
     bus = Bus("row16-jsonl")
     path = tmp_path / "values.jsonl"

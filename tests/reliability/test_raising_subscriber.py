@@ -64,7 +64,7 @@ def test_raising_subscriber_on_the_default_bus(
 ) -> None:
     """The module-level record() isolates failures exactly like Bus.record()."""
     import eventbus
-    from publishers import get_default_event_publisher
+    from eventbus.publishers import get_default_event_publisher
 
     report_interval(1e9)
     got: list[int] = []

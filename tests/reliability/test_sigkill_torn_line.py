@@ -15,8 +15,8 @@ from pathlib import Path
 from matrix import subprocess_env
 
 import eventbus
-from subscribers.jsonl import JsonlRecorder
-from subscribers.jsonl import read_jsonl
+from eventbus.subscribers.jsonl import JsonlRecorder
+from eventbus.subscribers.jsonl import read_jsonl
 
 # under LIMITS.max_line_bytes, in strings under LIMITS.max_string: written whole, one line
 # per event
@@ -25,7 +25,7 @@ LINE_CHARS = 1_000_000
 SCRIPT = r"""
 import sys
 import eventbus
-from subscribers.jsonl import JsonlRecorder
+from eventbus.subscribers.jsonl import JsonlRecorder
 
 recorder = JsonlRecorder(sys.argv[1])
 eventbus.get_default_bus().subscribe(eventbus.ALL, on_event=recorder)

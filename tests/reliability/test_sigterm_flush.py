@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from matrix import WORKER
 from matrix import drain_until_ended
 from matrix import subprocess_env
 
@@ -31,7 +31,9 @@ if mode == "chained":
         eventbus.record("CHECKPOINT_SAVED", path="at-sigterm")  # preemption handler may
         open(ready + ".handler", "w").write("ran")
         sys.exit(7)
-    signal.signal(signal.SIGTERM, mine)  # the script's handler, before `import eventbus`
+    # the script's own handler replaces the bootstrap's; its sys.exit leaves through
+    # atexit, where the forwarder flushes
+    signal.signal(signal.SIGTERM, mine)
 import eventbus
 from eventbus import EventType
 i = 0
@@ -62,16 +64,16 @@ def test_sigterm_mid_stream_flushes_everything_within_budget(
     script's own handler, which ran and recorded an event) within the budget; the agent
     receives 0..N-1 with no gap, no duplicate, the sender's end marker, and the event the
     script's handler recorded."""
+    from eventbus.publishers.store_receiver import StoreReceiver
     from eventbus.wire import ENV_PREFIX
     from eventbus.wire import ENV_STORE
     from eventbus.wire import worker_key
-    from publishers.store_receiver import StoreReceiver
 
     prefix = f"eventbus/row14-{mode}/0"
     env = subprocess_env(**{ENV_STORE: f"127.0.0.1:{store.port}", ENV_PREFIX: prefix,
                             "RANK": "1"})
     ready = tmp_path / "ready"
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, mode, str(ready)], env=env,
+    proc = subprocess.Popen([*WORKER, "-c", SCRIPT, mode, str(ready)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(ready, proc)

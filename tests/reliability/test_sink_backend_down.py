@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from eventbus_app.sinks import SINKS_CLOSE_TIMEOUT_S
+from eventbus.app.sinks import SINKS_CLOSE_TIMEOUT_S
 from tests.launcher_helpers import run_command
 from tests.sink_helpers import free_port
 from tests.sink_helpers import receiver

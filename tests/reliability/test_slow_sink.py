@@ -1,4 +1,4 @@
-"""Row 4: a slow sink (a 10 ms file write per batch) behind subscribers.queued.QueuedSink
+"""Row 4: a slow sink (a 10 ms file write per batch) behind eventbus.subscribers.queued.QueuedSink
 does not slow down record()."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from matrix import full_or
 import eventbus
 from eventbus import Bus
 from eventbus import Event
-from subscribers.queued import QueuedSink
+from eventbus.subscribers.queued import QueuedSink
 
 N = full_or(20_000, 100_000)
 

@@ -14,7 +14,7 @@ from typing import Any
 import eventbus
 from eventbus import Bus
 from eventbus import Event
-from subscribers.queued import QueuedSink
+from eventbus.subscribers.queued import QueuedSink
 
 N = 5_000
 

@@ -20,7 +20,7 @@ from launcher_helpers import job_env
 from launcher_helpers import run_command
 from matrix import free_port
 
-from subscribers.jsonl import read_jsonl
+from eventbus.subscribers.jsonl import read_jsonl
 
 
 @pytest.mark.slow

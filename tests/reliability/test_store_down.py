@@ -5,12 +5,12 @@ drops) equals the true loss."""
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from matrix import WORKER
 from matrix import drain_until_ended
 from matrix import free_port
 from matrix import subprocess_env
@@ -76,11 +76,11 @@ def test_store_killed_and_restarted_reported_loss_equals_actual(
     once events recorded after the restart arrive: the worker exits 0 having never seen
     an error, and delivered + reported lost == recorded. The worker records until told
     to stop, so a loaded machine changes how long the test takes, not what it checks."""
+    from eventbus.publishers.store_receiver import StoreReceiver
+    from eventbus.subscribers.store_forwarder import FORWARDER_QUEUE
     from eventbus.wire import ENV_PREFIX
     from eventbus.wire import ENV_STORE
     from eventbus.wire import worker_key
-    from publishers.store_receiver import StoreReceiver
-    from subscribers.store_forwarder import FORWARDER_QUEUE
 
     port = free_port()
     first = store_process(port)
@@ -97,7 +97,7 @@ def test_store_killed_and_restarted_reported_loss_equals_actual(
     # write blocked on a full pipe stalls the worker (a test artifact, not the bus's)
     err_path = tmp_path / "worker.err"
     err_file = err_path.open("w")
-    worker = subprocess.Popen([sys.executable, "-c", SCRIPT, str(MAX_EVENTS), str(ready),
+    worker = subprocess.Popen([*WORKER, "-c", SCRIPT, str(MAX_EVENTS), str(ready),
                                str(stop)],
                               env=env, stdout=subprocess.PIPE, stderr=err_file, text=True)
     try:
@@ -145,7 +145,7 @@ OUTAGE_SCRIPT = r"""
 import gc, os, sys, time
 import eventbus
 from eventbus import EventType
-from subscribers import store_forwarder
+from eventbus.subscribers import store_forwarder
 ready, dead = sys.argv[1], sys.argv[2]
 fwd = store_forwarder._worker_forwarder
 for i in range(1_000):
@@ -207,7 +207,7 @@ def test_record_stays_fast_through_a_long_outage(
                             "RANK": "0", "TORCH_CPP_LOG_LEVEL": "FATAL"})
     err_path = tmp_path / "worker.err"
     with err_path.open("w") as err_file:
-        worker = subprocess.Popen([sys.executable, "-c", OUTAGE_SCRIPT, str(ready), str(dead)],
+        worker = subprocess.Popen([*WORKER, "-c", OUTAGE_SCRIPT, str(ready), str(dead)],
                                   env=env, stdout=subprocess.PIPE, stderr=err_file, text=True)
         try:
             _wait_until_ready(ready, worker, err_path)

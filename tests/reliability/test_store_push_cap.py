@@ -24,9 +24,9 @@ def test_forwarder_pushes_stay_under_the_cap(
     of ~900 KB each: every value pushed is at most MAX_PUSH_BYTES, and every event arrives,
     decodable, with the truncation markers, or is reported dropped by the sender (the
     100 MiB one is over the forwarder queue's 64 MiB max_bytes)."""
+    from eventbus.publishers.store_receiver import StoreReceiver
+    from eventbus.subscribers.store_forwarder import StoreForwarder
     from eventbus.wire import MAX_PUSH_BYTES
-    from publishers.store_receiver import StoreReceiver
-    from subscribers.store_forwarder import StoreForwarder
 
     src = eventbus.Bus("row17-worker")
     fwd = StoreForwarder(host="127.0.0.1", port=store.port, key="row17/w0", rank=0, bus=src)
@@ -84,9 +84,9 @@ def test_receiver_refuses_values_over_its_cap_unread(
 ) -> None:
     """A 7 MiB value (the store server itself refuses 8 MiB and more) is rejected as "value
     too large" before any decoding; the next valid value is delivered."""
+    from eventbus.publishers.store_receiver import StoreReceiver
     from eventbus.wire import MAX_VALUE_BYTES
     from eventbus.wire import BatchEncoder
-    from publishers.store_receiver import StoreReceiver
 
     bus = eventbus.Bus("row17-agent")
     got: list[eventbus.Event] = []
