@@ -100,12 +100,17 @@ def test_the_module_form_runs_as_python_dash_m(tmp_path: Path, script: Path) -> 
     assert "No module named pkg.nowhere" in missing.stderr
 
 
-def test_the_code_form_and_a_missing_script(tmp_path: Path) -> None:
-    """``-c CODE`` runs with sys.argv[0] == "-c"; a missing script is exit code 2 with
-    python's own message, before anything is attached."""
+def test_the_code_form_a_broken_and_a_missing_script(tmp_path: Path) -> None:
+    """``-c CODE`` runs with sys.argv[0] == "-c"; a script with a syntax error prints
+    python's own message, no traceback; a missing script is exit code 2 with python's
+    own message, before anything is attached."""
     plain, booted = _both(tmp_path, ["-c", "import sys; print(sys.argv); sys.exit(4)", "a"])
     assert (booted.stdout, booted.returncode) == (plain.stdout, plain.returncode) == \
         ("['-c', 'a']\n", 4)
+    (tmp_path / "broken.py").write_text("x = (\n")
+    plain, booted = _both(tmp_path, ["broken.py"])
+    assert (booted.stderr, booted.returncode) == (plain.stderr, plain.returncode)
+    assert "SyntaxError" in booted.stderr and "Traceback" not in booted.stderr
     plain, booted = _both(tmp_path, ["no_such_script.py"])
     assert booted.returncode == plain.returncode == 2
     assert "can't open file" in booted.stderr and "no_such_script.py" in booted.stderr

@@ -428,9 +428,10 @@ class StackDumper:
 
     A worker of ``eventbus run`` with ``EVENTBUS_STACK_DIR`` set arms ``faulthandler`` on
     a signal and writes the signal's number to ``<dir>/<pid>.sig``
-    (:func:`eventbus._worker_hook.arm_stack_dump`); this sends that signal and reads
+    (:func:`eventbus.app.worker.stack_dump.arm_stack_dump`); this sends that signal and reads
     what the worker's C handler appended to ``<dir>/<pid>.stack``. A worker without the
-    ``.sig`` file (opted out, or not a Python worker importing eventbus) is never signalled.
+    ``.sig`` file (opted out, or not started through the worker bootstrap) is never
+    signalled.
     """
 
     def __init__(self, directory: str, *, wait_s: float = 1.0) -> None:
@@ -450,7 +451,8 @@ class StackDumper:
                     signum = int(f.read().strip())
             except (OSError, ValueError):
                 result[pid] = ("(no stack: the worker did not arm the stack dump; "
-                               "EVENTBUS_STACK_SIGNAL=off, or it never imported eventbus)")
+                               "EVENTBUS_STACK_SIGNAL=off, or it did not start through the worker "
+                               "bootstrap: a --no-python program)")
                 continue
             try:
                 offsets[pid] = os.path.getsize(self._path(pid, "stack"))

@@ -246,18 +246,26 @@ _USAGE = ("usage: python -m eventbus.app.worker SCRIPT [ARGS...]\n"
           "       python -m eventbus.app.worker -c CODE [ARGS...]")
 
 
+def _set_path0(entry: str) -> None:
+    # `python -m eventbus.app.worker` put the working directory first; `python SCRIPT`
+    # would have put ``entry`` there. Under -P (safe_path) neither puts anything.
+    if not getattr(sys.flags, "safe_path", False):
+        sys.path[0] = entry
+
+
 def _run_path(path: str, argv: list[str]) -> None:
     sys.argv[:] = argv
     if not os.path.isfile(path):
         import runpy  # a directory or zip file with a __main__.py, as `python PATH` runs
 
-        sys.path[0] = path
+        if not getattr(sys.flags, "safe_path", False):
+            del sys.path[0]  # run_path puts PATH first itself
         runpy.run_path(path, run_name="__main__")
         return
     full = os.path.abspath(path)
     # `python SCRIPT` puts the script's real directory first and runs it as a fresh
     # __main__ module whose __file__ is absolute.
-    sys.path[0] = os.path.dirname(os.path.realpath(path))
+    _set_path0(os.path.dirname(os.path.realpath(path)))
     namespace = _fresh_main(__file__=full, __loader__=SourceFileLoader("__main__", full))
     with io.open_code(full) as f:
         source = f.read()
@@ -275,7 +283,7 @@ def _fresh_main(**attributes: Any) -> dict[str, Any]:
 def _run_code(code: str, argv: list[str]) -> None:
     # `python -c CODE ARGS`: sys.argv[0] is "-c", and sys.path[0] the empty string.
     sys.argv[:] = argv
-    sys.path[0] = ""
+    _set_path0("")
     exec(compile(code, "<string>", "exec", dont_inherit=True),
          _fresh_main(__loader__=None))
 
@@ -288,11 +296,12 @@ def _run_module(name: str, argv: list[str]) -> None:
 
 
 def _script_traceback(tb: types.TracebackType | None) -> types.TracebackType | None:
-    """``tb`` without the bootstrap's and runpy's frames in front of the script's."""
+    """``tb`` without the bootstrap's and runpy's frames in front of the script's (None
+    when the script never ran: a syntax error prints without a traceback, as python's)."""
     import runpy
 
     own = (__file__, runpy.__file__, "<frozen runpy>")
-    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename in own:
+    while tb is not None and tb.tb_frame.f_code.co_filename in own:
         tb = tb.tb_next
     return tb
 
