@@ -25,12 +25,8 @@ store keeps queues across restarts of the worker group and they cannot be delete
 view to :func:`node_key`, and group rank 0 acknowledges a node's end marker at
 :func:`ack_key`.
 
-Exit ledgers: the store may be dead when a sender ends, and then nothing it pushes tells
-the receiver what it numbered. So a worker also leaves one small local file at exit,
-``<dir>/<sender>.json`` (:class:`ExitLedger`, :func:`write_ledger`), in the per-attempt
-directory its agent names in :data:`ENV_LEDGER_DIR`; the agent reads them
-(:func:`read_ledgers`) before it exits and reports, for every sender whose end marker never
-arrived, what it numbered but never delivered.
+A sender's exit ledger, the local file it leaves for when the store is gone, is
+:mod:`eventbus.ledger`'s.
 
 Importing this module does not import torch; :func:`connect_store` does.
 """
@@ -40,7 +36,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
@@ -60,17 +55,14 @@ from eventbus.events import Event
 
 __all__ = [
     "ENV_BELL",
-    "ENV_LEDGER_DIR",
     "ENV_PREFIX",
     "ENV_STORE",
-    "MAX_LEDGER_BYTES",
     "MAX_PUSH_BYTES",
     "MAX_VALUE_BYTES",
     "WIRE_VERSION",
     "Batch",
     "BatchDecoder",
     "BatchEncoder",
-    "ExitLedger",
     "SenderKind",
     "WireError",
     "ack_key",
@@ -79,26 +71,19 @@ __all__ = [
     "namespace",
     "new_sender_id",
     "node_key",
-    "ledger_path",
     "queue_empty_error",
-    "read_ledgers",
     "worker_key",
-    "write_ledger",
 ]
 
 #: ``host:port`` of the long-lived c10d store; the launcher sets it for its workers
 ENV_STORE = "EVENTBUS_AGENT_STORE"
 #: key namespace of the attempt the worker belongs to (see :func:`namespace`)
 ENV_PREFIX = "EVENTBUS_STORE_PREFIX"
-#: a local directory, one per attempt, where each worker leaves its :class:`ExitLedger`
-ENV_LEDGER_DIR = "EVENTBUS_LEDGER_DIR"
 #: the receiver's doorbell queue: after each push a worker pushes its queue's key there,
 #: so that its agent pops at once instead of at its next poll (see :func:`bell_key`)
 ENV_BELL = "EVENTBUS_STORE_BELL"
 #: version of the wire format above
 WIRE_VERSION = 1
-#: an exit ledger file larger than this is refused unread (a real one is ~300 bytes)
-MAX_LEDGER_BYTES = 16 * 1024
 #: a push carries at most this many bytes (the store accepts 8 MiB values; stay well below)
 MAX_PUSH_BYTES = 4 * 1024 * 1024
 #: the largest value a receiver decodes; larger ones are rejected unread. (Senders push at
@@ -535,134 +520,3 @@ _MAX_INT_TIMESTAMP = 2**1000
 
 def _raise_reject(reason: str) -> NoReturn:
     raise WireError(reason)
-
-
-# -- exit ledgers -------------------------------------------------------------------------
-
-_MAX_KEY = 1024
-_MAX_COUNT = 2**53
-_LEDGER_SUFFIX = ".json"
-
-
-@attrs.frozen(kw_only=True)
-class ExitLedger:
-    """What one sender numbered and dropped, as it left it in a local file at its exit.
-
-    The agent compares it with what reached it through the store: ``numbered`` less the
-    receiver's next expected number is what was numbered but neither delivered nor
-    reported yet; ``dropped`` (cumulative, per reason) less what the pushes carried is the
-    drops not reported yet. Written once, at exit, so it costs ``record()`` nothing.
-    """
-
-    #: the sender id (:func:`new_sender_id`)
-    sender: str
-    #: the queue it pushed to
-    key: str
-    #: events it numbered (the next sequence number)
-    numbered: int
-    #: events it dropped before they got a number, per reason (cumulative)
-    dropped: dict[str, int] = attrs.field(factory=dict)
-    #: whether its end marker went out (a push that returned; the store may still lose it)
-    end_pushed: bool = False
-    #: the process that wrote it
-    pid: int = 0
-
-    def to_json(self) -> str:
-        """The file's content: one JSON object."""
-        return json.dumps({"v": WIRE_VERSION, "src": self.sender, "key": self.key,
-                           "seq": self.numbered, "drop": self.dropped,
-                           "end": self.end_pushed, "pid": self.pid})
-
-    @classmethod
-    def from_json(cls, raw: bytes) -> ExitLedger:
-        """Parse and check one ledger file's bytes; :class:`WireError` names what is wrong."""
-        if len(raw) > MAX_LEDGER_BYTES:
-            raise WireError("ledger too large")
-        try:
-            data = json.loads(bytes(raw).decode("utf-8"), parse_constant=reject_constant)
-        except (ValueError, TypeError, RecursionError):
-            raise WireError("ledger not JSON") from None
-        if type(data) is not dict or data.get("v") != WIRE_VERSION:
-            raise WireError("ledger: bad header")
-        sender, key, seq = data.get("src"), data.get("key"), data.get("seq")
-        dropped, end, pid = data.get("drop", {}), data.get("end", False), data.get("pid", 0)
-        if type(sender) is not str or not 0 < len(sender) <= _MAX_SENDER_ID:
-            raise WireError("ledger: src")
-        if type(key) is not str or not 0 < len(key) <= _MAX_KEY:
-            raise WireError("ledger: key")
-        if type(seq) is not int or not 0 <= seq < _MAX_COUNT:
-            raise WireError("ledger: seq")
-        if (type(dropped) is not dict or len(dropped) > _MAX_DROP_REASONS
-                or not all(type(k) is str and len(k) <= 200 and type(v) is int
-                           and 0 <= v < _MAX_COUNT for k, v in dropped.items())):
-            raise WireError("ledger: drop")
-        if type(end) is not bool or type(pid) is not int:
-            raise WireError("ledger: end/pid")
-        return cls(sender=sender, key=key, numbered=seq, dropped=dict(dropped),
-                   end_pushed=end, pid=pid)
-
-
-def ledger_path(directory: str, sender: str) -> str:
-    """The file of ``sender``'s ledger in ``directory`` (the id made safe as a file name)."""
-    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in sender)[:_MAX_SENDER_ID]
-    return os.path.join(directory, safe + _LEDGER_SUFFIX)
-
-
-def write_ledger(directory: str, ledger: ExitLedger) -> str:
-    """Write ``ledger`` atomically (a temporary file renamed over the final name), so that a
-    reader never sees half of it; returns its path. Raises ``OSError``."""
-    path = ledger_path(directory, ledger.sender)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as out:
-        out.write(ledger.to_json())
-    os.replace(tmp, path)
-    return path
-
-
-def read_ledgers(directory: str, *,
-                 max_files: int = 100_000) -> tuple[list[ExitLedger], dict[str, int]]:
-    """Every ledger in ``directory``, and the files refused, counted per reason.
-
-    Hostile content never raises: only regular files named ``*.json`` are opened (no
-    symlinks followed), at most :data:`MAX_LEDGER_BYTES` of each is read, a file whose name
-    is not its sender's is refused, and a leftover temporary file is ignored.
-    """
-    ledgers: list[ExitLedger] = []
-    refused: dict[str, int] = {}
-
-    def refuse(reason: str) -> None:
-        refused[reason] = refused.get(reason, 0) + 1
-
-    try:
-        entries = sorted(os.scandir(directory), key=lambda e: e.name)[:max_files]
-    except OSError:
-        return ledgers, refused
-    for entry in entries:
-        if not entry.name.endswith(_LEDGER_SUFFIX):
-            continue
-        try:
-            fd = os.open(entry.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
-                         | getattr(os, "O_NONBLOCK", 0))
-        except OSError:
-            refuse("ledger: cannot open (a link, or unreadable)")
-            continue
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                refuse("ledger: not a regular file")
-                continue
-            raw = os.read(fd, MAX_LEDGER_BYTES + 1)
-        except OSError:
-            refuse("ledger: unreadable")
-            continue
-        finally:
-            os.close(fd)
-        try:
-            ledger = ExitLedger.from_json(raw)
-        except WireError as rej:
-            refuse(rej.reason)
-            continue
-        if ledger_path(directory, ledger.sender) != entry.path:
-            refuse("ledger: file name is not its sender's")
-            continue
-        ledgers.append(ledger)
-    return ledgers, refused

@@ -34,9 +34,9 @@ import attrs
 from eventbus._reporting import RateLimiter
 from eventbus.bus import Bus
 from eventbus.events import EventsLost
+from eventbus.ledger import ExitLedger
 from eventbus.wire import MAX_VALUE_BYTES
 from eventbus.wire import BatchDecoder
-from eventbus.wire import ExitLedger
 from eventbus.wire import SenderKind
 from eventbus.wire import WireError
 from eventbus.wire import connect_store

@@ -28,7 +28,7 @@ What can be lost, and how it shows:
 
 Exit ledger: given ``ledger_dir`` (a worker gets its agent's per-attempt directory from
 ``EVENTBUS_LEDGER_DIR``), :meth:`StoreForwarder.close` also leaves one small local file,
-``<sender>.json`` (:class:`eventbus.wire.ExitLedger`: its queue, how many events it
+``<sender>.json`` (:class:`eventbus.ledger.ExitLedger`: its queue, how many events it
 numbered, its drops per reason), written once and atomically before it tries the end
 marker. The agent reads it before it exits, so that a loss the store cannot report (the
 store died) is still reported as ``EVENTS_LOST`` with its true count. ``record()`` never
@@ -55,14 +55,14 @@ from eventbus.bus import Bus
 from eventbus.bus import Subscription
 from eventbus.bus import get_default_bus
 from eventbus.events import Event
+from eventbus.ledger import ExitLedger
+from eventbus.ledger import write_ledger
 from eventbus.subscribers.queued import QueuedSink
 from eventbus.subscribers.queued import QueueSettings
 from eventbus.wire import BatchEncoder
-from eventbus.wire import ExitLedger
 from eventbus.wire import SenderKind
 from eventbus.wire import connect_store
 from eventbus.wire import worker_key
-from eventbus.wire import write_ledger
 
 __all__ = [
     "END_CONNECT_WAIT",

@@ -25,13 +25,13 @@ from eventbus import ALL
 from eventbus import EventType
 from eventbus.app.launcher.store_transport import StoreTransport
 from eventbus.app.plugins import RendezvousInfo
+from eventbus.ledger import ENV_LEDGER_DIR
+from eventbus.ledger import ExitLedger
+from eventbus.ledger import read_ledgers
+from eventbus.ledger import write_ledger
 from eventbus.subscribers.store_forwarder import StoreForwarder
-from eventbus.wire import ENV_LEDGER_DIR
-from eventbus.wire import ExitLedger
 from eventbus.wire import namespace
-from eventbus.wire import read_ledgers
 from eventbus.wire import worker_key
-from eventbus.wire import write_ledger
 
 torch_dist = pytest.importorskip("torch.distributed")
 

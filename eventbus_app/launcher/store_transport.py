@@ -15,7 +15,7 @@ Two-level fan-in over the job's long-lived c10d store (the wire format is
 
 The exit ledger (what does not depend on the store): each attempt's workers get a local
 directory of this agent's (``EVENTBUS_LEDGER_DIR``) where each leaves, at exit, what it
-numbered and dropped (:class:`eventbus.wire.ExitLedger`). Before the agent exits it reads
+numbered and dropped (:class:`eventbus.ledger.ExitLedger`). Before the agent exits it reads
 them, and for every sender whose end marker never arrived it publishes what never reached
 it as ``EVENTS_LOST``: the store died, yet the loss is reported and true.
 """
@@ -39,18 +39,18 @@ from eventbus.app.plugins import RendezvousInfo
 from eventbus.events import Event
 from eventbus.events import EventType
 from eventbus.events import event_class
+from eventbus.ledger import ENV_LEDGER_DIR
+from eventbus.ledger import read_ledgers
 from eventbus.publishers.store_receiver import StoreReceiver
 from eventbus.subscribers.queued import backlogged
 from eventbus.subscribers.store_forwarder import StoreForwarder
 from eventbus.wire import ENV_BELL
-from eventbus.wire import ENV_LEDGER_DIR
 from eventbus.wire import ENV_PREFIX
 from eventbus.wire import ENV_STORE
 from eventbus.wire import ack_key
 from eventbus.wire import bell_key
 from eventbus.wire import namespace
 from eventbus.wire import node_key
-from eventbus.wire import read_ledgers
 from eventbus.wire import worker_key
 
 __all__ = ["ENV_JOB_EVENTS", "StoreTransport", "TransportSettings", "job_event_filter"]

@@ -42,8 +42,8 @@ from eventbus.app.worker.stack_dump import ENV_STACK_SIGNAL
 from eventbus.app.worker.stack_dump import arm_stack_dump
 from eventbus.app.worker.stack_dump import check_stack_dir
 from eventbus.app.worker.stack_dump import parse_stack_signal
+from eventbus.ledger import ENV_LEDGER_DIR
 from eventbus.wire import ENV_BELL
-from eventbus.wire import ENV_LEDGER_DIR
 from eventbus.wire import ENV_PREFIX
 from eventbus.wire import ENV_STORE
 
