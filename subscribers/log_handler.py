@@ -19,8 +19,9 @@ logger's level, filters, handlers and propagation decide, as for any record of i
 Writing its own stream with no filter, a plain ``logging.Formatter`` (%-style) and the stock
 ``LogRecord`` factory, the handler builds no record at all: only its formatter would read
 one, so the line is the format applied to the attributes it names (the values a record
-would hold); any other setup, or a format naming thread, process, task or event attributes,
-gets real records. The lines are the same either way.
+would hold; :mod:`eventbus.subscribers._log_direct`, the direct path, keeps that promise);
+any other setup, or a format naming thread, process, task or event attributes, gets real
+records. The lines are the same either way.
 
 One event is one line: control characters (C0, DEL, C1, hence ANSI escape sequences),
 U+2028/U+2029, bidirectional overrides and lone surrogates are escaped in what this
@@ -38,12 +39,13 @@ import logging
 import operator
 import sys
 import threading
-import time
 from collections.abc import Callable
 from collections.abc import Mapping
 from typing import IO
 from typing import Any
 from typing import Literal
+
+import attrs
 
 from eventbus.bus import ALL
 from eventbus.bus import Bus
@@ -53,6 +55,8 @@ from eventbus.encoding import LIMITS
 from eventbus.encoding import sanitize
 from eventbus.events import Event
 from eventbus.events import event_class
+from eventbus.subscribers._log_direct import DirectLines
+from eventbus.subscribers._log_direct import record_times
 
 __all__ = [
     "DEFAULT_FORMAT",
@@ -156,14 +160,14 @@ def format_event(event: Event, *, max_data_chars: int = MAX_DATA_CHARS) -> str:
     when the event's context has a rank.
     """
     shape = _shape(type(event))
-    return _line(event, shape, shape[3](event), max_data_chars)
+    return _line(event, shape, shape.read(event), max_data_chars)
 
 
 def _line(event: Event, shape: _Shape, values: tuple[Any, ...], max_data_chars: int) -> str:
     """:func:`format_event` with the class's shape known and the typed fields' values
     already read, in field order."""
-    parts = [shape[0]]
-    for name, value in zip(shape[1], values, strict=True):
+    parts = [shape.type_name]
+    for name, value in zip(shape.fields, values, strict=True):
         if value is None:
             continue
         parts.append(f"{name}={_quote(value)}" if isinstance(value, str) else f"{name}={value}")
@@ -185,11 +189,23 @@ _RECORD_NAMES = frozenset(
 ) | {"message", "asctime", "taskName", "event", "event_type", "event_timestamp", "event_data",
      "event_context"}
 
-#: what every event of one class shares in its line and its record: the type's name, the
-#: typed fields' names, the record attribute of each (see :data:`_RECORD_NAMES`), and one
-#: C-level call that reads the fields' values (getattr semantics: an optional field not given
-#: reads the class default)
-_Shape = tuple[str, tuple[str, ...], tuple[str, ...], Callable[[Event], tuple[Any, ...]]]
+
+
+@attrs.frozen
+class _Shape:
+    """What every event of one class shares in its line and its record."""
+
+    #: the type's name
+    type_name: str
+    #: the typed fields' names, in order
+    fields: tuple[str, ...]
+    #: the record attribute of each (see :data:`_RECORD_NAMES`)
+    record_attrs: tuple[str, ...]
+    #: one C-level call that reads the fields' values, in order (getattr semantics: an
+    #: optional field not given reads the class default)
+    read: Callable[[Event], tuple[Any, ...]]
+
+
 _shapes: dict[type[Event], _Shape] = {}
 
 
@@ -198,12 +214,12 @@ def _no_fields(event: Event) -> tuple[Any, ...]:
 
 
 def _shape(cls: type[Event]) -> _Shape:
-    """The :data:`_Shape` of ``cls``, made on its first event (an event class's fields are
+    """The :class:`_Shape` of ``cls``, made on its first event (an event class's fields are
     fixed when the class is made)."""
     shape = _shapes.get(cls)
     if shape is None:
         fields = tuple(cls._fields)
-        attrs = tuple(f"event_{name}" if name in _RECORD_NAMES else name for name in fields)
+        names = tuple(f"event_{name}" if name in _RECORD_NAMES else name for name in fields)
         read: Callable[[Event], tuple[Any, ...]]
         if len(fields) > 1:
             read = operator.attrgetter(*fields)
@@ -214,7 +230,7 @@ def _shape(cls: type[Event]) -> _Shape:
                 return (one(event),)
         else:
             read = _no_fields
-        shape = (str(cls.type), fields, attrs, read)
+        shape = _Shape(str(cls.type), fields, names, read)
         _shapes[cls] = shape
     return shape
 
@@ -234,28 +250,19 @@ def _level_value(value: object, where: str) -> int:
                     f"got {type(value).__name__}")
 
 
-#: the attributes of every record this handler makes that depend neither on the event nor on
-#: the thread, process or task: taken from a real record, so they are what LogRecord sets
-_CONSTANT_ATTRS = {
-    key: value for key, value in logging.LogRecord(
-        RECORD_NAME, logging.INFO, "eventbus", 0, "", None, None).__dict__.items()
-    if key in ("args", "pathname", "filename", "module", "exc_info", "exc_text", "stack_info",
-               "lineno", "funcName")}
-#: when logging was imported, in seconds (``relativeCreated`` counts from it): Python 3.13
-#: keeps ``logging._startTime`` in nanoseconds, earlier versions in seconds
-_START_S: float = (logging._startTime / 1e9  # type: ignore[attr-defined]
-                   if isinstance(logging._startTime, int)  # type: ignore[attr-defined]
-                   else logging._startTime)  # type: ignore[attr-defined]
 #: methods that, replaced by a subclass or on the instance, need the full record path
 _RECORD_PATH_METHODS = frozenset({"emit", "format", "handle"})
-#: converters that are a pure function of the whole second (``time.localtime`` rounds
-#: down): their ``asctime`` can be kept for the rest of that second
-_SECOND_CONVERTERS = (time.localtime, time.gmtime)
-#: the formatter a plan was made for, its style, that style's format string, and what the
-#: direct path needs (the format string and whether it shows asctime), or None when the
-#: formatter needs a full LogRecord
-_Plan = tuple[object, object, object, "tuple[str, bool] | None"]
-_NO_PLAN: _Plan = (object(), object(), object(), None)
+
+
+@attrs.frozen
+class _ContextDict:
+    """The last event context a handler saw, and its dict (contexts are immutable)."""
+
+    context: object
+    as_dict: dict[str, Any]
+
+
+_NO_CONTEXT = _ContextDict(None, {})
 
 
 LevelMap = Mapping[Any, int | str]
@@ -303,11 +310,9 @@ class EventLoggingHandler(logging.Handler):
         self._reentrant = itertools.count()
         self._errors = itertools.count()
         #: the last event context seen and its dict (replaced whole: no lock needed)
-        self._context_dict: tuple[object, dict[str, Any]] = (None, {})
-        #: how the current formatter writes an event line without a LogRecord (see _direct)
-        self._plan = _NO_PLAN
-        #: (second, converter, time format, time.tzname, strftime text) of the last asctime
-        self._asctime: tuple[float, object, str, object, str] = (-1.0, None, "", None, "")
+        self._context_dict = _NO_CONTEXT
+        #: lines written without a LogRecord, while only this handler's formatter reads them
+        self._direct = DirectLines(name=RECORD_NAME)
         #: characters of ``data=...`` kept in a message
         self.max_data_chars = MAX_DATA_CHARS
         self.set_stream(stream)
@@ -437,24 +442,23 @@ class EventLoggingHandler(logging.Handler):
     def make_record(self, event: Event, level: int, name: str = RECORD_NAME) -> logging.LogRecord:
         """The ``LogRecord`` for ``event`` at ``level`` (formatting its message now)."""
         shape = _shape(type(event))
-        values = shape[3](event)
+        values = shape.read(event)
         record = logging.getLogRecordFactory()(
             name, level, "eventbus", 0, _line(event, shape, values, self.max_data_chars),
             None, None)
         created = event.timestamp
         record.created = created
-        record.msecs = int((created - int(created)) * 1000) + 0.0
-        record.relativeCreated = (created - _START_S) * 1000
+        record.msecs, record.relativeCreated = record_times(created)
         context = event.context
         cached = self._context_dict
-        if cached[0] is not context:  # contexts are immutable: one dict per context
-            cached = (context, context.to_dict())
+        if cached.context is not context:  # contexts are immutable: one dict per context
+            cached = _ContextDict(context, context.to_dict())
             self._context_dict = cached
         d = record.__dict__
         # two C-level updates instead of one Python-level store per attribute
-        d.update(event=event, event_type=shape[0], event_timestamp=created,
-                 event_data=event.data, event_context=cached[1].copy())
-        d.update(zip(shape[2], values, strict=True))
+        d.update(event=event, event_type=shape.type_name, event_timestamp=created,
+                 event_data=event.data, event_context=cached.as_dict.copy())
+        d.update(zip(shape.record_attrs, values, strict=True))
         return record
 
     def on_event(self, event: Event) -> None:
@@ -474,15 +478,12 @@ class EventLoggingHandler(logging.Handler):
             target = self._logger
             if target is None:
                 if not self.filters and logging.getLogRecordFactory() is logging.LogRecord:
-                    plan = self._plan
-                    formatter = self.formatter
-                    direct = plan[3]
-                    if plan[0] is not formatter or (direct is not None and formatter is not None
-                                                    and (plan[1] is not formatter._style
-                                                         or plan[2] is not plan[1]._fmt)):
-                        direct = self._make_plan()[3]
+                    direct = self._direct.direct_for(self.formatter, self._direct_eligible)
                     if direct is not None:
-                        text = self._direct_text(event, level, direct[0], direct[1])
+                        shape = _shape(type(event))
+                        text = self._direct.line(
+                            direct, _line(event, shape, shape.read(event), self.max_data_chars),
+                            level, event.timestamp)
                         if text is not None:
                             self._write_direct(text, event, level)
                             return
@@ -498,82 +499,22 @@ class EventLoggingHandler(logging.Handler):
         finally:
             inside.active = False
 
-    # -- the direct path: one event line without a LogRecord -----------------------------
-    # A record that only this handler's own formatter reads (no logger, no filter, a plain
-    # logging.Formatter with a %-style format, the stock LogRecord factory) is not needed:
-    # the line is the format applied to the attributes it names, the same values a record
-    # would hold. A format that names an attribute this path does not make (thread, process,
-    # task, the event's own attributes) sends that formatter back to the record path.
+    # -- the direct path: one event line without a LogRecord (see _log_direct) ------------
 
-    def _make_plan(self) -> _Plan:
-        formatter = self.formatter
-        style = getattr(formatter, "_style", None)
-        fmt = getattr(style, "_fmt", None)
+    def _direct_eligible(self) -> bool:
+        """Whether nothing but this handler's formatter reads its records: none of the
+        methods that handle a record is replaced (on the class or the instance), and the
+        handler has its lock."""
         cls = type(self)
-        direct: tuple[str, bool] | None = None
-        if (type(formatter) is logging.Formatter and type(style) is logging.PercentStyle
-                and isinstance(fmt, str) and not getattr(style, "_defaults", None)
-                and cls.emit is EventLoggingHandler.emit and cls.format is logging.Handler.format
+        return (cls.emit is EventLoggingHandler.emit and cls.format is logging.Handler.format
                 and cls.handle is logging.Handler.handle and self.lock is not None
-                and not _RECORD_PATH_METHODS & self.__dict__.keys()):
-            direct = (fmt, style.usesTime())
-        plan: _Plan = (formatter, style, fmt, direct)
-        self._plan = plan
-        return plan
-
-    def _direct_text(self, event: Event, level: int, fmt: str, uses_time: bool) -> str | None:
-        """What ``self.format(self.make_record(event, level))`` returns, or None: then the
-        record path runs (and reports any error with the record, as it always did)."""
-        try:
-            shape = _shape(type(event))
-            message = _line(event, shape, shape[3](event), self.max_data_chars)
-            created = event.timestamp
-            msecs = int((created - int(created)) * 1000) + 0.0
-            values = {
-                **_CONSTANT_ATTRS, "name": RECORD_NAME, "msg": message, "message": message,
-                "levelname": logging.getLevelName(level), "levelno": level, "created": created,
-                "msecs": msecs,
-                "relativeCreated": (created - _START_S) * 1000,
-            }
-            if uses_time:
-                values["asctime"] = self._format_time(created, msecs)
-            return fmt % values
-        except KeyError:
-            # the format names an attribute only a full record has: use records from now on
-            self._plan = (*self._plan[:3], None)
-            return None
-        except Exception:
-            return None
-
-    def _format_time(self, created: float, msecs: float) -> str:
-        """``logging.Formatter.formatTime``; the strftime text is kept for the rest of its
-        second when the converter is ``time.localtime`` or ``time.gmtime``."""
-        formatter = self.formatter
-        assert formatter is not None
-        converter = formatter.converter
-        datefmt = formatter.datefmt
-        timefmt = datefmt or formatter.default_time_format
-        if converter in _SECOND_CONVERTERS:
-            second = created // 1
-            tzname = time.tzname  # time.tzset() replaces it
-            kept = self._asctime
-            if kept[0] == second and kept[1] is converter and kept[2] == timefmt and \
-                    kept[3] is tzname:
-                text = kept[4]
-            else:
-                text = time.strftime(timefmt, converter(created))
-                self._asctime = (second, converter, timefmt, tzname, text)
-        else:
-            text = time.strftime(timefmt, converter(created))
-        if not datefmt and formatter.default_msec_format:
-            text = formatter.default_msec_format % (text, msecs)
-        return text
+                and not _RECORD_PATH_METHODS & self.__dict__.keys())
 
     def _write_direct(self, text: str, event: Event, level: int) -> None:
         """:meth:`emit`'s write, under the handler's lock as ``Handler.handle`` takes it."""
         line = escape_line(text) + "\n"
         try:
-            with self.lock:  # type: ignore[union-attr]  # not None: checked by _make_plan
+            with self.lock:  # type: ignore[union-attr]  # not None: _direct_eligible
                 self._write_line(line)
         except Exception:
             # reported with the record the record path would have written

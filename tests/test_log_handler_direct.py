@@ -1,5 +1,5 @@
-"""eventbus.subscribers.log_handler's direct path: the same lines as the LogRecord path, byte
-for byte."""
+"""eventbus.subscribers.log_handler's direct path (eventbus.subscribers._log_direct): the same
+lines as the LogRecord path, byte for byte."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ from collections.abc import Iterator
 import pytest
 
 import eventbus
+from eventbus.subscribers._log_direct import DirectLines
+from eventbus.subscribers._log_direct import make_plan
 from eventbus.subscribers.log_handler import DEFAULT_FORMAT
+from eventbus.subscribers.log_handler import RECORD_NAME
 from eventbus.subscribers.log_handler import EventLoggingHandler
 
 HOSTILE = "a\nb \x1b[31mred\x1b[0m \x9b31m x\u2028y bidi\u202eevil lone\ud800s tab\there"
@@ -64,6 +67,46 @@ def feed(*handlers: EventLoggingHandler) -> None:
     for event in EVENTS:
         for handler in handlers:
             handler.on_event(event)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("datefmt", [None, "%Y-%m-%dT%H:%M:%S%z"])
+def test_the_module_contract_direct_line_is_the_formatted_record(fmt: str,
+                                                                 datefmt: str | None) -> None:
+    """DirectLines.line() is formatter.format(make_record(...)) for the same message, level and
+    time, or None where the format names what only a record has (and from then on, records)."""
+    handler = EventLoggingHandler(stream=io.StringIO(), fmt=fmt, datefmt=datefmt)
+    formatter = handler.formatter
+    assert formatter is not None
+    direct_lines = DirectLines(name=RECORD_NAME)
+    direct = direct_lines.direct_for(formatter, lambda: True)
+    assert direct is not None and direct_lines.plan == make_plan(formatter, eligible=True)
+    for event in EVENTS:
+        level = handler.level_for(event)
+        record = handler.make_record(event, level)
+        line = direct_lines.line(direct, record.getMessage(), level, event.timestamp)
+        if line is None:
+            assert fmt in FORMATS[-2:]  # they name the thread, process or event attributes
+            assert direct_lines.direct_for(formatter, lambda: True) is None
+            return
+        assert line == formatter.format(record)
+    assert fmt not in FORMATS[-2:]
+
+
+def test_a_plan_holds_until_the_formatter_changes() -> None:
+    """The plan is remade when the formatter, its style or the format string is replaced, and
+    an ineligible handler gets records for any formatter."""
+    formatter = logging.Formatter("%(message)s")
+    direct_lines = DirectLines(name=RECORD_NAME)
+    first = direct_lines.direct_for(formatter, lambda: True)
+    assert first is not None and direct_lines.plan.fits(formatter)
+    formatter._style._fmt = "%(levelname)s %(message)s"
+    assert not direct_lines.plan.fits(formatter)
+    second = direct_lines.direct_for(formatter, lambda: True)
+    assert second is not None and second.fmt == "%(levelname)s %(message)s"
+    assert direct_lines.direct_for(logging.Formatter("%(message)s"), lambda: False) is None
+    assert direct_lines.direct_for(logging.Formatter("{message}", style="{"),
+                                   lambda: True) is None
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
