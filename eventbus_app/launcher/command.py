@@ -51,14 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument(
         "--log-events", action="store_true",
         help="log every event on the agent's console (eventbus.get_logging_handler())")
-    # -- sinks (docs/sinks.md) --
     group.add_argument(
         "--sink", metavar="NAME:ARG", action="append", default=[],
         help="send the events to a sink: tensorboard:DIR, otlp:URL, prometheus:PORT, "
              "webhook:URL, mlflow:TRACKING_URI, or an 'eventbus.sinks' entry point; "
              "repeatable (docs/sinks.md)")
-    # -- end sinks --
-    # -- job health (docs/run.md "Job health") ---------------------------------------------
     group.add_argument(
         "--stall-timeout", metavar="SECONDS|auto", type=health.parse_stall_timeout,
         default=None,
@@ -140,7 +137,7 @@ def main(argv: Sequence[str] | None = None, *,
     bus = get_default_bus()
     recorder = None
     subscriptions = []
-    # -- sinks (docs/sinks.md): built before the job so a bad --sink is a usage error --
+    # Built before the job, so that a bad --sink is a usage error (docs/sinks.md).
     sinks: list[Any] = []
     if args.sink:
         from eventbus.app.sinks import SinkError
@@ -159,7 +156,6 @@ def main(argv: Sequence[str] | None = None, *,
         from eventbus.app.launcher.agent import default_plugins
 
         plugins = [*(default_plugins() if plugins is None else plugins), sink_plugin]
-    # -- end sinks --
     if args.events_jsonl:
         try:
             recorder = JsonlRecorder(args.events_jsonl)
@@ -200,10 +196,10 @@ def main(argv: Sequence[str] | None = None, *,
             print(f"eventbus: {args.events_jsonl}: not every event was written "
                   f"({recorder.stats()})", file=sys.stderr)
         elif recorder is not None and recorder.lines_lost:
-            # -- fail-safe: a full or read-only disk cost lines; the job's end says how many
+            # a full or read-only disk cost lines: the job's end says how many
             print(f"eventbus: {args.events_jsonl}: {recorder.lines_lost} lines were lost "
                   f"to failed writes (last error: {recorder.write_error or 'none now'}); "
                   f"{recorder.lines_written} written", file=sys.stderr)
-        if sinks:  # -- sinks: closed within SINKS_CLOSE_TIMEOUT_S in all --
+        if sinks:  # closed within SINKS_CLOSE_TIMEOUT_S in all
             sink_plugin.close()
     return 0
