@@ -36,12 +36,12 @@ from typing import Any
 import attrs
 import blinker
 
+from eventbus._codegen import _on_generate
 from eventbus._compiled import speedups as _speedups
 from eventbus.events import _REGISTRY
 from eventbus.events import Event
 from eventbus.events import EventType
 from eventbus.events import _on_declare
-from eventbus.events import _on_generate
 from eventbus.events import event_class
 
 if TYPE_CHECKING:
@@ -226,7 +226,7 @@ class _Slot:
     calls: tuple[Handler, ...] = ()
     #: events published; ``next()`` on an itertools.count is atomic under the GIL
     published: itertools.count[int] = attrs.field(factory=itertools.count)
-    #: the event class's generated validator and builder (see eventbus.events._generate)
+    #: the event class's generated validator and builder (see eventbus._codegen._generate)
     check: Callable[[dict[str, Any]], None] = attrs.field(init=False)
     build: Callable[[dict[str, Any]], Event] = attrs.field(init=False)
 
