@@ -20,7 +20,7 @@
 #include <structmember.h>
 #include <time.h>
 
-static PyObject *s_data, *s_timestamp, *s_context, *s_value, *s_failed, *s_empty_tuple;
+static PyObject *s_data, *s_timestamp, *s_context, *s_value, *s_empty_tuple;
 
 /* ------------------------------------------------------------------------------------ */
 /* Spec: what the fast path needs to know about one event class                         */
@@ -474,7 +474,7 @@ static PyTypeObject SpecType = {
    reads four struct fields instead of looking up four attributes. */
 typedef struct {
     PyObject_HEAD
-    PyObject *slot;       /* the bus's _Slot (for bus._failed) */
+    PyObject *slot;       /* the bus's _Slot (handed to its failure handler) */
     PyObject *spec;       /* its class's Spec, or None before the code is generated */
     PyObject *calls;      /* the dispatch snapshot: a tuple of callables */
     PyObject *published;  /* the slot's itertools.count (what the Python path counts) */
@@ -560,6 +560,7 @@ typedef struct {
     PyObject *bus;       /* the Bus */
     PyObject *views;     /* event type key -> View, kept by the bus beside its _slots */
     PyObject *fallback;  /* Bus.record, the Python function: fallback(bus, ...) */
+    PyObject *failed;    /* failed(slot, call, event, exc): the bus's failure handler */
 } RecorderObject;
 
 static PyObject *
@@ -584,8 +585,9 @@ recorder_fallback(RecorderObject *self, PyObject *const *args, Py_ssize_t nargs,
     return result;
 }
 
-/* A subscriber raised `Exception`: hand it to bus._failed(slot, call, event, exc), which
-   counts and reports it (or re-raises it on a strict bus). 0, or -1 with an error. */
+/* A subscriber raised `Exception`: hand it to the bus's failure handler (the `failed`
+   callable it passed in: failed(slot, call, event, exc)), which counts and reports it (or
+   re-raises it on a strict bus). 0, or -1 with an error. */
 static int
 recorder_failed(RecorderObject *self, PyObject *slot, PyObject *call, PyObject *event)
 {
@@ -603,8 +605,7 @@ recorder_failed(RecorderObject *self, PyObject *slot, PyObject *call, PyObject *
 #endif
     if (exc == NULL)
         return 0;
-    PyObject *r = PyObject_CallMethodObjArgs(self->bus, s_failed, slot, call, event, exc,
-                                             NULL);
+    PyObject *r = PyObject_CallFunctionObjArgs(self->failed, slot, call, event, exc, NULL);
     Py_DECREF(exc);
     if (r == NULL)
         return -1;
@@ -612,9 +613,12 @@ recorder_failed(RecorderObject *self, PyObject *slot, PyObject *call, PyObject *
     return 0;
 }
 
-/* Count the event and hand it to each call of the snapshot, in order: the delivery loop
-   of Bus.record and Bus.publish. 0, or -1 with an error (a strict bus's re-raise, or a
-   BaseException that is not an Exception, which goes straight out). */
+/* Count the event and hand it to each call of the snapshot, in order: the compiled copy
+   of Bus._deliver (eventbus/bus.py), the one delivery loop of record() and publish().
+   Kept in step with it by tests/test_bus.py, which drives both with the same subscribers
+   (raising, cancelling, strict, interrupting) and compares what they did. 0, or -1 with
+   an error (a strict bus's re-raise, or a BaseException that is not an Exception, which
+   goes straight out). */
 static int
 deliver(RecorderObject *self, ViewObject *view, PyObject *calls, PyObject *event)
 {
@@ -720,6 +724,7 @@ recorder_traverse(RecorderObject *self, visitproc visit, void *arg)
     Py_VISIT(self->bus);
     Py_VISIT(self->views);
     Py_VISIT(self->fallback);
+    Py_VISIT(self->failed);
     return 0;
 }
 
@@ -729,6 +734,7 @@ recorder_clear(RecorderObject *self)
     Py_CLEAR(self->bus);
     Py_CLEAR(self->views);
     Py_CLEAR(self->fallback);
+    Py_CLEAR(self->failed);
     return 0;
 }
 
@@ -743,13 +749,13 @@ recorder_dealloc(RecorderObject *self)
 static PyObject *
 recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"bus", "views", "fallback", NULL};
-    PyObject *bus, *views, *fallback;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!O:Recorder", kwlist, &bus,
-                                     &PyDict_Type, &views, &fallback))
+    static char *kwlist[] = {"bus", "views", "fallback", "failed", NULL};
+    PyObject *bus, *views, *fallback, *failed;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!OO:Recorder", kwlist, &bus,
+                                     &PyDict_Type, &views, &fallback, &failed))
         return NULL;
-    if (!PyCallable_Check(fallback)) {
-        PyErr_SetString(PyExc_TypeError, "Recorder: fallback must be callable");
+    if (!PyCallable_Check(fallback) || !PyCallable_Check(failed)) {
+        PyErr_SetString(PyExc_TypeError, "Recorder: fallback and failed must be callable");
         return NULL;
     }
     RecorderObject *self = (RecorderObject *)type->tp_alloc(type, 0);
@@ -759,6 +765,7 @@ recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->bus = Py_NewRef(bus);
     self->views = Py_NewRef(views);
     self->fallback = Py_NewRef(fallback);
+    self->failed = Py_NewRef(failed);
     return (PyObject *)self;
 }
 
@@ -1234,7 +1241,6 @@ PyInit__speedups(void)
     INTERN(s_timestamp, "timestamp");
     INTERN(s_context, "context");
     INTERN(s_value, "value");
-    INTERN(s_failed, "_failed");
     INTERN(s_bytes, "_bytes");
     INTERN(s_kick, "_kick");
     INTERN(s_enqueue_slow, "_enqueue_slow");

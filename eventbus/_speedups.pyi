@@ -19,8 +19,8 @@ class View:
     count: int
 
 class Recorder:
-    def __init__(self, bus: Any, views: dict[Any, Any],
-                 fallback: Callable[..., None]) -> None: ...
+    def __init__(self, bus: Any, views: dict[Any, Any], fallback: Callable[..., None],
+                 failed: Callable[[Any, Any, Any, BaseException], None]) -> None: ...
     def __call__(self, event_type: Any, /, **fields: Any) -> None: ...
     __self__: Any
     __func__: Callable[..., None]
@@ -34,8 +34,8 @@ class Enqueuer:
     __self__: Any
 
 class Publisher:
-    def __init__(self, bus: Any, views: dict[Any, Any],
-                 fallback: Callable[..., None]) -> None: ...
+    def __init__(self, bus: Any, views: dict[Any, Any], fallback: Callable[..., None],
+                 failed: Callable[[Any, Any, Any, BaseException], None]) -> None: ...
     def __call__(self, event: Any, /) -> None: ...
     __self__: Any
     __func__: Callable[..., None]

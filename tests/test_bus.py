@@ -372,3 +372,103 @@ def test_a_callable_object_subscriber_is_called_and_its_failures_counted(
     assert collect.steps == [0, 1, 2]
     stats = sub.stats()
     assert (stats["delivered"], stats["failed"]) == (2, 1)
+
+
+# -- one delivery loop, every path --------------------------------------------------------
+
+def _delivery_entry_points() -> dict[str, Any]:
+    """Each way an event reaches a bus's delivery loop, as ``(bus, event) -> None``: the
+    Python record() and publish() (``Bus._deliver``), and their compiled stand-ins
+    (``deliver()`` in eventbus/_speedups.c) where that module is built."""
+    import types
+
+    from eventbus._compiled import speedups
+
+    def record(bus: eventbus.Bus, event: Event) -> None:
+        bus.record(EventType.METRIC, step=event.step, data=dict(event.data))  # type: ignore[attr-defined]
+
+    def publish(bus: eventbus.Bus, event: Event) -> None:
+        bus.publish(event)
+
+    def python(entry: Any) -> Any:
+        def run(bus: eventbus.Bus, event: Event) -> None:
+            bus.record = types.MethodType(eventbus.Bus.record, bus)  # type: ignore[method-assign]
+            bus.publish = types.MethodType(eventbus.Bus.publish, bus)  # type: ignore[method-assign]
+            entry(bus, event)
+        return run
+
+    points = {"python record": python(record), "python publish": python(publish)}
+    if speedups is not None:
+        points |= {"compiled record": record, "compiled publish": publish}
+    return points
+
+
+def _delivery_trace(deliver: Any) -> list[Any]:
+    """What one delivery loop did with the same subscribers and events: who was called
+    with what, in which order; failures counted and reported; what a strict bus and a
+    KeyboardInterrupt raise; published counts."""
+    trace: list[Any] = []
+    bus = eventbus.Bus("delivery")
+    reported: list[str] = []
+    bus._report = lambda name, event, exc, suppressed: reported.append(  # type: ignore[method-assign]
+        f"{name.rsplit('.', 1)[-1]}:{type(exc).__name__}:{suppressed}")
+
+    def boom(event: Event) -> None:
+        trace.append(("boom", event.step))  # type: ignore[attr-defined]
+        raise RuntimeError("boom")
+
+    def make(name: str) -> Any:
+        return lambda event: trace.append((name, event.step, dict(event.data)))
+
+    bus.subscribe(EventType.METRIC, on_event=make("first"))
+    bus.subscribe(EventType.METRIC, on_event=boom)
+    later = bus.subscribe(ALL, on_event=make("later"))
+    bus.subscribe(EventType.METRIC, on_event=lambda e: later.cancel(), once=True)
+    bus.subscribe(EventType.METRIC, on_event=make("odd"), where=lambda e: e.step % 2)
+    bus.subscribe(EventType.METRIC, on_event=lambda e: trace.append(("once", e.step)),
+                  once=True)
+    bus.signal(EventType.METRIC).connect(make("blinker"), weak=False)
+
+    def raising_receiver(event: Event) -> None:
+        raise ValueError("not a subscription")
+
+    bus.signal(EventType.METRIC).connect(raising_receiver, weak=False)
+    metric = eventbus.events.event_class(EventType.METRIC)
+    for step in range(3):
+        deliver(bus, metric(step=step, data={"i": step}))
+    trace.append(("stats", bus.stats()["published"],
+                  [(s["subscriber"].rsplit(".", 1)[-1], s["delivered"], s["failed"],
+                    s["filtered"]) for s in bus.stats()["subscribers"]]))
+    trace.append(("reported", reported))
+
+    bus.strict = True
+    with pytest.raises(RuntimeError, match="boom") as raised:
+        deliver(bus, metric(step=10, data={}))
+    trace.append(("strict", type(raised.value).__name__))
+    bus.strict = False
+
+    stop = eventbus.Bus("interrupt")
+
+    def interrupt(event: Event) -> None:
+        raise KeyboardInterrupt
+
+    stop.subscribe(EventType.METRIC, on_event=interrupt)
+    stop.subscribe(EventType.METRIC, on_event=make("after interrupt"))
+    with pytest.raises(KeyboardInterrupt):
+        deliver(stop, metric(step=20, data={}))
+    trace.append(("interrupted", stop.stats()["published"],
+                  [s["failed"] for s in stop.stats()["subscribers"]]))
+    return trace
+
+
+def test_record_and_publish_share_one_delivery_loop_on_every_path() -> None:
+    """record() and publish(), compiled and pure-Python, deliver alike: the same
+    subscribers in the same order, failures isolated, counted and reported, a strict bus's
+    re-raise, a KeyboardInterrupt straight out, a cancel effective from the next event.
+    (The Python loop is Bus._deliver; the compiled one is its copy in _speedups.c.)"""
+    traces = {name: _delivery_trace(deliver)
+              for name, deliver in _delivery_entry_points().items()}
+    expected = traces.pop("python record")
+    assert ("later", 0, {"i": 0}) in expected and ("later", 1, {"i": 1}) not in expected
+    for name, trace in traces.items():
+        assert trace == expected, name
