@@ -858,7 +858,18 @@ static PyTypeObject PublisherType = {
 /* The same steps as the Python method, in the same order: the size estimate, the lock,
    the byte sum, the two appends, the kick. Anything unusual is the Python method's: a
    value whose size is not a plain int, a queue that is full, closed or over its bytes
-   (the sink's own _enqueue_slow), a sink not synced yet.
+   (the `overflow` callable the sink hands over), a sink not synced yet.
+
+   The size estimate is estimate_size()'s (subscribers/queued.py), whose rules this reads
+   rather than restates: the sink hands over BASE_BYTES, PER_KEY_BYTES, the classes whose
+   values cost nothing more (FREE_VALUE_TYPES) and _value_size() for any other value. Only
+   the walk over `data` is written here (a Python call per event would cost what this
+   module saves); tests/test_compiled.py compares its sizes with estimate_size()'s.
+
+   Nothing here looks up a private name: what the sink's methods do (start or wake its
+   thread; take a full, closed or too large case) comes in as callables at construction,
+   and the one attribute read and written per event is the sink's public `queued_bytes`
+   (its documented contract: the estimated bytes queued now, kept by the sink).
 
    What changes rarely the sink hands over with sync(): its queue, its sizes, its lock,
    the admitted count (_limit: max_events, or 0 once closed), max_bytes and the length
@@ -868,19 +879,23 @@ static PyTypeObject PublisherType = {
    sink's thread takes, so it is read from the sink's __dict__ each time.
 
    The lock is the sink's RLock, taken and released around the locked part as `with`
-   does. No Python code runs between the two except the sink's own _kick or
-   _enqueue_slow, as in the Python method, so no signal handler can interrupt the byte
-   sum or the appends (handlers run only between bytecodes). */
+   does. No Python code runs between the two except the sink's kick or overflow, as in
+   the Python method, so no signal handler can interrupt the byte sum or the appends
+   (handlers run only between bytecodes). */
 
-static PyObject *s_bytes, *s_kick, *s_enqueue_slow, *s_append, *s_acquire, *s_release;
+static PyObject *s_queued_bytes, *s_append, *s_acquire, *s_release;
 
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *sink;
     PyObject *fallback;    /* QueuedSink.__call__, the Python function: fallback(sink, e) */
-    PyObject *value_size;  /* eventbus.subscribers.queued._value_size */
-    Py_ssize_t base_size;  /* eventbus.subscribers.queued._BASE_SIZE */
+    PyObject *value_size;  /* queued._value_size: a value's bytes beyond its key's */
+    Py_ssize_t base_size;  /* queued.BASE_BYTES */
+    Py_ssize_t per_key;    /* queued.PER_KEY_BYTES */
+    PyObject *free_types;  /* queued.FREE_VALUE_TYPES: a tuple of exact classes */
+    PyObject *kick;        /* kick(): start or wake the sink's thread (lock held) */
+    PyObject *overflow;    /* overflow(event, size): the unusual case (lock held) */
     /* the synced state (NULL until the first sync) */
     PyObject *queue, *queue_append, *sizes_append, *acquire, *release;
     long long limit, max_bytes, kick_at;
@@ -922,13 +937,15 @@ enqueuer_size(EnqueuerObject *self, PyObject *event)
     }
     Py_ssize_t n = PyDict_GET_SIZE(data);
     if (n) {
-        size += 48 * (long long)n;
-        Py_ssize_t pos = 0;
+        size += (long long)self->per_key * (long long)n;
+        Py_ssize_t pos = 0, nfree = PyTuple_GET_SIZE(self->free_types);
         PyObject *key, *value;
         while (PyDict_Next(data, &pos, &key, &value)) {
-            PyTypeObject *t = Py_TYPE(value);
-            if (t == &PyFloat_Type || t == &PyLong_Type || t == &PyBool_Type ||
-                value == Py_None)
+            PyObject *t = (PyObject *)Py_TYPE(value);
+            int is_free = 0;
+            for (Py_ssize_t i = 0; i < nfree && !is_free; i++)
+                is_free = PyTuple_GET_ITEM(self->free_types, i) == t;
+            if (is_free)
                 continue;
             Py_INCREF(value);
             PyObject *extra = PyObject_CallOneArg(self->value_size, value);
@@ -962,7 +979,7 @@ static int
 enqueuer_locked(EnqueuerObject *self, PyObject *dict, PyObject *event, long long size,
                 PyObject *size_obj)
 {
-    PyObject *value = PyDict_GetItemWithError(dict, s_bytes);
+    PyObject *value = PyDict_GetItemWithError(dict, s_queued_bytes);
     if (value == NULL || !PyLong_CheckExact(value))
         return PyErr_Occurred() ? 0 : 2;
     int overflow;
@@ -980,12 +997,12 @@ enqueuer_locked(EnqueuerObject *self, PyObject *dict, PyObject *event, long long
     if (n >= 0 && n < limit && bytes + size <= max_bytes) {
         PyObject *total = PyLong_FromLongLong(bytes + size);
         PyObject *r1 = NULL, *r2 = NULL;
-        if (total != NULL && PyDict_SetItem(dict, s_bytes, total) == 0 &&
+        if (total != NULL && PyDict_SetItem(dict, s_queued_bytes, total) == 0 &&
             (r1 = PyObject_CallOneArg(queue_append, event)) != NULL &&
             (r2 = PyObject_CallOneArg(sizes_append, size_obj)) != NULL) {
             ok = 1;
             if (n + 1 == kick_at) {
-                PyObject *k = PyObject_CallMethodNoArgs(self->sink, s_kick);
+                PyObject *k = PyObject_CallNoArgs(self->kick);
                 if (k == NULL)
                     ok = 0;
                 Py_XDECREF(k);
@@ -996,8 +1013,7 @@ enqueuer_locked(EnqueuerObject *self, PyObject *dict, PyObject *event, long long
         Py_XDECREF(r2);
     }
     else if (n >= 0) {
-        PyObject *r = PyObject_CallMethodObjArgs(self->sink, s_enqueue_slow, event, size_obj,
-                                                 NULL);
+        PyObject *r = PyObject_CallFunctionObjArgs(self->overflow, event, size_obj, NULL);
         ok = r != NULL;
         Py_XDECREF(r);
     }
@@ -1137,6 +1153,9 @@ enqueuer_traverse(EnqueuerObject *self, visitproc visit, void *arg)
     Py_VISIT(self->sink);
     Py_VISIT(self->fallback);
     Py_VISIT(self->value_size);
+    Py_VISIT(self->free_types);
+    Py_VISIT(self->kick);
+    Py_VISIT(self->overflow);
     Py_VISIT(self->queue);
     Py_VISIT(self->queue_append);
     Py_VISIT(self->sizes_append);
@@ -1151,6 +1170,9 @@ enqueuer_clear(EnqueuerObject *self)
     Py_CLEAR(self->sink);
     Py_CLEAR(self->fallback);
     Py_CLEAR(self->value_size);
+    Py_CLEAR(self->free_types);
+    Py_CLEAR(self->kick);
+    Py_CLEAR(self->overflow);
     Py_CLEAR(self->queue);
     Py_CLEAR(self->queue_append);
     Py_CLEAR(self->sizes_append);
@@ -1171,12 +1193,30 @@ enqueuer_dealloc(EnqueuerObject *self)
 static PyObject *
 enqueuer_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"sink", "fallback", "value_size", "base_size", NULL};
-    PyObject *sink, *fallback, *value_size;
-    Py_ssize_t base_size;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOn:Enqueuer", kwlist, &sink, &fallback,
-                                     &value_size, &base_size))
+    static char *kwlist[] = {"sink", "fallback", "value_size", "base_size", "per_key",
+                             "free_types", "kick", "overflow", NULL};
+    PyObject *sink, *fallback, *value_size, *free_types, *kick, *overflow;
+    Py_ssize_t base_size, per_key;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOnnO!OO:Enqueuer", kwlist, &sink,
+                                     &fallback, &value_size, &base_size, &per_key,
+                                     &PyTuple_Type, &free_types, &kick, &overflow))
         return NULL;
+    if (!PyCallable_Check(fallback) || !PyCallable_Check(value_size) ||
+        !PyCallable_Check(kick) || !PyCallable_Check(overflow)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "Enqueuer: fallback, value_size, kick and overflow must be callable");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(free_types); i++) {
+        if (!PyType_Check(PyTuple_GET_ITEM(free_types, i))) {
+            PyErr_SetString(PyExc_TypeError, "Enqueuer: free_types must be a tuple of classes");
+            return NULL;
+        }
+    }
+    if (base_size < 0 || per_key < 0) {
+        PyErr_SetString(PyExc_ValueError, "Enqueuer: base_size and per_key must be >= 0");
+        return NULL;
+    }
     EnqueuerObject *self = (EnqueuerObject *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
@@ -1185,6 +1225,10 @@ enqueuer_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->fallback = Py_NewRef(fallback);
     self->value_size = Py_NewRef(value_size);
     self->base_size = base_size;
+    self->per_key = per_key;
+    self->free_types = Py_NewRef(free_types);
+    self->kick = Py_NewRef(kick);
+    self->overflow = Py_NewRef(overflow);
     return (PyObject *)self;
 }
 
@@ -1241,9 +1285,7 @@ PyInit__speedups(void)
     INTERN(s_timestamp, "timestamp");
     INTERN(s_context, "context");
     INTERN(s_value, "value");
-    INTERN(s_bytes, "_bytes");
-    INTERN(s_kick, "_kick");
-    INTERN(s_enqueue_slow, "_enqueue_slow");
+    INTERN(s_queued_bytes, "queued_bytes");
     INTERN(s_append, "append");
     INTERN(s_acquire, "acquire");
     INTERN(s_release, "release");

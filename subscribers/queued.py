@@ -25,6 +25,7 @@ import weakref
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
+from typing import Final
 from typing import Literal
 
 import attrs
@@ -33,7 +34,8 @@ from eventbus._compiled import speedups as _speedups
 from eventbus._reporting import RateLimiter
 from eventbus.events import Event
 
-__all__ = ["Overflow", "QueueSettings", "QueuedSink", "backlogged", "estimate_size",
+__all__ = ["BASE_BYTES", "CONTAINER_ITEM_BYTES", "FREE_VALUE_TYPES", "Overflow",
+           "PER_KEY_BYTES", "QueueSettings", "QueuedSink", "backlogged", "estimate_size",
            "flush_all"]
 
 logger = logging.getLogger("eventbus")
@@ -113,13 +115,23 @@ def backlogged() -> bool:
     for sink in list(_sinks):
         if sink._flow and not sink._closed and now - sink._progress < FLOW_STALL_S and (
                 len(sink._queue) * 2 >= sink._max_events
-                or sink._bytes * 2 >= sink._max_bytes):
+                or sink.queued_bytes * 2 >= sink._max_bytes):
             return True
     return False
 
 
-#: the estimate for an event with an empty ``data``
-_BASE_SIZE = 320
+# The size estimate's rules, each written once. The compiled enqueue
+# (eventbus/_speedups.c) is handed these constants and _value_size when a sink is made,
+# and walks ``data`` as estimate_size() does; tests/test_compiled.py compares the two.
+
+#: the estimate for an event with an empty ``data`` (its fields, context and framing)
+BASE_BYTES: Final = 320
+#: what each key of ``data`` adds, besides its value's own size
+PER_KEY_BYTES: Final = 48
+#: what each item of a container value (dict, list, tuple, set) adds
+CONTAINER_ITEM_BYTES: Final = 32
+#: the exact classes of the values that add nothing beyond their key's allowance
+FREE_VALUE_TYPES: Final = (float, int, bool, type(None))
 
 
 def estimate_size(event: Event) -> int:
@@ -128,29 +140,27 @@ def estimate_size(event: Event) -> int:
     Never serialises: it looks at the top level of ``data`` only (strings and bytes by
     length, containers by item count, arrays and tensors by ``nbytes``: an event holds its
     own copy of each, see eventbus/snapshot.py), which is what a bounded queue needs to
-    stay bounded when one payload is huge. Numbers cost nothing beyond the per-key
-    allowance.
+    stay bounded when one payload is huge: :data:`BASE_BYTES`, plus
+    :data:`PER_KEY_BYTES` per key of ``data``, plus each value's own size. Numbers and
+    ``None`` (:data:`FREE_VALUE_TYPES`) cost nothing beyond the per-key allowance.
     """
     data = event.data
-    if not data:
-        return _BASE_SIZE
-    size = _BASE_SIZE + 48 * len(data)
-    for value in data.values():
-        cls = value.__class__
-        if cls is float or cls is int or cls is bool or value is None:
-            continue
-        size += _value_size(value)
+    size = BASE_BYTES
+    if data:
+        size += PER_KEY_BYTES * len(data)
+        for value in data.values():
+            if value.__class__ not in FREE_VALUE_TYPES:
+                size += _value_size(value)
     return size
 
 
 def _value_size(value: Any) -> int:
-    """The part of :func:`estimate_size` beyond the per-key allowance for one value that
-    is not a number (``QueuedSink.__call__`` writes the number case out and calls this for
-    the rest)."""
+    """The part of :func:`estimate_size` beyond the per-key allowance for one value whose
+    class is not in :data:`FREE_VALUE_TYPES` (the compiled enqueue calls this too)."""
     if value.__class__ is str or isinstance(value, (str, bytes, bytearray)):
         return len(value)
     if isinstance(value, (dict, list, tuple, set, frozenset)):
-        return 32 * len(value)
+        return CONTAINER_ITEM_BYTES * len(value)
     try:  # a numpy array or a torch tensor (a sparse one raises)
         nbytes = getattr(value, "nbytes", None)
     except Exception:
@@ -196,8 +206,12 @@ class QueuedSink:
         self._direct: Any = None
         if _speedups is not None and type(self).__call__ is QueuedSink.__call__ and \
                 self._default_size:
-            self._direct = _speedups.Enqueuer(self, QueuedSink.__call__, _value_size,
-                                              _BASE_SIZE)
+            # What the sink's methods do, handed over as callables (the compiled code
+            # looks up no private name): kick() starts or wakes the thread, overflow()
+            # takes the unusual case, both with the lock held, as from __call__.
+            self._direct = _speedups.Enqueuer(
+                self, QueuedSink.__call__, _value_size, BASE_BYTES, PER_KEY_BYTES,
+                FREE_VALUE_TYPES, self._kick, self._enqueue_slow)
             self._sync_direct()
         _sinks.add(self)
 
@@ -207,7 +221,10 @@ class QueuedSink:
         # garbage collection to traverse while it is queued (the queue holds thousands).
         self._queue: collections.deque[Event] = collections.deque()
         self._sizes: collections.deque[int] = collections.deque()
-        self._bytes = 0
+        #: the estimated bytes queued now (the sum of the sizes queued): the sink's own
+        #: counter, public because the compiled enqueue reads and adds to it; read it,
+        #: never write it
+        self.queued_bytes = 0
         # The producers take the lock; the sink thread waits on a Condition over the same
         # lock. Re-entrant, for a signal handler that records (see __call__).
         self._lock = threading.RLock()
@@ -244,23 +261,15 @@ class QueuedSink:
     # -- the subscriber side (caller's thread) ------------------------------------------
     def __call__(self, event: Event) -> None:
         """Enqueue ``event``; never blocks on the sink."""
-        # The hot path: a size estimate (numbers written out here: no call), the lock, two
-        # appends, one counter. Nothing in the locked part allocates an object the garbage
-        # collector tracks (deque blocks and ints are not), so no collection, and no
-        # finalizer that might record() again, runs while the lock is held.
+        # The hot path: a size estimate, the lock, two appends, one counter. Nothing in
+        # the locked part allocates an object the garbage collector tracks (deque blocks
+        # and ints are not), so no collection, and no finalizer that might record()
+        # again, runs while the lock is held.
         # Everything unusual (closed, full, too large) is _enqueue_slow's.
-        if self._default_size:
-            data = event.data
-            size = _BASE_SIZE
-            if data:
-                size += 48 * len(data)
-                for value in data.values():
-                    cls = value.__class__
-                    if cls is float or cls is int or cls is bool or value is None:
-                        continue
-                    size += _value_size(value)
-        else:
-            size = self.size_of(event)
+        # estimate_size() is called, not written out here: on 3.11 the call is within the
+        # noise of this method's ~1.1 us (pure-Python path), and where eventbus/_speedups.c
+        # is built a plain sink enqueues through it instead.
+        size = self.size_of(event)
         # The lock stays: under the GIL each step below is atomic, but the length test,
         # the byte sum and the appends together are not (another producer thread may run
         # between them), and free-threaded builds have no GIL at all.
@@ -276,8 +285,8 @@ class QueuedSink:
         with self._lock:
             queue = self._queue
             n = len(queue)
-            if n < self._limit and self._bytes + size <= self._max_bytes:
-                self._bytes += size
+            if n < self._limit and self.queued_bytes + size <= self._max_bytes:
+                self.queued_bytes += size
                 queue.append(event)
                 self._sizes.append(size)
                 if n + 1 == self._kick_at:
@@ -322,15 +331,18 @@ class QueuedSink:
             return
         queue = self._queue
         sizes = self._sizes
-        while queue and (len(queue) >= self._max_events or self._bytes + size > self._max_bytes):
+        while queue and (len(queue) >= self._max_events
+                         or self.queued_bytes + size > self._max_bytes):
             queue.popleft()
-            freed = sizes.popleft()  # not in the -= below: its read of _bytes comes before
-            self._bytes -= freed     # the call, and an enqueue nested there would be lost
+            # Not in the -= below: its read of queued_bytes would come before the call, and
+            # an enqueue nested there would be lost.
+            freed = sizes.popleft()
+            self.queued_bytes -= freed
             self._removed += 1
             self._drop("queue full", 1)
         queue.append(event)
         sizes.append(size)
-        self._bytes += size
+        self.queued_bytes += size
         if self._thread is None:
             self._start()
 
@@ -360,14 +372,14 @@ class QueuedSink:
         if n <= self._max_batch:
             batch = list(queue)
             queue.clear()
-            self._bytes -= sum(sizes)
+            self.queued_bytes -= sum(sizes)
             sizes.clear()
         else:
             n = self._max_batch
             popleft = queue.popleft
             pop_size = sizes.popleft
             batch = [popleft() for _ in range(n)]
-            self._bytes -= sum(pop_size() for _ in range(n))
+            self.queued_bytes -= sum(pop_size() for _ in range(n))
         self._removed += n
         return batch
 
@@ -449,7 +461,7 @@ class QueuedSink:
                 self._removed += len(self._queue)
                 self._queue.clear()
                 self._sizes.clear()
-                self._bytes = 0
+                self.queued_bytes = 0
             self._cond.notify_all()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
@@ -473,7 +485,7 @@ class QueuedSink:
                 "failed": self.failed,
                 "pending": len(self._queue) + self._in_flight,
                 "dropped": dict(self.dropped),
-                "queued_bytes": self._bytes,
+                "queued_bytes": self.queued_bytes,
             }
 
     def _after_fork_in_child(self) -> None:

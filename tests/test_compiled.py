@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -363,7 +364,7 @@ def test_compiled_decode_hands_back_what_it_does_not_take() -> None:
 # -- the queued sink's enqueue ----------------------------------------------------------------
 
 def _state(sink: QueuedSink) -> tuple[Any, ...]:
-    return (sink._bytes, list(sink._sizes), len(sink._queue), dict(sink.dropped),
+    return (sink.queued_bytes, list(sink._sizes), len(sink._queue), dict(sink.dropped),
             sink.enqueued)
 
 
@@ -393,12 +394,12 @@ def test_compiled_enqueue_matches_the_python_path(options: dict[str, Any]) -> No
             enqueue(event)
             python_sink(event)
             assert _state(compiled_sink) == _state(python_sink)
-        assert compiled_sink._bytes == sum(estimate_size(e) for e in compiled_sink._queue)
+        assert compiled_sink.queued_bytes == sum(estimate_size(e) for e in compiled_sink._queue)
         for sink in (compiled_sink, python_sink):  # closed: an enqueue is dropped as such
             with sink._lock:
                 sink._queue.clear()
                 sink._sizes.clear()
-                sink._bytes = 0
+                sink.queued_bytes = 0
             sink.close(0)
         enqueue(events[0])
         python_sink(events[0])
@@ -407,6 +408,51 @@ def test_compiled_enqueue_matches_the_python_path(options: dict[str, Any]) -> No
     finally:
         compiled_sink.close(0)
         python_sink.close(0)
+
+
+@needs_compiled
+def test_compiled_enqueue_sizes_events_as_estimate_size_does() -> None:
+    """The compiled enqueue walks ``data`` itself but reads estimate_size()'s rules (its
+    constants, its free classes, _value_size for the rest): each event's queued size is
+    estimate_size()'s, for every kind of value, including subclasses of the free ones."""
+    import enum
+    import random
+
+    class Flag(enum.IntEnum):
+        ON = 1
+
+    class Text(str):
+        pass
+
+    rng = random.Random(7)
+    values: list[Any] = [0, 1.5, True, None, 2**70, "x" * 37, b"by", bytearray(b"12345"),
+                         Text("sub"), Flag.ON, [1, 2, 3], (1,), {"a": 1, "b": 2}, {1, 2},
+                         frozenset({3}), np.zeros(5), np.float64(1.0), 1j, _Weird()]
+    cls = event_class(EventType.METRIC)
+    events = [cls(step=i, data={f"k{j}": rng.choice(values) for j in range(rng.randrange(6))})
+              for i in range(300)]
+    sink = QueuedSink(lambda batch: None, name="sizes", max_events=1_000,
+                      max_bytes=1 << 40)
+    try:
+        sink._kick_at = -1  # no thread: the sizes stay queued
+        sink._sync_direct()
+        enqueue = sink._eventbus_direct()
+        assert type(enqueue).__name__ == "Enqueuer"
+        for event in events:
+            enqueue(event)
+        assert list(sink._sizes) == [estimate_size(e) for e in events]
+        assert sink.queued_bytes == sum(sink._sizes)
+    finally:
+        sink.close(0)
+
+
+def test_the_compiled_code_looks_up_no_private_python_name() -> None:
+    """eventbus/_speedups.c names no ``_``-prefixed attribute of a Python object (dunders
+    aside): what it needs of the bus and the sinks is handed to it as callables and public
+    attributes, so renaming a private method cannot silently break it."""
+    source = (Path(__file__).resolve().parents[1] / "eventbus" / "_speedups.c").read_text()
+    names = set(re.findall(r'"(_[A-Za-z0-9_]*)"', source))
+    assert {n for n in names if not (n.startswith("__") and n.endswith("__"))} == set()
 
 
 @needs_compiled
@@ -443,7 +489,7 @@ def test_sinks_that_are_not_plain_keep_the_python_enqueue() -> None:
         bus.subscribe(ALL, on_event=custom)
         bus.record(EventType.METRIC, step=1)
         assert Own.seen == 1
-        assert custom.flush(5) and custom._bytes == 0 and custom.enqueued == 1
+        assert custom.flush(5) and custom.queued_bytes == 0 and custom.enqueued == 1
     finally:
         own.close(0)
         custom.close(0)

@@ -475,7 +475,7 @@ while time.monotonic() < deadline and interrupted < enough:
     progress[0] += 1
 armed = False
 stop.set()
-consistent = len(sink._queue) == len(sink._sizes) and sink._bytes == sum(sink._sizes)
+consistent = len(sink._queue) == len(sink._sizes) and sink.queued_bytes == sum(sink._sizes)
 assert sink.flush(30)
 from_handler = sum(1 for e in handled if e.type == EventType.CHECKPOINT_SAVED)
 print("interrupted", interrupted, "leaked", leaked, "consistent", consistent,
