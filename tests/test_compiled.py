@@ -309,6 +309,93 @@ def test_untracked_events_are_still_freed() -> None:
     assert refs and all(r() is None for r in refs)
 
 
+def _shape(value: Any) -> Any:
+    """A value as a snapshot left it: each container's class and items, an array's
+    values and writeability, anything else by class and repr."""
+    if isinstance(value, dict):
+        return (type(value).__name__, type(value).__module__,
+                [(k, _shape(v)) for k, v in value.items()])
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = sorted(map(repr, value)) if isinstance(value, (set, frozenset)) \
+            else [_shape(v) for v in value]
+        return (type(value).__name__, type(value).__module__, items)
+    if isinstance(value, np.ndarray):
+        return ("ndarray", value.tolist(), value.flags.writeable)
+    return (type(value).__name__, repr(value))
+
+
+@needs_compiled
+def test_compiled_snapshot_matches_the_python_snapshot() -> None:
+    """The compiled record() copies ``data`` by snapshot.py's rules (it reads ATOMIC and
+    calls the Python snapshot for anything else): for random data, the event's data is
+    the same as the pure-Python record()'s and the constructor's, class by class."""
+    import random
+    from collections import namedtuple
+
+    Pair = namedtuple("Pair", "a b")
+
+    class Text(str):
+        pass
+
+    class Number(int):
+        pass
+
+    rng = random.Random(11)
+    leaves: list[Any] = [0, -1, 2**80, 1.5, float("inf"), "s", "", True, None, b"b", 1j,
+                         Text("t"), Number(3), np.int64(4), np.float32(0.5), _Weird(),
+                         _Odd(), bytearray(b"ba")]
+
+    def value(depth: int) -> Any:
+        kind = rng.randrange(9 if depth < 3 else 1)
+        if kind == 1:
+            return [value(depth + 1) for _ in range(rng.randrange(3))]
+        if kind == 2:
+            return {f"n{i}": value(depth + 1) for i in range(rng.randrange(3))}
+        if kind == 3:
+            return tuple(value(depth + 1) for _ in range(rng.randrange(3)))
+        if kind == 4:
+            return {rng.randrange(5) for _ in range(rng.randrange(3))}
+        if kind == 5:
+            return Pair(value(depth + 1), 1)
+        if kind == 6:
+            return np.arange(rng.randrange(1, 4))
+        return rng.choice(leaves)
+
+    metric = event_class(EventType.METRIC)
+    metric._source  # noqa: B018 (generates the class's code: the compiled path takes all)
+    compiled, pure = Bus("snap-compiled"), _pure(Bus("snap-pure"))
+    got: dict[str, list[eventbus.Event]] = {"compiled": [], "pure": []}
+    compiled.subscribe(EventType.METRIC, on_event=got["compiled"].append)
+    pure.subscribe(EventType.METRIC, on_event=got["pure"].append)
+    for i in range(400):
+        data = {f"k{j}": value(0) for j in range(rng.randrange(5))}
+        compiled.record(EventType.METRIC, step=i, data=data)
+        pure.record(EventType.METRIC, step=i, data=data)
+        built = metric(step=i, data=data)
+        a, b = got["compiled"][-1].data, got["pure"][-1].data
+        assert _shape(a) == _shape(b) == _shape(built.data), data
+    assert compiled._slots[EventType.METRIC].view.count == 400  # the compiled path ran
+
+
+@needs_compiled
+def test_a_spec_refuses_an_atomic_set_without_the_usual_classes() -> None:
+    """The compiled snapshot shares floats, ints, strs, bools and None without looking
+    them up in snapshot.ATOMIC; a Spec made with an ATOMIC lacking one is refused, so the
+    shortcut cannot outlive the rule it stands for."""
+    import time
+
+    from eventbus.context import _holder
+    from eventbus.snapshot import ATOMIC
+
+    assert speedups is not None
+    metric = event_class(EventType.METRIC)
+    for missing in (float, int, str, bool, type(None)):
+        with pytest.raises(ValueError, match=missing.__name__):
+            speedups.Spec(cls=metric, names=(), kinds=(), nullable=(), n_required=0,
+                          empty={}, snap=dict, atomic=ATOMIC - {missing}, time=time.time,
+                          holder=_holder, set_dict=eventbus.Event.__dict__["__dict__"])
+
+
 # -- the receiver's decoder -----------------------------------------------------------------
 
 DECODES: list[tuple[Any, dict[str, Any]]] = [
