@@ -413,7 +413,7 @@ def _torch_registries() -> tuple[dict[str, logging.Handler], dict[str, logging.L
     if not isinstance(handlers, dict) or not isinstance(loggers, dict):
         raise RuntimeError(
             "this torch has no torch.distributed.elastic.events.handlers._log_handlers / "
-            "events._events_loggers registry; the bridge is tested with torch 2.8-2.13"
+            "events._events_loggers registry; the bridge is tested with torch 2.8-2.15"
         )
     return handlers, loggers
 

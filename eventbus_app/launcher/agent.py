@@ -2,8 +2,8 @@
 as it happens and lets reactors decide restarts.
 
 Imports torch. It hooks five methods of torch's private agent internals, pinned by
-``tests/test_launcher_internals.py`` (tested with torch 2.13; pyproject allows 2.8 to 2.13,
-and the pins say what to check on another version):
+``tests/test_launcher_internals.py`` (CI tests torch 2.13; pyproject allows 2.8 to 2.15,
+whose ends passed ``make test-compat``; the pins say what to check on another version):
 
 * ``SimpleElasticAgent.run``: ``AGENT_START`` before, ``AGENT_EXIT`` after (plugins'
   ``before_exit`` first);
