@@ -52,7 +52,8 @@ def _both(tmp_path: Path, args: list[str], *, cwd: Path | None = None,
     """The same command line run by plain python and through the bootstrap."""
     def run(prefix: list[str]) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*prefix, *args], cwd=cwd or tmp_path, capture_output=True,
-                              text=True, env=env or subprocess_env(), timeout=60)
+                              text=True, env=env or subprocess_env(), timeout=60,
+                              check=False)
 
     return run([sys.executable]), run(list(WORKER))
 
@@ -199,7 +200,8 @@ def test_a_stack_dump_that_cannot_start_is_one_warning(tmp_path: Path) -> None:
         print(side.stack_file, len(side.warnings))
     """)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=subprocess_env(EVENTBUS_STACK_DIR=str(tmp_path)), timeout=60)
+                          env=subprocess_env(EVENTBUS_STACK_DIR=str(tmp_path)), timeout=60,
+                          check=False)
     assert (done.returncode, done.stdout) == (0, "None 1\n"), done.stderr
     assert done.stderr.startswith("eventbus: EVENTBUS_STACK_DIR=")
     assert "Permission denied" in done.stderr
