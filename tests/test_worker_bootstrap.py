@@ -131,6 +131,38 @@ def test_the_agent_puts_the_bootstrap_after_the_interpreter_options(
     assert bootstrap_args(args) == expected
 
 
+def _program(*args: str) -> str:
+    return " ".join(args)
+
+
+def test_the_agent_bootstraps_python_workers_and_says_what_no_python_needs(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Python entry point (torchrun's own, or `--no-python python ...`) gets the
+    bootstrap; a function entry point is wrapped in run_attached; any other program is
+    left as it is, with one warning that says what it needs to forward events."""
+    from types import SimpleNamespace
+
+    from eventbus.app.launcher.agent import _start_through_bootstrap
+    from eventbus.app.worker import run_attached
+
+    torchrun = SimpleNamespace(entrypoint=sys.executable, args=("-u", "train.py"))
+    named = SimpleNamespace(entrypoint="python3", args=("train.py", "--lr", "1"))
+    function = SimpleNamespace(entrypoint=_program, args=("a", "b"))
+    other = SimpleNamespace(entrypoint="/bin/sh", args=("run.sh",))
+    with caplog.at_level("WARNING", logger="eventbus"):
+        for spec in (torchrun, named, function, other):
+            _start_through_bootstrap(spec)
+    assert torchrun.args == ("-u", "-m", BOOTSTRAP_MODULE, "train.py")
+    assert named.args == ("-m", BOOTSTRAP_MODULE, "train.py", "--lr", "1")
+    assert (function.entrypoint, function.args) == (run_attached, (_program, "a", "b"))
+    for variable in ("EVENTBUS_AGENT_STORE", "EVENTBUS_STACK_DIR"):  # attach nothing here
+        monkeypatch.delenv(variable, raising=False)
+    assert run_attached(*function.args) == "a b"
+    assert (other.entrypoint, other.args) == ("/bin/sh", ("run.sh",))
+    (warning,) = caplog.records
+    assert "/bin/sh" in warning.getMessage() and "attach()" in warning.getMessage()
+
+
 # -- every variable the bootstrap reads, each with bad values ---------------------------
 
 

@@ -863,9 +863,10 @@ def _start_through_bootstrap(spec: Any) -> None:
     elif isinstance(entrypoint, str) and _is_python(entrypoint):
         spec.args = bootstrap_args(spec.args)
     else:
-        logger.info("eventbus: %s is not a Python interpreter (--no-python): its workers "
-                    "start without the worker bootstrap, and only a program that calls "
-                    "eventbus.app.worker.attach() forwards events", entrypoint)
+        logger.warning("eventbus: %s is not a Python interpreter (--no-python): its "
+                       "workers start without the worker bootstrap; a Python program "
+                       "started this way calls eventbus.app.worker.attach() to forward its "
+                       "events (docs/run.md, \"The worker bootstrap\")", entrypoint)
 
 
 def _is_python(entrypoint: str) -> bool:
