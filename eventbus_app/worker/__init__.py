@@ -176,8 +176,7 @@ def _stack_dump(env: Mapping[str, str], notes: list[str]) -> str | None:
     directory = _read(env, ENV_STACK_DIR, check_stack_dir, without, notes)
     if directory is None:
         return None
-    if env.get(ENV_STACK_SIGNAL, "").strip().lower() in ("off", "none", "no", "0"):
-        return None  # the script uses the signal itself: the agent sends nothing
+    # None for "off" too: the script uses the signal itself, and the agent sends nothing
     signum = _read(env, ENV_STACK_SIGNAL, parse_stack_signal, without, notes, fix="")
     if signum is None:
         return None
