@@ -42,6 +42,7 @@ import encodings.idna  # noqa: F401  (see _probe_port)
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import weakref
@@ -415,13 +416,21 @@ def attach_worker_forwarder(*, host: str, port: int, prefix: str, rank: int,
     global _worker_forwarder
     if _worker_forwarder is not None:
         return _worker_forwarder
-    # Import torch now, in the calling thread: the queue's thread must not race the
-    # training script's own `import torch`.
-    import torch.distributed  # noqa: F401
-
+    # The store client is torch's, and the queue's thread must not import torch itself,
+    # racing the script's own `import torch` (or a fork). Nor may the bootstrap import it
+    # before the script's first line: a script that sets OMP_NUM_THREADS, say, before
+    # `import torch` would lose it. So torch is imported by the first event's recording
+    # thread, just before the forwarder takes that event (a one-shot subscriber, first in
+    # line); by then the script has imported torch itself, as training scripts do.
+    if "torch.distributed" not in sys.modules:
+        get_default_bus().subscribe(ALL, on_event=_import_torch, once=True)
     _worker_forwarder = StoreForwarder(host=host, port=port, key=worker_key(prefix, rank),
                                        rank=rank, kind="w", ledger_dir=ledger_dir, bell=bell)
     return _worker_forwarder
+
+
+def _import_torch(_: Event) -> None:
+    import torch.distributed  # noqa: F401
 
 
 def worker_forwarder() -> StoreForwarder | None:
