@@ -1,7 +1,8 @@
 """Public names that load on first use (PEP 562), for the packages' ``__init__`` modules.
 
-``import publishers`` or ``import subscribers`` alone then costs nothing beyond eventbus: a
-worker that only records never pays for the logging bridge or the torch bridge.
+``import eventbus.publishers`` or ``import eventbus.subscribers`` alone then costs nothing
+beyond eventbus: a worker that only records never pays for the logging bridge or the torch
+bridge.
 """
 
 from __future__ import annotations

@@ -10,3 +10,9 @@ subscribers into programs.
 Nothing in ``eventbus``, ``publishers`` or ``subscribers`` imports this package (the one
 exception is ``python -m eventbus``, whose ``__main__`` is this layer's entry point).
 """
+
+if __name__ != "eventbus.app":
+    # The checkout's eventbus_app/ folder on sys.path would be a second copy of every module,
+    # with its own state: the one name is eventbus.app (pyproject.toml's package-dir).
+    raise ImportError(f"eventbus_app/ is installed as eventbus.app: import that, "
+                      f"not {__name__}")

@@ -1,6 +1,6 @@
 """Bring events in: the default publisher, and bridges from torch and other processes.
 
-The public names load on first use (PEP 562), so that ``import publishers`` costs nothing
+The public names load on first use (PEP 562), so that ``import eventbus.publishers`` costs nothing
 beyond eventbus until one is used.
 """
 
@@ -32,3 +32,9 @@ _LAZY = {
 
 
 __getattr__, __dir__ = _lazy_exports(__name__, _LAZY, __all__)
+
+if __name__ != "eventbus.publishers":
+    # The checkout's publishers/ folder on sys.path would be a second copy of every module,
+    # with its own state: the one name is eventbus.publishers (pyproject.toml's package-dir).
+    raise ImportError(f"publishers/ is installed as eventbus.publishers: import that, "
+                      f"not {__name__}")

@@ -452,7 +452,7 @@ def install_torchelastic_bridge(
     unless the user already registered a real handler there.
 
     Idempotent: a second call with the same destination returns the installed bridge.
-    Importing torch happens here, not at ``import publishers``.
+    Importing torch happens here, not at ``import eventbus.publishers``.
     """
     if not isinstance(destination, str):
         raise TypeError(f"destination must be a string, got {type(destination).__name__}")

@@ -1,7 +1,7 @@
 """Take events out: the logging bridge, the JSON Lines recorder, the restart reactors and
 the forwarder that ships a worker's events to its agent.
 
-The public names load on first use (PEP 562): ``import subscribers`` alone costs nothing
+The public names load on first use (PEP 562): ``import eventbus.subscribers`` alone costs nothing
 beyond eventbus, and a worker that only records never pays for the logging bridge.
 """
 
@@ -43,3 +43,9 @@ _LAZY = {
 
 
 __getattr__, __dir__ = _lazy_exports(__name__, _LAZY, __all__)
+
+if __name__ != "eventbus.subscribers":
+    # The checkout's subscribers/ folder on sys.path would be a second copy of every module,
+    # with its own state: the one name is eventbus.subscribers (pyproject.toml's package-dir).
+    raise ImportError(f"subscribers/ is installed as eventbus.subscribers: import that, "
+                      f"not {__name__}")

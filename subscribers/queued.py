@@ -149,7 +149,9 @@ def estimate_size(event: Event) -> int:
     if data:
         size += PER_KEY_BYTES * len(data)
         for value in data.values():
-            if value.__class__ not in FREE_VALUE_TYPES:
+            # type(), not __class__ (which an object may fake): the compiled enqueue's
+            # test is the value's real type too
+            if type(value) not in FREE_VALUE_TYPES:
                 size += _value_size(value)
     return size
 
@@ -427,6 +429,19 @@ class QueuedSink:
                        ", ".join(f"{k}: {v}" for k, v in sorted(self.dropped.items())))
 
     # -- control ------------------------------------------------------------------------
+    def can_wait_here(self, timeout: float) -> bool:
+        """Whether this thread may wait for the queue now (flush, close): it is not inside
+        this sink's enqueue (a signal handler that interrupted one is: the lock is
+        re-entrant, so a flush would wait with that enqueue half done), and no other
+        thread holds the lock for longer than ``timeout`` seconds (the queue's thread
+        holds it only for a few pops)."""
+        if self._cond._is_owned():  # type: ignore[attr-defined]  # Condition's, for its RLock
+            return False
+        if self._lock.acquire(timeout=timeout):
+            self._lock.release()
+            return True
+        return False
+
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything enqueued so far is handled. False if ``timeout`` ran out."""
         budget = self.settings.close_timeout if timeout is None else timeout

@@ -172,6 +172,12 @@ class StoreForwarder:
         self._loss_report = RateLimiter()
 
     @property
+    def in_this_process(self) -> bool:
+        """Whether this process made it (a forked child inherits a copy it must not close
+        on the parent's behalf: the child's own is made anew, see ``_reset``)."""
+        return self._pid == os.getpid()
+
+    @property
     def sender(self) -> str:
         """This process's sender id (it changes in a forked child)."""
         return self.encoder.sender
@@ -389,7 +395,7 @@ def _probe_port(host: str, port: int, *, timeout: float) -> None:
 
 
 _forwarders: weakref.WeakSet[StoreForwarder] = weakref.WeakSet()
-#: the forwarder attached by attach_from_env() in this process, if any
+#: the forwarder attach_worker_forwarder() attached in this process, if any
 _worker_forwarder: StoreForwarder | None = None
 
 

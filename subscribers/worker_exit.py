@@ -40,7 +40,7 @@ _hooks_installed = False
 
 def _close_worker_forwarder(timeout: float | None = None) -> None:
     fwd = worker_forwarder()
-    if fwd is not None and fwd._pid == os.getpid():
+    if fwd is not None and fwd.in_this_process:
         try:
             fwd.close(timeout)
         except Exception:
@@ -49,24 +49,15 @@ def _close_worker_forwarder(timeout: float | None = None) -> None:
 
 def _lock_free(fwd: StoreForwarder) -> bool:
     # The SIGTERM handler runs in the main thread between two bytecodes, possibly inside
-    # QueuedSink.__call__ with its lock held. The lock is re-entrant, so acquiring it here
-    # would succeed, and a flush would then wait (releasing it) while the interrupted
-    # enqueue is half done: never flush inline then. The queue's own thread holds the
-    # lock only for a few pops, so a short wait tells the other case.
-    lock = fwd.sink._cond
-    if lock._is_owned():  # type: ignore[attr-defined]  # Condition's, for its RLock
-        return False
-    if lock.acquire(timeout=0.2):
-        lock.release()
-        return True
-    return False
+    # the forwarder's enqueue: never flush inline then (see QueuedSink.can_wait_here).
+    return fwd.sink.can_wait_here(0.2)
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     fwd = worker_forwarder()
     previous = _previous_sigterm
     chained = callable(previous)
-    if fwd is not None and fwd._pid == os.getpid():
+    if fwd is not None and fwd.in_this_process:
         if _lock_free(fwd):
             if chained:
                 fwd.flush()

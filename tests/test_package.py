@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -95,8 +97,22 @@ def test_import_eventbus_is_inert_in_any_environment(tmp_path: Path, env: dict[s
 def test_the_wheel_installs_one_import_name(tmp_path: Path) -> None:
     """A wheel built from this tree holds one top-level import name, ``eventbus``, with
     the publishers, the subscribers and the application under it."""
+    # From a copy of the tree as git sees it: a build in the checkout would reuse (and
+    # leave) its build/ folder, whose stale files would go into the wheel.
+    source = tmp_path / "source"
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                            "--exclude-standard"], cwd=ROOT, check=True, timeout=60,
+                           capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        origin, copy = ROOT / name, source / name
+        if origin.is_symlink() or origin.is_file():
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            if origin.is_symlink():
+                copy.symlink_to(os.readlink(origin))
+            else:
+                shutil.copy2(origin, copy)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
-                    str(tmp_path), str(ROOT)], check=True, timeout=600,
+                    str(tmp_path), str(source)], check=True, timeout=600,
                    capture_output=True)
     (wheel,) = tmp_path.glob("eventbus-*.whl")
     with zipfile.ZipFile(wheel) as zf:

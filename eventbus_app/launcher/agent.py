@@ -29,6 +29,7 @@ import gc
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import sys
@@ -857,6 +858,8 @@ def _start_through_bootstrap(spec: Any) -> None:
     :func:`eventbus.app.worker.run_attached`. A ``--no-python`` program is left as it is
     (docs/run.md says what it needs)."""
     entrypoint = spec.entrypoint
+    if entrypoint is run_attached or (spec.args[:1] == (run_attached,)):
+        return  # already (another agent built on the same spec)
     if callable(entrypoint):
         spec.entrypoint = run_attached
         spec.args = (entrypoint, *spec.args)
@@ -870,9 +873,11 @@ def _start_through_bootstrap(spec: Any) -> None:
 
 
 def _is_python(entrypoint: str) -> bool:
+    # torchrun's own interpreter, or one named like it after --no-python ("python3.11"),
+    # not a program that merely starts with the word ("python-wrapper.sh")
     if entrypoint in (sys.executable, os.environ.get("PYTHON_EXEC")):
         return True
-    return os.path.basename(entrypoint).startswith("python")
+    return re.fullmatch(r"python[0-9.]*", os.path.basename(entrypoint)) is not None
 
 
 def _is_failure(event: Event) -> bool:

@@ -82,6 +82,11 @@ class WorkerSide:
 # -- the launcher's variables, one check each -------------------------------------------
 
 
+def _decimal(text: str) -> bool:
+    # ASCII digits only: str.isdigit() also takes superscript digits, which int() refuses
+    return text.isascii() and text.isdecimal() and len(text) <= 10
+
+
 def _plain_key(value: str) -> str:
     # A key as the launcher writes it ("eventbus/<run id>/<attempt>"): printable, bounded,
     # no "..": an inherited value that is none of these is not the agent's.
@@ -92,7 +97,7 @@ def _plain_key(value: str) -> str:
 
 def _store_address(value: str) -> tuple[str, int]:
     host, sep, port_text = value.rpartition(":")
-    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65_536:
+    if not sep or not host or not _decimal(port_text) or not 0 < int(port_text) < 65_536:
         raise ValueError("is not HOST:PORT with a port from 1 to 65535")
     if not host.isprintable() or len(host) > 255:
         raise ValueError("does not name a host")
@@ -100,7 +105,7 @@ def _store_address(value: str) -> tuple[str, int]:
 
 
 def _rank(value: str) -> int:
-    if not value.strip().isdigit() or int(value) >= 2**31:
+    if not _decimal(value.strip()) or int(value) >= 2**31:
         raise ValueError("is not a rank (an int from 0)")
     return int(value)
 
@@ -181,7 +186,8 @@ def _stack_dump(env: Mapping[str, str], notes: list[str]) -> str | None:
     if signum is None:
         return None
     path: str | None = _read(env, ENV_STACK_DIR, lambda d: arm_stack_dump(d, signum),
-                             without, notes)
+                             without, notes, fix="give this worker a directory it can write "
+                             "there, or set EVENTBUS_STACK_SIGNAL=off")
     return path
 
 
@@ -220,13 +226,30 @@ def _guarded(part: str, start: Callable[[Mapping[str, str], list[str]], _T],
 def bootstrap_args(args: Sequence[str]) -> tuple[str, ...]:
     """The interpreter arguments of a worker started through the bootstrap, from those
     torchrun builds (``-u SCRIPT ...`` or ``-u -m MODULE ...``): the interpreter's own
-    options stay first, ``-m eventbus.app.worker`` follows them."""
-    args = tuple(args)
+    options stay first (``-W`` and ``-X`` with their values), ``-m eventbus.app.worker``
+    follows them."""
+    out = list(args)
     i = 0
-    while i < len(args) and args[i].startswith("-") and args[i] not in ("-m", "-c", "-"):
-        i += 1
-    if args[i:i + 2] == ("-m", BOOTSTRAP_MODULE) or args[i:i + 1] == ("-",):
-        return args  # already bootstrapped, or a script read from stdin
+    while i < len(out) and out[i].startswith("-") and out[i] != "-" \
+            and not out[i].startswith("--"):
+        letters = out[i][1:]
+        for j, letter in enumerate(letters):
+            if letter in "cm":  # the code or the module: the bootstrap's to run
+                if j:  # "-uc CODE": the bootstrap goes between -u and -c
+                    out[i:i + 1] = ["-" + letters[:j], "-" + letters[j:]]
+                    i += 1
+                return _with_bootstrap(out, i)
+            if letter in "WX":  # a value: the rest of this argument, or the next one
+                i += 1 if j < len(letters) - 1 else 2
+                break
+        else:
+            i += 1
+    return _with_bootstrap(out, i)
+
+
+def _with_bootstrap(args: list[str], i: int) -> tuple[str, ...]:
+    if args[i:i + 2] == ["-m", BOOTSTRAP_MODULE] or args[i:i + 1] in (["-"], []):
+        return tuple(args)  # already bootstrapped, a script on stdin, or nothing to run
     return (*args[:i], "-m", BOOTSTRAP_MODULE, *args[i:])
 
 
@@ -245,10 +268,15 @@ _USAGE = ("usage: python -m eventbus.app.worker SCRIPT [ARGS...]\n"
           "       python -m eventbus.app.worker -c CODE [ARGS...]")
 
 
+def _safe_path() -> bool:
+    # -P (3.11+), or -I, which implies it (3.10 has isolated but no safe_path flag)
+    return bool(getattr(sys.flags, "safe_path", False) or sys.flags.isolated)
+
+
 def _set_path0(entry: str) -> None:
     # `python -m eventbus.app.worker` put the working directory first; `python SCRIPT`
-    # would have put ``entry`` there. Under -P (safe_path) neither puts anything.
-    if not getattr(sys.flags, "safe_path", False):
+    # would have put ``entry`` there. Under -P or -I neither puts anything.
+    if not _safe_path():
         sys.path[0] = entry
 
 
@@ -257,7 +285,7 @@ def _run_path(path: str, argv: list[str]) -> None:
     if not os.path.isfile(path):
         import runpy  # a directory or zip file with a __main__.py, as `python PATH` runs
 
-        if not getattr(sys.flags, "safe_path", False):
+        if not _safe_path():
             del sys.path[0]  # run_path puts PATH first itself
         runpy.run_path(path, run_name="__main__")
         return
@@ -291,16 +319,22 @@ def _run_module(name: str, argv: list[str]) -> None:
     import runpy
 
     sys.argv[:] = argv
-    runpy.run_module(name, run_name="__main__", alter_sys=True)
+    _fresh_main(__loader__=None)
+    # What `python -m NAME` itself calls: it runs the module in the real __main__ (which
+    # stays after it returns, for atexit and threads), sets sys.argv[0] to its file, and
+    # says "No module named ..." or "... cannot be directly executed" in one line, exit 1.
+    run_as_main = getattr(runpy, "_run_module_as_main", None)
+    if run_as_main is None:  # not seen in 3.10-3.13; the public near-equivalent
+        runpy.run_module(name, run_name="__main__", alter_sys=True)
+        return
+    run_as_main(name, True)
 
 
 def _script_traceback(tb: types.TracebackType | None) -> types.TracebackType | None:
-    """``tb`` without the bootstrap's and runpy's frames in front of the script's (None
-    when the script never ran: a syntax error prints without a traceback, as python's)."""
-    import runpy
-
-    own = (__file__, runpy.__file__, "<frozen runpy>")
-    while tb is not None and tb.tb_frame.f_code.co_filename in own:
+    """``tb`` without the bootstrap's frames in front of the script's (None when the
+    script never ran: a syntax error prints without a traceback, as python's). runpy's
+    frames stay, as in the traceback of ``python -m``."""
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next
     return tb
 
@@ -320,16 +354,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{sys.executable}: can't open file {os.path.abspath(args[0])!r}: "
               "[Errno 2] No such file or directory", file=sys.stderr)
         return 2
-    if args[0] == "-m":
-        import importlib.util
-
-        try:
-            found = importlib.util.find_spec(args[1]) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            print(f"{sys.executable}: No module named {args[1]}", file=sys.stderr)
-            return 1
     attach()
     try:
         if args[0] == "-m":

@@ -5,6 +5,7 @@ written to ``$EVENTBUS_STACK_DIR/<pid>.stack``, which the agent's
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from typing import IO
@@ -56,13 +57,14 @@ def parse_stack_signal(text: str) -> int | None:
         return None
     accepted = ("a free signal's name (SIGUSR2, SIGRTMIN+3) or number, or 'off' to "
                 "report stalls without stacks")
-    if text.isdigit():
+    if text.isascii() and text.isdecimal() and len(text) <= 10:
         number = int(text)
     else:
         name = text.upper() if text.upper().startswith("SIG") else "SIG" + text.upper()
         base, plus, offset = name.partition("+")
         value = getattr(signal, base, None)
-        if not isinstance(value, int) or (plus and not offset.isdigit()):
+        if not isinstance(value, int) or (plus and not (offset.isascii() and offset.isdecimal()
+                                                        and len(offset) <= 3)):
             raise ValueError(f"is not a signal; use {accepted}")
         number = int(value) + (int(offset) if plus else 0)
     if number not in signal.valid_signals():
@@ -114,6 +116,9 @@ def arm_stack_dump(directory: str, signum: int) -> str:
         os.replace(marker + ".part", marker)  # the agent sees the number whole or not at all
     except BaseException:
         stack_file.close()
+        for leftover in (marker + ".part", path):  # nothing for the agent to read
+            with contextlib.suppress(OSError):
+                os.unlink(leftover)
         raise
     _stack_file = stack_file
     return path

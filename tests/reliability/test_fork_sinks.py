@@ -46,7 +46,7 @@ sink = QueuedSink(slow_file, name="slow-file")
 bus.subscribe(EventType.EPOCH_END, on_event=sink)
 fwd = StoreForwarder(host="127.0.0.1", port=port, key="row11/w0", rank=0)
 parent_sender = fwd.sender
-import torch.distributed  # as attach_from_env does: never import torch in a sink thread
+import torch.distributed  # as a worker's first record() does: never in a sink thread
 eventbus.record(EventType.METRIC, step=0)
 fwd.flush(30)  # connected: the parent has a live client
 parent_client = fwd._client

@@ -71,9 +71,16 @@ def _bus(n_subscribers: int, *, handler: Callable[[Any], object] = _noop) -> Bus
     return bus
 
 
-def _watched(bus: Bus) -> list[Any]:
-    return [bus, bus.record, bus.publish, METRIC, EventType.METRIC, "step", "data", NAME,
-            _noop, _raises, current_context(), *filter(None, [METRIC.__dict__.get("_spec")])]
+def _watched(bus: Bus, *compiled: Any) -> list[Any]:
+    """What a call touches and outlives it, the objects the compiled callables hold among
+    them (their bus, views, fallback and failure handler; an Enqueuer's sink, kick,
+    overflow, sizes and free types: what a C path could leak a reference to once per
+    call without the bus's own count moving). On 3.12+ strings like "step" are immortal
+    and their count never moves: the referents carry the check there."""
+    held = [bus.record, bus.publish, *compiled]
+    referents = [r for c in held for r in gc.get_referents(c)]
+    return [bus, *held, *referents, METRIC, EventType.METRIC, "step", "data", NAME, _noop,
+            _raises, current_context(), *filter(None, [METRIC.__dict__.get("_spec")])]
 
 
 def record_shape(n_subscribers: int) -> Shape:
@@ -179,7 +186,7 @@ def enqueue_shape() -> Shape:
 
     def done() -> None:
         sink.flush(10)
-    return call, [*_watched(bus), sink, direct, event], done
+    return call, [*_watched(bus, direct), sink, event], done
 
 
 def decode_shape() -> Shape:
