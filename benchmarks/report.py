@@ -187,9 +187,9 @@ def _import(result: dict[str, Any]) -> list[str]:
     out = ["## Import time", "",
            f"`benchmarks/bench_import.py`: median of {result['rounds']} fresh interpreters "
            "(`.pyc` warm), each timing `import blinker, attrs` and then `import eventbus, "
-           "publishers, subscribers` on top in the same process. eventbus imports both, so "
-           "their time is the floor (ratio 1). The table lists this project's costliest "
-           "modules by self time (`-X importtime`, one more run).", ""]
+           "eventbus.publishers, eventbus.subscribers` on top in the same process. "
+           "eventbus imports both, so their time is the floor (ratio 1). The table lists "
+           "this project's costliest modules by self time (`-X importtime`, one more run).", ""]
     return out + _generic(result)
 
 
