@@ -158,9 +158,12 @@ def test_the_agent_bootstraps_python_workers_and_says_what_no_python_needs(
     with caplog.at_level("WARNING", logger="eventbus"):
         for spec in (torchrun, named, function, other):
             _start_through_bootstrap(spec)
-    assert torchrun.args == ("-u", "-m", BOOTSTRAP_MODULE, "train.py")
     assert named.args == ("-m", BOOTSTRAP_MODULE, "train.py", "--lr", "1")
     assert (function.entrypoint, function.args) == (run_attached, (_program, "a", "b"))
+    _start_through_bootstrap(function)  # a second agent on the same spec wraps nothing more
+    _start_through_bootstrap(torchrun)
+    assert (function.entrypoint, function.args) == (run_attached, (_program, "a", "b"))
+    assert torchrun.args == ("-u", "-m", BOOTSTRAP_MODULE, "train.py")
     for variable in ("EVENTBUS_AGENT_STORE", "EVENTBUS_STACK_DIR"):  # attach nothing here
         monkeypatch.delenv(variable, raising=False)
     assert run_attached(*function.args) == "a b"

@@ -858,8 +858,8 @@ def _start_through_bootstrap(spec: Any) -> None:
     :func:`eventbus.app.worker.run_attached`. A ``--no-python`` program is left as it is
     (docs/run.md says what it needs)."""
     entrypoint = spec.entrypoint
-    if entrypoint is run_attached or (spec.args[:1] == (run_attached,)):
-        return  # already (another agent built on the same spec)
+    if entrypoint is run_attached:
+        return  # already wrapped (another agent built on the same spec)
     if callable(entrypoint):
         spec.entrypoint = run_attached
         spec.args = (entrypoint, *spec.args)
