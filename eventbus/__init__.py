@@ -43,6 +43,7 @@ from eventbus.events import Metric
 from eventbus.events import Rendezvous
 from eventbus.events import TorchelasticRecord
 from eventbus.events import WorkerExit
+from eventbus.events import WorkerProgress
 from eventbus.events import WorkerRestart
 from eventbus.events import WorkerSlow
 from eventbus.events import WorkerStalled
@@ -81,6 +82,7 @@ __all__ = [
     "UnknownEventTypeError",
     "UnknownFieldError",
     "WorkerExit",
+    "WorkerProgress",
     "WorkerRestart",
     "WorkerSlow",
     "WorkerStalled",

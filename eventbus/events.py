@@ -55,6 +55,7 @@ __all__ = [
     "Rendezvous",
     "TorchelasticRecord",
     "WorkerExit",
+    "WorkerProgress",
     "WorkerRestart",
     "WorkerSlow",
     "WorkerStalled",
@@ -88,6 +89,8 @@ class EventType(str, Enum):
     WORKER_STALLED = "WORKER_STALLED"
     #: a rank's recent steps are much slower than its peers'
     WORKER_SLOW = "WORKER_SLOW"
+    #: a worker's progress heartbeat (steps, collectives), sent by the worker bootstrap
+    WORKER_PROGRESS = "WORKER_PROGRESS"
 
     __str__ = str.__str__
     __format__ = str.__format__  # type: ignore[assignment]
@@ -575,3 +578,23 @@ class WorkerSlow(Event):
     step_time_s: float | None = None
     median_step_time_s: float | None = None
     step: int | None = None
+
+
+@event_type(EventType.WORKER_PROGRESS)
+class WorkerProgress(Event):
+    """A worker's progress heartbeat, recorded by the bootstrap's progress watch
+    (eventbus_app/worker/progress.py) with no call in the training script.
+
+    ``worker_id`` is the global rank; ``step`` the optimizer steps taken in the process
+    (torch's global optimizer step hook); ``collectives`` the sum over process groups of the
+    last completed collective (torch's flight recorder; ``None`` when it is off); ``idle_s``
+    the seconds, on the worker's own clock, since the rank last made progress. ``data``
+    may hold ``pgs``, ``pending``, ``compute_s``, ``wait_s``, ``step_time_s``, ``where``,
+    ``stack``, ``sources`` and ``fr_dump`` (docs/events.md). Logged at DEBUG: a heartbeat
+    prints no console line unless asked for (subscribers/log_handler.py).
+    """
+
+    worker_id: int
+    step: int | None = None
+    collectives: int | None = None
+    idle_s: float = 0.0

@@ -10,6 +10,9 @@ one via :func:`eventbus.get_logging_handler`), it turns each event into a ``LogR
   itself, e.g. ``name`` or ``message``) are attributes a JSON formatter can pick up;
 * the level comes from the event: failures (``event.is_failure``) at ERROR, the rest at
   INFO, per type or by a function when configured (:meth:`EventLoggingHandler.set_levels`);
+  progress heartbeats (``WORKER_PROGRESS``, one per worker every second or two) are quiet:
+  DEBUG, and a handler with no level of its own (``NOTSET``) skips them, so they print
+  nothing unless asked for (a handler level of DEBUG, or ``set_levels`` naming the type);
 * ``record.created`` is the event's timestamp.
 
 Nothing is formatted unless the record passes the handler's level (and, with
@@ -73,6 +76,8 @@ DEFAULT_FORMAT = "%(message)s"
 RECORD_NAME = "eventbus.events"
 #: characters of ``data=...`` kept in a message
 MAX_DATA_CHARS = 4_096
+#: types logged at DEBUG unless ``set_levels`` names them, and skipped by a NOTSET handler
+QUIET_TYPES = frozenset({"WORKER_PROGRESS"})
 
 # -- one line ---------------------------------------------------------------------------------
 
@@ -407,6 +412,8 @@ class EventLoggingHandler(logging.Handler):
         level = self._by_type.get(event.type)
         if level is not None:
             return level
+        if event.type in QUIET_TYPES:
+            return logging.DEBUG
         return self._failure_level if event.is_failure else self._default_level
 
     # -- subscription -----------------------------------------------------------------------
@@ -475,6 +482,9 @@ class EventLoggingHandler(logging.Handler):
             level = self.level_for(event)
             if level < self.level:
                 return
+            if (not self.level and event.type in QUIET_TYPES and self._level_fn is None
+                    and event.type not in self._by_type):
+                return  # a heartbeat, not asked for
             target = self._logger
             if target is None:
                 if not self.filters and logging.getLogRecordFactory() is logging.LogRecord:

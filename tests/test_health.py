@@ -221,6 +221,20 @@ def test_stall_and_slow_events_round_trip() -> None:
         eventbus.record(eventbus.EventType.WORKER_STALLED, worker_id=1, silent_s="long")
 
 
+def test_progress_heartbeat_is_a_typed_built_in() -> None:
+    """WORKER_PROGRESS: worker_id required, step/collectives optional, idle_s 0.0 by
+    default; not a failure; survives JSON with its data."""
+    beat = eventbus.WorkerProgress(worker_id=3, step=10, collectives=42, idle_s=1.5,
+                                   data={"pgs": {"0": {"enqueued": 42, "completed": 42}}})
+    assert beat.type == eventbus.EventType.WORKER_PROGRESS == "WORKER_PROGRESS"
+    assert not beat.is_failure
+    assert eventbus.Event.from_json(beat.to_json()) == beat
+    bare = eventbus.WorkerProgress(worker_id=0)
+    assert (bare.step, bare.collectives, bare.idle_s) == (None, None, 0.0)
+    with pytest.raises(TypeError, match="idle_s"):
+        eventbus.record(eventbus.EventType.WORKER_PROGRESS, worker_id=1, idle_s="long")
+
+
 CHILD = """
 import os, sys, time
 from eventbus.app.worker import attach

@@ -97,6 +97,26 @@ def test_message_reads_type_fields_and_data(bus: eventbus.Bus, handler: EventLog
         'data={"epoch": 10, "loss": 0.01}']
 
 
+def test_progress_heartbeats_print_nothing_unless_asked_for(
+        bus: eventbus.Bus, handler: EventLoggingHandler, sink: io.StringIO) -> None:
+    """WORKER_PROGRESS is quiet: a NOTSET or INFO handler skips it; a DEBUG handler or a
+    level map naming the type logs it; other events still log at INFO."""
+    beat = {"worker_id": 1, "step": 3, "collectives": 7, "idle_s": 0.5}
+    bus.record(EventType.WORKER_PROGRESS, **beat)
+    handler.setLevel(logging.INFO)
+    bus.record(EventType.WORKER_PROGRESS, **beat)
+    bus.record(EventType.EPOCH_END, epoch=1)
+    assert lines(sink) == ["INFO eventbus.events EPOCH_END epoch=1"]
+    handler.setLevel(logging.DEBUG)
+    bus.record(EventType.WORKER_PROGRESS, **beat)
+    handler.setLevel(logging.NOTSET)
+    handler.set_levels({"WORKER_PROGRESS": "INFO"})
+    bus.record(EventType.WORKER_PROGRESS, **beat)
+    assert lines(sink)[1:] == [
+        "DEBUG eventbus.events WORKER_PROGRESS worker_id=1 step=3 collectives=7 idle_s=0.5",
+        "INFO eventbus.events WORKER_PROGRESS worker_id=1 step=3 collectives=7 idle_s=0.5"]
+
+
 def test_message_leaves_out_none_fields_and_quotes_strings(bus: eventbus.Bus,
                                                            handler: EventLoggingHandler,
                                                            sink: io.StringIO) -> None:
