@@ -49,6 +49,7 @@ from torch.distributed.elastic.agent.server.api import WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
+from eventbus.app.launcher import console
 from eventbus.app.launcher import health
 from eventbus.app.launcher.stop_signal import StopSignal
 from eventbus.app.launcher.store_transport import StoreTransport
@@ -91,7 +92,7 @@ logger = logging.getLogger("eventbus")
 
 #: a reactor: called with each failed worker's ``WORKER_EXIT`` and each ``WORKER_STALLED``
 #: (``Any``: a reactor typed ``(WorkerExit) -> ...`` is accepted); ``None`` = no decision
-Reactor = Callable[[Any], "Decision | str | None"]
+Reactor = Callable[[Any], "Decision | None"]
 
 #: torch reads it at every rendezvous; "1" gives each attempt a fresh worker store
 RELIABLE_RESTARTS_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
@@ -105,13 +106,37 @@ _FAILED_STATES = (WorkerState.FAILED, WorkerState.UNHEALTHY)
 _ERROR_FILE_ERRORS = (ValueError, KeyError, TypeError)
 
 
-def _decision_of(value: object) -> Decision | None:
+#: what a reactor may return, as the reactor-error report says it
+REACTOR_ANSWERS = "eventbus.Decision.STOP, eventbus.Decision.RESTART or None"
+
+
+def _decision_of(value: object) -> Decision | _NotADecision | None:
+    """A reactor's answer: a ``Decision`` or ``None``, the only two; anything else (the
+    string ``"stop"``, ``True``) is a :class:`_NotADecision`, which counts as none."""
     if value is None or isinstance(value, Decision):
         return value
-    if isinstance(value, str) and value.upper() in Decision.__members__:
-        return Decision[value.upper()]
-    raise TypeError(f"a reactor returns eventbus.Decision.RESTART, Decision.STOP or None, "
-                    f"got {value!r}")
+    return _NotADecision(value)
+
+
+class _NotADecision:
+    """What a reactor returned that is not an answer (see :func:`_decision_of`)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def describe(self) -> str:
+        try:
+            shown = repr(self.value)
+        except Exception:
+            shown = f"<{type(self.value).__name__} with a failing __repr__>"
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        hint = ""
+        if isinstance(self.value, str) and self.value.strip().upper() in Decision.__members__:
+            hint = f" (did you mean eventbus.Decision.{self.value.strip().upper()}?)"
+        return f"{shown} ({type(self.value).__name__}){hint}"
 
 
 def _name_of(fn: object) -> str:
@@ -266,6 +291,7 @@ class EventAgent(LocalElasticAgent):
         self._restart_reason: str | None = None
         self._failure_summary: str | None = None
         self.reactor_errors = 0
+        self._reactors_misanswered: set[str] = set()
         self._attempt = 0
         self._heap_frozen = False
         if reliable_restarts and os.environ.setdefault(RELIABLE_RESTARTS_ENV, "1") != "1":
@@ -286,6 +312,10 @@ class EventAgent(LocalElasticAgent):
                                                else plugins)
         for reactor in reactors:
             self.add_reactor(reactor)
+        # a straggler's console line (its event is this agent's: group rank 0 judges)
+        self._reactor_subs.append(self.bus.subscribe(
+            EventType.WORKER_SLOW, on_event=_console_slow,
+            where=lambda event: event.context.pid == os.getpid()))
         self._init_health(stall_timeout=stall_timeout, slow_factor=slow_factor,
                           stop_exit_code=stop_exit_code,
                           stall_stop_grace_s=stall_stop_grace_s,
@@ -359,7 +389,8 @@ class EventAgent(LocalElasticAgent):
             return None
         if self._stop_reason is None:
             self._stop_reason = f"STOP on another node: {remote}"
-            logger.error("eventbus: %s: stopping this node's workers", self._stop_reason)
+            console.write(f"{self._stop_reason}: stopping this node's workers (exit code "
+                          f"{self.stop_exit_code})")
         self._remaining_restarts = 0
         pcontext = getattr(self, "_pcontext", None)
         failures: dict[int, ProcessFailure] = {}
@@ -464,8 +495,11 @@ class EventAgent(LocalElasticAgent):
         publishes, in the monitor thread, before the group is stopped. ``STOP`` from any
         reactor fails the job at once (restarts left or not); ``RESTART`` restarts the
         group using one of ``--max-restarts`` (none left: the job fails); ``None``
-        leaves torchrun's policy. A reactor that raises, or returns anything else, counts
-        as no decision and is reported on the ``eventbus`` logger.
+        leaves torchrun's policy. Those three are the only answers: a reactor that returns
+        anything else (the string ``"stop"``, ``True``) counts as no decision and is
+        reported once, as a reactor error naming what it returned and what is accepted; a
+        reactor that raises counts as no decision and is logged with its traceback. Both
+        count in :attr:`reactor_errors`.
         """
         if not callable(reactor):
             raise TypeError(f"a reactor must be callable (event) -> Decision | None, got "
@@ -483,8 +517,18 @@ class EventAgent(LocalElasticAgent):
                 decision = _decision_of(reactor(event))
             except Exception:
                 self.reactor_errors += 1
-                logger.exception("reactor %s raised on %s; counted as no decision",
+                logger.exception("eventbus: reactor %s raised on %s; counted as no decision",
                                  name, _describe(event))
+                return
+            if isinstance(decision, _NotADecision):
+                self.reactor_errors += 1
+                if name not in self._reactors_misanswered:  # once per reactor
+                    self._reactors_misanswered.add(name)
+                    logger.error(
+                        "eventbus: reactor error: %s returned %s on %s; a reactor returns "
+                        "%s: counted as no decision (reported once per reactor; "
+                        "EventAgent.reactor_errors counts them all)",
+                        name, decision.describe(), _describe(event), REACTOR_ANSWERS)
                 return
             if decision is not None:
                 decisions.append((decision, name))
@@ -819,22 +863,45 @@ class EventAgent(LocalElasticAgent):
         restarts = [name for decision, name in decisions if decision is Decision.RESTART]
         if not stops and self._remote_stop() is not None:
             stops = [f"another node ({self._remote_stop()})"]
+        left = self._remaining_restarts
         if stops:
             self._stop_reason = f"{summary}; STOP from {', '.join(stops)}"
             if self._stop_signal is not None and self._remote_stop() is None:
                 self._stop_signal.announce(self._stop_reason)
-            logger.error("eventbus: %s: stopping the job (restarts left: %d)",
-                         self._stop_reason, self._remaining_restarts)
+            outcome = (f"STOP from {', '.join(stops)}: stopping the job (exit code "
+                       f"{self.stop_exit_code}; {console.restarts_text(left)} unused)")
             # torch's monitor loop stops and fails the group when no restart is left.
             self._remaining_restarts = 0
-        elif restarts:
-            if self._remaining_restarts > 0:
-                self._restart_reason = f"{summary}; RESTART from {', '.join(restarts)}"
-            else:
-                logger.error("eventbus: %s: RESTART from %s, but no restart is left "
-                             "(--max-restarts); the job fails", summary, ", ".join(restarts))
+        elif left <= 0:
+            if not restarts:
+                self._restart_reason = summary
+            outcome = (f"RESTART from {', '.join(restarts)}, but no" if restarts else "no") + \
+                (f" restart is left (--max-restarts {self._worker_group.spec.max_restarts}): "
+                 "the job fails")
         else:
-            self._restart_reason = summary
+            by = f"RESTART from {', '.join(restarts)}: " if restarts else ""
+            self._restart_reason = f"{summary}; RESTART from {', '.join(restarts)}" \
+                if restarts else summary
+            # what torch's loop does next: one restart less, the next attempt
+            outcome = (f"{by}restarting the group as attempt {self._next_attempt() + 1} "
+                       f"({console.restarts_text(left - 1)})")
+        self._console_decision(failures, outcome)
+
+    def _console_decision(self, failures: Sequence[WorkerExit | WorkerStalled],
+                          outcome: str) -> None:
+        """The decision's ``eventbus:`` line on stderr (with or without --log-events), a
+        stall's diagnosis and stack under it (docs/run.md, "On the console")."""
+        try:
+            text = f"{console.culprits_text(failures)}; {outcome}"
+            details: list[str] = []
+            for event in failures:
+                if isinstance(event, WorkerStalled):
+                    details.extend(console.stall_detail_lines(event))
+            if details:
+                text += "\n" + console.indented(details)
+            console.write(text)
+        except Exception:  # the console must never cost a decision
+            logger.exception("eventbus: the console line of a decision failed")
 
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
         reason = self._restart_reason or "membership change: new nodes are waiting"
@@ -878,6 +945,11 @@ def _is_python(entrypoint: str) -> bool:
     if entrypoint in (sys.executable, os.environ.get("PYTHON_EXEC")):
         return True
     return re.fullmatch(r"python[0-9.]*", os.path.basename(entrypoint)) is not None
+
+
+def _console_slow(event: Event) -> None:
+    if isinstance(event, WorkerSlow):
+        console.write(console.slow_line(event))
 
 
 def _is_failure(event: Event) -> bool:

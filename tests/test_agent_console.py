@@ -1,0 +1,224 @@
+"""The agent's decisions as a person sees them: the reactor contract (Decision values and
+None are the only answers) and the one ``eventbus:`` console line per failure, stall,
+straggler, restart decision and STOP. A real EventAgent (torch's agent, not started)
+decides on real events; its console is the process's real stderr."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+from torch.distributed.elastic.agent.server import api as agent_api
+
+import eventbus
+from eventbus import Decision
+from eventbus.app.launcher import console
+from eventbus.app.launcher.agent import EventAgent
+
+SUBSCRIBERS_DIR = console._own_roots()[0]
+
+#: a faulthandler dump as a stalled worker writes it: the forwarder's thread, a thread of
+#: the script's, then the main thread (faulthandler lists the newest thread first)
+STACK = f'''Thread 0x00007f0000000003 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 324 in wait
+  File "{SUBSCRIBERS_DIR}queued.py", line 210 in _run
+  File "/usr/lib/python3.11/threading.py", line 982 in run
+  File "/usr/lib/python3.11/threading.py", line 1045 in _bootstrap_inner
+  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Thread 0x00007f0000000002 (most recent call first):
+  File "/job/loader.py", line 7 in fetch
+  File "/usr/lib/python3.11/threading.py", line 982 in run
+  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Current thread 0x00007f0000000001 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/c10d.py", line 2501 in all_reduce
+  File "/job/train.py", line 18 in main
+  File "/job/train.py", line 30 in <module>
+'''
+
+
+def _agent(reactors: Sequence[Any] = (), *, max_restarts: int = 2) -> EventAgent:
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
+
+    handler = StaticTCPRendezvous("localhost", 0, 0, 1, "run-console", 5)
+    spec = agent_api.WorkerSpec(role="default", local_world_size=2, rdzv_handler=handler,
+                                entrypoint="true", max_restarts=max_restarts)
+    return EventAgent(spec, DefaultLogsSpecs(), bus=eventbus.Bus("console-test"), plugins=[],
+                      torch_records=False, reactors=reactors, stop_exit_code=7)
+
+
+def _failure(rank: int = 1, code: int = 3, **kwargs: Any) -> eventbus.WorkerExit:
+    return eventbus.WorkerExit(worker_id=rank, exit_code=code, data={"attempt": 0}, **kwargs)
+
+
+def _lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("eventbus:")]
+
+
+# -- the reactor contract --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("answer", ["stop", "STOP", True, 1, Decision])
+def test_an_answer_that_is_no_decision_is_one_reactor_error(
+        answer: object, caplog: pytest.LogCaptureFixture,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A reactor returning the string "stop", True, ...: reported once as a reactor error
+    naming what it returned and what is accepted, no traceback, no "raised"; it counts as
+    no decision (the job restarts, it does not stop)."""
+    def reactor(event: object) -> object:
+        return answer
+
+    agent = _agent([reactor])
+    with caplog.at_level(logging.ERROR, logger="eventbus"):
+        agent._decide([_failure()])
+        agent._decide([_failure(rank=0)])
+    assert not agent.stopped_by_reactor
+    assert agent.reactor_errors == 2
+    reports = [r for r in caplog.records if "reactor" in r.getMessage()]
+    assert len(reports) == 1, [r.getMessage() for r in reports]  # once per reactor
+    (report,) = reports
+    text = report.getMessage()
+    assert "reactor error" in text and repr(answer)[:40] in text
+    assert "eventbus.Decision.STOP, eventbus.Decision.RESTART or None" in text
+    assert "raised" not in text and report.exc_info is None
+    if answer in ("stop", "STOP"):
+        assert "did you mean eventbus.Decision.STOP?" in text
+    # the decision line: no STOP, torchrun's policy
+    lines = _lines(capsys.readouterr().err)
+    assert lines[0] == ("eventbus: rank 1 failed (exit code 3); restarting the group as "
+                        "attempt 1 (1 restart left)")
+
+
+@pytest.mark.parametrize(("answer", "stops"), [(Decision.STOP, True),
+                                               (Decision.RESTART, False), (None, False)])
+def test_decisions_and_none_are_the_answers(answer: Decision | None, stops: bool,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    """Decision.STOP, Decision.RESTART and None are accepted without a report."""
+    agent = _agent([lambda event: answer])
+    with caplog.at_level(logging.WARNING, logger="eventbus"):
+        agent._decide([_failure()])
+    assert agent.stopped_by_reactor is stops
+    assert agent.reactor_errors == 0
+    assert not [r for r in caplog.records if "reactor" in r.getMessage()]
+
+
+def test_a_reactor_that_raises_is_logged_with_its_traceback(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Raising is the one case logged as "raised", with the traceback; no decision."""
+    def broken(event: object) -> Decision:
+        raise RuntimeError("reactor bug")
+
+    agent = _agent([broken])
+    with caplog.at_level(logging.ERROR, logger="eventbus"):
+        agent._decide([_failure()])
+    (report,) = [r for r in caplog.records if "raised" in r.getMessage()]
+    assert report.exc_info is not None and "reactor bug" in str(report.exc_info[1])
+    assert agent.reactor_errors == 1 and not agent.stopped_by_reactor
+
+
+# -- the console lines -----------------------------------------------------------------
+
+
+def test_stop_line_names_the_culprit_and_the_reactor(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """One line: the failed rank, its message, the STOP and who sent it."""
+    def fatal(event: object) -> Decision:
+        return Decision.STOP
+
+    agent = _agent([fatal])
+    agent._decide([_failure(message="Traceback (most recent call last):\n  File ...\n"
+                                    "torch.OutOfMemoryError: CUDA out of memory")])
+    (line,) = _lines(capsys.readouterr().err)
+    assert line.startswith("eventbus: rank 1 failed (exit code 3: torch.OutOfMemoryError: "
+                           "CUDA out of memory); STOP from ")
+    assert "fatal: stopping the job (exit code 7; 2 restarts left unused)" in line
+
+
+def test_restart_lines_count_the_restarts_down(capsys: pytest.CaptureFixture[str]) -> None:
+    """A reactor's RESTART is named; with none left the line says the job fails."""
+    agent = _agent([lambda event: Decision.RESTART], max_restarts=1)
+    agent._decide([_failure(signal="SIGKILL", code=-9)])
+    (line,) = _lines(capsys.readouterr().err)
+    assert line.startswith("eventbus: rank 1 failed (signal SIGKILL); RESTART from ")
+    assert line.endswith("restarting the group as attempt 1 (0 restarts left)")
+    agent._remaining_restarts = 0  # what torch's loop did for that restart
+    agent._decide([_failure()])
+    (line,) = _lines(capsys.readouterr().err)
+    assert line.endswith("but no restart is left (--max-restarts 1): the job fails")
+
+
+def test_no_reactor_no_restart_left(capsys: pytest.CaptureFixture[str]) -> None:
+    agent = _agent(max_restarts=0)
+    agent._decide([_failure(), _failure(rank=2, code=-9, signal="SIGKILL")])
+    (line,) = _lines(capsys.readouterr().err)
+    assert line == ("eventbus: rank 1 failed (exit code 3); rank 2 failed (signal SIGKILL); "
+                    "no restart is left (--max-restarts 0): the job fails")
+
+
+def test_stall_line_then_its_stack_main_thread_first(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A stall: one eventbus: line with where the rank is, then its stack on several
+    lines: the main thread first, the script's other thread, eventbus's thread last and
+    marked, with its top frame only."""
+    agent = _agent()
+    stall = eventbus.WorkerStalled(worker_id=1, silent_s=5.23, timeout_s=5.0,
+                                   data={"attempt": 0, "stack": STACK})
+    agent._decide([stall])
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert lines[0] == ("eventbus: rank 1 stalled for 5.2 s (train.py:18); restarting the "
+                        "group as attempt 1 (1 restart left)")
+    assert _lines(err) == [lines[0]]
+    body = "\n".join(lines[1:])
+    main = body.index("Current thread 0x00007f0000000001")
+    loader = body.index("Thread 0x00007f0000000002")
+    own = body.index(f"Thread 0x00007f0000000003 (most recent call first): "
+                     f"{console.EVENTBUS_MARK}")
+    assert main < loader < own
+    assert 'File "/job/train.py", line 18 in main' in body
+    assert "queued.py\", line 210 in _run" not in body.split(console.EVENTBUS_MARK)[1]
+    assert all(line.startswith("    ") or not line for line in lines[1:])
+
+
+def test_stall_line_prefers_the_workers_where_and_diagnosis(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    agent = _agent()
+    agent._decide([eventbus.WorkerStalled(
+        worker_id=3, silent_s=61.0, data={"where": "model.py:7 in forward",
+                                          "diagnosis": "rank 3 never entered all_reduce #5"})])
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("eventbus: rank 3 stalled for 61.0 s (model.py:7 in forward); ")
+    assert lines[1] == "    rank 3 never entered all_reduce #5"
+
+
+def test_straggler_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """WORKER_SLOW published by the agent prints its line; one forwarded from elsewhere
+    (another process's context) does not."""
+    agent = _agent()
+    agent.bus.publish(eventbus.WorkerSlow(worker_id=2, factor=2.6, step_time_s=0.41,
+                                          median_step_time_s=0.16, step=120))
+    other = eventbus.JobContext(pid=1)
+    agent.bus.publish(eventbus.WorkerSlow(worker_id=5, factor=3.0, step_time_s=0.3,
+                                          median_step_time_s=0.1, context=other))
+    (line,) = _lines(capsys.readouterr().err)
+    assert line == ("eventbus: rank 2 is slow at step 120: step time 0.41 s, 2.6 x its "
+                    "peers' median 0.16 s (reported only; no restart)")
+
+
+def test_where_of_skips_torch_and_the_standard_library() -> None:
+    assert console.where_of(STACK) == "train.py:18"
+    assert console.where_of("no stack: the worker did not answer") is None
+
+
+def test_full_stack_keeps_every_frame() -> None:
+    full = console.stack_lines(STACK, full=True)
+    assert sum(1 for line in full if line.strip().startswith("File ")) == 11
+    short = console.stack_lines(STACK)
+    assert "  ... 4 more frames" in short
