@@ -39,11 +39,13 @@ from collections.abc import Iterable
 from collections.abc import Mapping
 from typing import Any
 from typing import Literal
+from typing import NamedTuple
 
 import attrs
 
 from eventbus.events import Event
 from eventbus.events import Metric
+from eventbus.events import WorkerProgress
 
 __all__ = [
     "AUTO_FACTOR",
@@ -146,12 +148,52 @@ class Stall:
 
 
 class _Seen:
-    __slots__ = ("last", "longest", "quiet_until")
+    __slots__ = ("beat", "beat_at", "last", "longest", "marker", "quiet_until")
 
     def __init__(self, now: float) -> None:
         self.last = now
         self.longest = 0.0
         self.quiet_until = 0.0
+        #: the rank's latest WORKER_PROGRESS heartbeat and when it arrived (agent's clock)
+        self.beat: WorkerProgress | None = None
+        self.beat_at = 0.0
+        #: what the latest heartbeat counted (step, collectives, enqueued per group)
+        self.marker: tuple[Any, ...] | None = None
+
+
+def _marker(beat: WorkerProgress) -> tuple[Any, ...]:
+    """What a heartbeat counts: (step, collectives, enqueued per process group)."""
+    pgs = beat.data.get("pgs") if beat.data else None
+    enqueued: tuple[Any, ...] = ()
+    if isinstance(pgs, Mapping):
+        enqueued = tuple(sorted((str(pg), info.get("enqueued")) for pg, info in pgs.items()
+                                if isinstance(info, Mapping)))
+    return (beat.step, beat.collectives, enqueued)
+
+
+def _started(marker: tuple[Any, ...]) -> bool:
+    """Whether a heartbeat shows any progress at all (a step, a collective entered)."""
+    step, collectives, enqueued = marker
+    return bool(step) or bool(collectives) or any(
+        isinstance(e, int) and e > 0 for _, e in enqueued)
+
+
+def _interval(beat: WorkerProgress) -> float:
+    """The longest interval a heartbeat reports between the rank's steps or collectives
+    (``step_time_s``; ``compute_s + wait_s``), for ``--stall-timeout auto``."""
+    data = beat.data
+    if not data:
+        return 0.0
+    longest = 0.0
+    step = data.get("step_time_s")
+    if isinstance(step, (int, float)) and not isinstance(step, bool) and math.isfinite(step):
+        longest = float(step)
+    compute, wait = data.get("compute_s"), data.get("wait_s")
+    if isinstance(compute, (int, float)) and isinstance(wait, (int, float)):
+        total = float(compute) + float(wait)
+        if math.isfinite(total) and total > longest:
+            longest = total
+    return longest
 
 
 class StallWatch:
@@ -190,6 +232,9 @@ class StallWatch:
         key = (ctx.restart_count or 0, rank)
         now = self._clock()
         seen = self._seen.get(key)
+        if isinstance(event, WorkerProgress):
+            self.observe_progress(key, event, now, seen)
+            return
         if seen is None:
             self._seen[key] = seen = _Seen(now)
         else:
@@ -201,6 +246,46 @@ class StallWatch:
             quiet = data[EXPECT_SILENCE_KEY]
             if isinstance(quiet, (int, float)) and not isinstance(quiet, bool) and quiet > 0:
                 seen.quiet_until = now + float(quiet)
+
+    def observe_progress(self, key: tuple[int, int], beat: WorkerProgress, now: float,
+                         seen: _Seen | None) -> None:
+        """A heartbeat: progress only when its step, collectives or a group's enqueued
+        count differ from the rank's previous heartbeat (idle beats are not progress);
+        its ``idle_s`` dates the rank's last progress (``now - idle_s``, on the agent's
+        clock: no clock sync across nodes). Idle beats before the rank's first progress
+        do not start its clock (a slow start is never a stall)."""
+        marker = _marker(beat)
+        idle = beat.idle_s if isinstance(beat.idle_s, (int, float)) else 0.0
+        progressed_at = now - max(0.0, float(idle))
+        if seen is None:
+            if not _started(marker):
+                return  # nothing done yet: the rank's clock has not started
+            self._seen[key] = seen = _Seen(progressed_at)
+        elif (self._auto and marker != seen.marker
+              and progressed_at - seen.last > seen.longest):
+            seen.longest = progressed_at - seen.last
+        seen.last = max(seen.last, progressed_at)
+        if self._auto:
+            reported = _interval(beat)
+            seen.longest = max(seen.longest, reported)
+        seen.marker = marker
+        seen.beat, seen.beat_at = beat, now
+
+    def beats(self, attempt: int) -> dict[int, tuple[WorkerProgress, float]]:
+        """rank -> (its latest heartbeat of ``attempt``, seconds since it arrived)."""
+        now = self._clock()
+        return {rank: (seen.beat, now - seen.beat_at)
+                for (a, rank), seen in list(self._seen.items())
+                if a == attempt and seen.beat is not None}
+
+    def ranks(self, attempt: int) -> list[int]:
+        """The ranks of ``attempt`` whose clocks have started."""
+        return sorted(rank for a, rank in list(self._seen) if a == attempt)
+
+    def silent_s(self, attempt: int, rank: int) -> float | None:
+        """Seconds since the rank's last progress (None before its first)."""
+        seen = self._seen.get((attempt, rank))
+        return None if seen is None else self._clock() - seen.last
 
     def timeout_for(self, attempt: int, rank: int) -> float:
         """The timeout that applies to this worker now."""
@@ -232,6 +317,12 @@ class StallWatch:
             self._reported.update((attempt, s.rank) for s in found)
         return found
 
+    def mark_reported(self, attempt: int, ranks: Iterable[int]) -> None:
+        """Report no more stalls of these ranks in ``attempt`` (the culprits, and the
+        ranks found waiting for them, once the agent published the stall)."""
+        with self._lock:
+            self._reported.update((attempt, rank) for rank in ranks)
+
     def forget_before(self, attempt: int) -> None:
         """Drop what older attempts left (they can no longer stall)."""
         with self._lock:
@@ -244,20 +335,41 @@ class StallWatch:
 
 @attrs.frozen
 class Slow:
-    """A straggler: its rank, step time, its peers' median, the ratio, its latest step."""
+    """A straggler: its rank, step time, its peers' median, the ratio, its latest step.
+
+    ``basis`` says what was compared: ``"step_time"`` (``METRIC`` steps) or
+    ``"compute_s"`` (the heartbeats' time outside collectives, lock-step training);
+    with ``compute_s``, ``step_time_s``/``median_step_time_s`` are those compute times."""
 
     rank: int
     step_time_s: float
     median_step_time_s: float
     factor: float
+    step: int | None
+    basis: str = "step_time"
+
+
+class _Step(NamedTuple):
+    """A ``METRIC`` step as the straggler watch keeps it."""
+
     step: int
+    timestamp: float
+    #: the event's own ``data["step_time_s"]``, when it carries one
+    own: float | None
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) \
+            and math.isfinite(value) and value >= 0:
+        return float(value)
+    return None
 
 
 class StragglerWatch:
     """Step times per (attempt, rank) from ``METRIC`` events; see the module docstring."""
 
     def __init__(self, factor: float = DEFAULT_SLOW_FACTOR, *, window: int = 8,
-                 min_steps: int = 4, min_step_time_s: float = 0.05,
+                 min_steps: int = 4, min_step_time_s: float = 0.05, min_beats: int = 3,
                  report_interval_s: float = 60.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if not factor > 1:
@@ -267,15 +379,37 @@ class StragglerWatch:
         self.factor = float(factor)
         self.window = int(window)
         self.min_steps = int(min_steps)
+        self.min_beats = int(min_beats)
         self.min_step_time_s = float(min_step_time_s)
         self.report_interval_s = float(report_interval_s)
         self._clock = clock
-        #: (attempt, rank) -> recent (step, timestamp, own step time or None)
-        self._steps: dict[tuple[int, int], deque[tuple[int, float, float | None]]] = {}
+        #: (attempt, rank) -> recent steps
+        self._steps: dict[tuple[int, int], deque[_Step]] = {}
+        #: (attempt, rank) -> recent heartbeats' compute_s (time outside collectives)
+        self._compute: dict[tuple[int, int], deque[float]] = {}
         self._last_report: dict[int, float] = {}
 
+    def observe_progress(self, beat: WorkerProgress) -> None:
+        """Note a heartbeat's ``data["compute_s"]`` (the rank's own clock; idle beats,
+        which carry none, skip)."""
+        rank = beat.context.rank
+        if rank is None:
+            rank = beat.worker_id
+        compute = _number(beat.data.get("compute_s")) if beat.data else None
+        if compute is None or beat.idle_s >= 1.0:
+            return
+        key = (beat.context.restart_count or 0, rank)
+        window = self._compute.get(key)
+        if window is None:
+            window = self._compute[key] = deque(maxlen=self.window)
+        window.append(compute)
+
     def observe(self, event: Event) -> None:
-        """Note a ``METRIC`` event's step (others, and those without step or rank, skip)."""
+        """Note a ``METRIC`` event's step, or a heartbeat's compute time (others, and those
+        without step or rank, skip)."""
+        if isinstance(event, WorkerProgress):
+            self.observe_progress(event)
+            return
         if not isinstance(event, Metric) or event.step is None:
             return
         ctx = event.context
@@ -288,23 +422,31 @@ class StragglerWatch:
         steps = self._steps.get(key)
         if steps is None:
             steps = self._steps[key] = deque(maxlen=self.window + 1)
-        elif steps and event.step <= steps[-1][0]:
+        elif steps and event.step <= steps[-1].step:
             steps.clear()  # the step counter went back: a new epoch's numbering, say
-        steps.append((event.step, event.timestamp, None if own is None else float(own)))
+        steps.append(_Step(event.step, event.timestamp, None if own is None else float(own)))
 
     def step_time(self, attempt: int, rank: int) -> float | None:
         """The rank's recent step time, or None while it has too few steps."""
         steps = self._steps.get((attempt, rank))
         if not steps or len(steps) < 2:
             return None
-        own = [s[2] for s in steps if s[2] is not None]
+        own = [s.own for s in steps if s.own is not None]
         if len(own) >= self.min_steps:
             return float(statistics.median(own))
         first, last = steps[0], steps[-1]
-        done = last[0] - first[0]
+        done = last.step - first.step
         if done < self.min_steps:
             return None
-        return max(0.0, last[1] - first[1]) / done
+        return max(0.0, last.timestamp - first.timestamp) / done
+
+    def compute_time(self, attempt: int, rank: int) -> float | None:
+        """The median of the rank's recent heartbeats' ``compute_s`` (None with fewer than
+        ``min_beats``)."""
+        window = self._compute.get((attempt, rank))
+        if not window or len(window) < self.min_beats:
+            return None
+        return float(statistics.median(window))
 
     def check(self, attempt: int) -> list[Slow]:
         """The stragglers of ``attempt`` now, rate-limited per rank."""
@@ -316,9 +458,9 @@ class StragglerWatch:
             t = self.step_time(a, rank)
             if t is not None:
                 times[rank] = t
-                latest[rank] = steps[-1][0]
+                latest[rank] = steps[-1].step
         if len(times) < 2:
-            return []
+            return self._check_compute(attempt)
         now = self._clock()
         found = []
         for rank, t in sorted(times.items()):
@@ -334,10 +476,35 @@ class StragglerWatch:
                               latest[rank]))
         return found
 
+    def _check_compute(self, attempt: int) -> list[Slow]:
+        """Lock-step training without step times: every rank's interval is the slowest's,
+        but the time outside collectives is each rank's own. The rank whose compute time is
+        ``factor`` x its peers' median, and longer by ``min_step_time_s``, is late."""
+        times = {rank: t for (a, rank) in list(self._compute) if a == attempt
+                 for t in [self.compute_time(a, rank)] if t is not None}
+        if len(times) < 2:
+            return []
+        now = self._clock()
+        found = []
+        for rank, t in sorted(times.items()):
+            median = statistics.median([v for r, v in times.items() if r != rank])
+            if t - median < self.min_step_time_s or t < self.factor * median:
+                continue
+            last = self._last_report.get(rank)
+            if last is not None and now - last < self.report_interval_s:
+                continue
+            self._last_report[rank] = now
+            ratio = t / median if median > 0 else math.inf
+            found.append(Slow(rank, t, median, ratio if math.isfinite(ratio) else 1e9,
+                              None, basis="compute_s"))
+        return found
+
     def forget_before(self, attempt: int) -> None:
         """Drop older attempts' steps."""
         for key in [k for k in self._steps if k[0] < attempt]:
             del self._steps[key]
+        for key in [k for k in self._compute if k[0] < attempt]:
+            del self._compute[key]
 
 
 def observer(stall: StallWatch | None, straggler: StragglerWatch | None
@@ -371,7 +538,16 @@ def observer(stall: StallWatch | None, straggler: StragglerWatch | None
     # no key built, no lookup. One tuple, replaced whole: safe with several receiver threads.
     hit: list[tuple[Any, Any, _Seen | None, Any]] = [(None, None, None, None)]
 
+    progress_class = WorkerProgress
+
     def observe(event: Event) -> None:
+        if event.__class__ is progress_class:  # about one a second per worker
+            if stall is not None:
+                stall.observe(event)
+            if straggler is not None:
+                straggler.observe(event)
+            hit[0] = (None, None, None, None)  # the heartbeat may have made the rank's entry
+            return
         ctx = event.context
         cached_ctx, key, seen, steps = hit[0]
         if ctx is not cached_ctx:
@@ -411,9 +587,9 @@ def observer(stall: StallWatch | None, straggler: StragglerWatch | None
                     if steps is None:
                         steps = steps_map[key] = deque(maxlen=maxlen)
                     miss = True
-                elif steps and step <= steps[-1][0]:
+                elif steps and step <= steps[-1].step:
                     steps.clear()  # the step counter went back: a new epoch's numbering
-                steps.append((step, event.timestamp, own))
+                steps.append(_Step(step, event.timestamp, own))
         if miss:
             hit[0] = (ctx, key, seen, steps)
 
