@@ -1,6 +1,6 @@
 """The ``eventbus`` command: ``run`` (torchrun with the bus attached), ``trace``, ``plot``,
-``tail``. Each subcommand's module is imported only when it runs, so ``eventbus --help``
-stays fast and torch-free."""
+``tail``, ``view``. Each subcommand's module is imported only when it runs, so
+``eventbus --help`` stays fast and torch-free."""
 
 from __future__ import annotations
 
@@ -35,12 +35,19 @@ def _tail(argv: list[str]) -> int:
     return tail_main(argv)
 
 
+def _view(argv: list[str]) -> int:
+    from eventbus.app.ui.view import main as view_main
+
+    return view_main(argv)
+
+
 #: subcommand -> (function taking argv and returning an exit code, one-line help)
 COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "run": (_run, "torchrun with the bus attached"),
     "trace": (_trace, "events JSONL -> Chrome trace JSON (Perfetto)"),
     "plot": (_plot, "events JSONL -> timeline PNG"),
     "tail": (_tail, "follow an events JSONL file, one line per event"),
+    "view": (_view, "the job view in a browser for an events JSONL file, followed live"),
 }
 
 

@@ -1,0 +1,806 @@
+"""The job view's model: a bounded summary of a job, fed one event at a time.
+
+:class:`JobState` is a bus subscriber (``bus.subscribe(ALL, on_event=state)``, what
+``eventbus run --ui`` does on the agent of group rank 0) and a reader of event records
+(:meth:`JobState.add_record`, what ``eventbus view FILE.jsonl`` does). Both roads reach the
+same handlers, so a live job and its JSONL file show the same page.
+
+What it keeps, all bounded whatever the job does:
+
+* the last ``max_events`` events (a ring of references: events are immutable);
+* one summary per rank (state, step, last event, restarts seen, exit), at most
+  ``max_ranks`` ranks;
+* the attempts (the last :data:`MAX_ATTEMPTS`), each with at most :data:`MAX_MARKS`
+  marks: failures, stalls, stragglers, restarts, STOP;
+* the latest failure or stall (the event itself, formatted only when asked for);
+* counts per event type and the losses ``EVENTS_LOST`` reported.
+
+Cost on the publishing thread (the agent's monitor thread, the store receiver's thread):
+one short lock, a ring append, a dict lookup for the handler and a few attribute stores
+(benchmarks/bench_ui.py measures it). Everything a reader wants (JSON, sentences, ages)
+is built on the reader's thread by :meth:`snapshot` and :meth:`events_since`, which hold
+the lock only to copy.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+import re
+import threading
+import time
+from collections.abc import Callable
+from collections.abc import Mapping
+from typing import Any
+
+from eventbus.app.readers.records import Record
+from eventbus.events import Event
+
+__all__ = [
+    "DEFAULT_MAX_EVENTS",
+    "MAX_ATTEMPTS",
+    "MAX_MARKS",
+    "RANK_STATES",
+    "SLOW_HOLD_S",
+    "STATUSES",
+    "JobState",
+]
+
+#: what ``ranks[i]["state"]`` can be (docs/seeing-the-job.md)
+RANK_STATES = ("running", "stalled", "slow", "exited", "failed")
+#: what ``status`` can be
+STATUSES = ("running", "succeeded", "failed", "stopped")
+
+#: events kept for the page's list of recent events
+DEFAULT_MAX_EVENTS = 1000
+#: ranks summarised at most (a record naming a rank beyond this many is counted only)
+DEFAULT_MAX_RANKS = 65536
+#: attempts kept on the timeline (the oldest go first)
+MAX_ATTEMPTS = 200
+#: marks kept per attempt (more are counted)
+MAX_MARKS = 64
+#: a rank reported slow (``WORKER_SLOW``) shows as slow this long; the agent reports a
+#: straggler again every 60 s while it stays one
+SLOW_HOLD_S = 90.0
+#: distinct event type names counted (more are counted as ``"(other)"``)
+MAX_TYPES = 512
+#: distinct ``EVENTS_LOST`` (source, reason) pairs kept (more are summed as ``"(other)"``)
+MAX_LOSS_KEYS = 256
+#: characters of a message or a stack shown in the latest-problem panel
+MAX_TEXT = 64 * 1024
+#: characters of one event's line in the recent-events list
+LINE_CHARS = 300
+
+_STOP = re.compile(r"; STOP from |^STOP on another node|STOP on another node:")
+
+
+def _int(value: object) -> int | None:
+    return value if type(value) is int else None
+
+
+def _num(value: object) -> float | None:
+    if type(value) in (int, float) and math.isfinite(value):  # type: ignore[arg-type]
+        return float(value)  # type: ignore[arg-type]
+    return None
+
+
+def _str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+class _FromRecord:
+    """A :class:`~eventbus.app.readers.records.Record` seen through an event's attributes:
+    its typed fields as attributes (missing ones read None), ``data``, ``timestamp`` and
+    the context's ``rank``, ``restart_count``, ``group_rank``, ``hostname`` and ``pid``."""
+
+    __slots__ = ("_record",)
+
+    def __init__(self, record: Record) -> None:
+        self._record = record
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self._record.fields.get(name)
+
+    @property
+    def timestamp(self) -> float:
+        return self._record.timestamp
+
+    @property
+    def data(self) -> dict[str, Any]:
+        return self._record.data
+
+    @property
+    def rank(self) -> int | None:
+        return self._record.rank
+
+    @property
+    def group_rank(self) -> int | None:
+        return self._record.group_rank
+
+    @property
+    def restart_count(self) -> int | None:
+        return _int(self._record.context.get("restart_count"))
+
+    @property
+    def run_id(self) -> str | None:
+        return _str(self._record.context.get("run_id"))
+
+    @property
+    def world_size(self) -> int | None:
+        return _int(self._record.context.get("world_size"))
+
+    @property
+    def hostname(self) -> str:
+        return self._record.hostname
+
+    @property
+    def pid(self) -> int | None:
+        return self._record.pid
+
+    def fields(self) -> dict[str, Any]:
+        return dict(self._record.fields)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self._record.to_dict()
+
+
+class _Rank:
+    """One rank's summary; written under the state's lock only."""
+
+    __slots__ = ("attempt", "epoch", "exit_code", "host", "idle_at", "idle_s", "last",
+                 "last_type", "message", "pid", "progress", "rank", "signal", "slow_at",
+                 "slow_factor", "starts", "state", "step", "stopped", "where")
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.state = "running"
+        self.step: int | None = None
+        #: when its last event arrived (the state's clock)
+        self.last: float | None = None
+        self.last_type: str | None = None
+        self.starts = 0
+        self.attempt: int | None = None
+        self.exit_code: int | None = None
+        self.signal: str | None = None
+        self.message: str | None = None
+        self.stopped = False
+        self.host: str | None = None
+        self.pid: int | None = None
+        self.epoch: int | None = None
+        self.slow_at: float | None = None
+        self.slow_factor: float | None = None
+        self.idle_s: float | None = None
+        self.idle_at: float | None = None
+        self.where: str | None = None
+        #: (step, collectives) of its latest progress heartbeat
+        self.progress: tuple[object, object] | None = None
+
+    def copy(self) -> _Rank:
+        other = _Rank.__new__(_Rank)
+        for name in _Rank.__slots__:
+            setattr(other, name, getattr(self, name))
+        return other
+
+
+class _Attempt:
+    __slots__ = ("attempt", "end", "marks", "more", "outcome", "reason", "start")
+
+    def __init__(self, attempt: int, start: float, reason: str | None) -> None:
+        self.attempt = attempt
+        self.start = start
+        self.end: float | None = None
+        self.outcome = "running"
+        self.reason = reason
+        self.marks: list[dict[str, Any]] = []
+        self.more = 0
+
+
+Handler = Callable[["JobState", Any, str, float, int], None]
+
+
+class JobState:
+    """A bounded, thread-safe summary of one job (see the module docstring).
+
+    ``clock``: what an event's arrival is timed with (``time.time``). ``live``: events
+    are timed by their arrival (``eventbus run --ui``); otherwise by their own timestamp
+    (a file read back). ``counters``: called by :meth:`snapshot` (on the reader's
+    thread) for the live drop counters of the sinks and the transport.
+    """
+
+    def __init__(self, *, max_events: int = DEFAULT_MAX_EVENTS,
+                 max_ranks: int = DEFAULT_MAX_RANKS, live: bool = True,
+                 clock: Callable[[], float] = time.time,
+                 counters: Callable[[], Mapping[str, Any]] | None = None,
+                 source: str = "live") -> None:
+        if max_events < 1:
+            raise ValueError(f"max_events must be >= 1, got {max_events!r}")
+        self.max_events = max_events
+        self.max_ranks = max_ranks
+        self.live = live
+        self.source = source
+        self.counters = counters
+        self._clock = clock
+        self._lock = threading.Lock()
+        #: (seq, arrived, type name, event) of the last max_events events
+        self._recent: collections.deque[tuple[int, float, str, Any]] = collections.deque(
+            maxlen=max_events)
+        self._seq = 0
+        #: changes whenever anything a reader sees may have changed (read without lock)
+        self.version = 0
+        self._ranks: dict[int, _Rank] = {}
+        self._ranks_refused = 0
+        self._types: dict[str, int] = {}
+        self._lost: dict[tuple[str, str], int] = {}
+        self._attempts: collections.OrderedDict[int, _Attempt] = collections.OrderedDict()
+        self._attempt = 0
+        self._status = "running"
+        self._exit: Any = None
+        self._ended_at: float | None = None
+        self._started_at: float | None = None
+        self._first_at: float | None = None
+        self._problem: tuple[int, str, Any] | None = None
+        self._run_id: str | None = None
+        self._world_size: int | None = None
+        self._max_restarts: int | None = None
+        self._unreadable = 0
+        self._handlers: dict[type, Handler | None] = {}
+        # the reader's caches: the rendered recent events, the last snapshot
+        self._rendered: dict[int, dict[str, Any]] = {}
+        self._render_lock = threading.Lock()
+
+    # -- feeding --------------------------------------------------------------------------
+    def __call__(self, event: Event) -> None:
+        """The bus subscriber: note ``event`` (arrived now)."""
+        cls = type(event)
+        try:
+            handler = self._handlers[cls]
+        except KeyError:
+            handler = self._handlers[cls] = _HANDLERS.get(str(cls.type))
+        self._observe(event, str(cls.type), self._clock() if self.live else event.timestamp,
+                      handler)
+
+    def add_record(self, record: Record) -> None:
+        """Note an event read back from a JSONL file (timed by its own timestamp)."""
+        self._observe(_FromRecord(record), record.type, record.timestamp,
+                      _HANDLERS.get(record.type))
+
+    def add_unreadable(self, count: int = 1) -> None:
+        """Count lines of the file that were not events (shown with the drop counters)."""
+        with self._lock:
+            self._unreadable += count
+            self.version += 1
+
+    def _observe(self, ev: Any, name: str, arrived: float, handler: Handler | None) -> None:
+        with self._lock:
+            self._seq = seq = self._seq + 1
+            self._recent.append((seq, arrived, name, ev))
+            types = self._types
+            if name in types:
+                types[name] += 1
+            elif len(types) < MAX_TYPES:
+                types[name] = 1
+            else:
+                types["(other)"] = types.get("(other)", 0) + 1
+            if self._first_at is None:
+                self._first_at = arrived
+                self._open_attempt(ev.restart_count or 0, arrived, None)
+            if handler is None:
+                self._on_other(ev, name, arrived, seq)
+            else:
+                handler(self, ev, name, arrived, seq)
+            self.version += 1
+
+    # -- the handlers (called under the lock) ---------------------------------------------
+    def _rank(self, rank: int) -> _Rank | None:
+        found = self._ranks.get(rank)
+        if found is None:
+            if len(self._ranks) >= self.max_ranks or rank < 0:
+                self._ranks_refused += 1
+                return None
+            found = self._ranks[rank] = _Rank(rank)
+        return found
+
+    def _note(self, ev: Any) -> None:
+        if self._run_id is None:
+            self._run_id = _str(getattr(ev, "run_id", None))
+        if self._world_size is None:
+            self._world_size = _int(getattr(ev, "world_size", None))
+
+    def _attempt_of(self, ev: Any) -> int:
+        count = ev.restart_count
+        return count if type(count) is int and count >= 0 else self._attempt
+
+    def _open_attempt(self, attempt: int, at: float, reason: str | None) -> _Attempt:
+        found = self._attempts.get(attempt)
+        if found is not None:
+            if reason and not found.reason:
+                found.reason = reason
+            return found
+        for previous in self._attempts.values():
+            if previous.end is None and previous.attempt < attempt:
+                previous.end = at
+                if previous.outcome == "running":
+                    previous.outcome = "restarted"
+        found = self._attempts[attempt] = _Attempt(attempt, at, reason)
+        while len(self._attempts) > MAX_ATTEMPTS:
+            self._attempts.popitem(last=False)
+        self._attempt = max(self._attempt, attempt)
+        return found
+
+    def _mark(self, ev: Any, kind: str, arrived: float, rank: int | None, text: str,
+              attempt: int | None = None) -> None:
+        number = self._attempt_of(ev) if attempt is None else attempt
+        target = self._attempts.get(number) or self._open_attempt(number, arrived, None)
+        if len(target.marks) < MAX_MARKS:
+            target.marks.append({"t": ev.timestamp, "kind": kind, "rank": rank, "text": text})
+        else:
+            target.more += 1
+        if kind in ("failure", "stall") and target.outcome == "running":
+            target.outcome = "failed"
+
+    def _touch(self, ev: Any, name: str, arrived: float, rank: int | None) -> _Rank | None:
+        if rank is None:
+            return None
+        r = self._rank(rank)
+        if r is not None:
+            r.last = arrived
+            r.last_type = name
+        return r
+
+    def _on_other(self, ev: Any, name: str, arrived: float, seq: int) -> None:
+        # a worker's own event: it is alive; a step, if it says one
+        r = self._touch(ev, name, arrived, ev.rank)
+        if r is None:
+            return
+        if r.state == "stalled":
+            r.state = "running"
+        if r.host is None:
+            r.host = ev.hostname or None
+            r.pid = ev.pid
+        step = _int(getattr(ev, "step", None))
+        if step is not None:
+            r.step = step
+        self._note(ev)
+
+    def _on_epoch(self, ev: Any, name: str, arrived: float, seq: int) -> None:
+        self._on_other(ev, name, arrived, seq)
+        r = self._ranks.get(ev.rank) if ev.rank is not None else None
+        if r is not None:
+            r.epoch = _int(getattr(ev, "epoch", None))
+
+    def _on_start(self, ev: Any, name: str, arrived: float, seq: int) -> None:
+        rank = _int(getattr(ev, "worker_id", None))
+        r = self._touch(ev, name, arrived, rank)
+        if r is None:
+            return
+        r.state = "running"
+        r.starts += 1
+        r.attempt = self._attempt_of(ev)
+        r.exit_code = r.signal = r.message = None
+        r.stopped = False
+        r.step = r.epoch = r.slow_at = r.slow_factor = None
+        r.idle_s = r.idle_at = None
+        r.where = None
+        r.progress = None
+        r.pid = _int(getattr(ev, "worker_pid", None))
+        r.host = ev.hostname or None
+
+    def _on_exit(self, ev: Any, name: str, arrived: float, seq: int) -> None:
+        rank = _int(getattr(ev, "worker_id", None))
+        r = self._touch(ev, name, arrived, rank)
+        code = _int(getattr(ev, "exit_code", None))
+        data = ev.data if isinstance(ev.data, dict) else {}
+        stopped = data.get("stopped_by_agent") is True
+        signal = _str(getattr(ev, "signal", None))
+        message = _str(getattr(ev, "message", None))
+        if r is not None:
+            # a rank the agent stopped because it stalled stays "stalled" until it restarts
+            if not (stopped and data.get("stalled") is True and r.state == "stalled"):
+                r.state = "exited" if code == 0 else "failed"
+            r.exit_code, r.signal, r.stopped = code, signal, stopped
+            r.message = message.splitlines()[0][:200] if message else None
+        if code == 0:
+            return
+        how = f"killed by {signal}" if signal else f"exit code {code}"
+        if stopped:
+            self._mark(ev, "stopped", arrived, rank, f"rank {rank} stopped by the agent ({how})")
+            return
+        self._problem = (seq, "failure", ev)
+        first = f": {message.splitlines()[0][:120]}" if message else ""
+        self._mark(ev, "failure", arrived, rank, f"rank {rank} failed ({how}){first}")
+
+    def _on_stalled(self, ev: Any, name: str, arrived: float, seq: int) -> None:
+        rank = _int(getattr(ev, "worker_id", None))
+        r = self._touch(ev, name, arrived, rank)
+        if r is not None:
+            r.state = "stalled"
+            r.progress = None
+        self._problem = (seq, "stall", ev)
+        silent = _num(getattr(ev, "silent_s", None))
+        text = f"rank {rank} stalled" + (f" (silent {silent:.1f} s)" if silent else "")
+        self._mark(ev, "stall", arrived, rank, text)
+
+    def _on_slow(self, ev: Any, name: str, arrived: float, seq: int) -> None:
+        rank = _int(getattr(ev, "worker_id", None))
+        r = self._touch(ev, name, arrived, rank)
+        factor = _num(getattr(ev, "factor", None))
+        if r is not None:
+            if r.state == "running":
+                r.state = "slow"
+            r.slow_at, r.slow_factor = arrived, factor
+            step = _int(getattr(ev, "step", None))
+            if step is not None:
+                r.step = step
+        text = f"rank {rank} slow" + (f" ({factor:.1f}x its peers)" if factor else "")
+        self._mark(ev, "slow", arrived, rank, text)
+
+    def _on_progress(self, ev: Any, name: str, arrived: float, seq: int) -> None:
+        rank = _int(getattr(ev, "worker_id", None))
+        if rank is None:
+            rank = ev.rank
+        r = self._touch(ev, name, arrived, rank)
+        if r is None:
+            return
+        step = _int(getattr(ev, "step", None))
+        key = (step, getattr(ev, "collectives", None))
+        if r.state == "stalled" and r.progress is not None and key != r.progress:
+            r.state = "running"  # it moved again
+        r.progress = key
+        if step is not None:
+            r.step = step
+        r.idle_s, r.idle_at = _num(getattr(ev, "idle_s", None)), arrived
+        data = ev.data if isinstance(ev.data, dict) else {}
+        where = data.get("where")
+        if isinstance(where, str):
+            r.where = where[:200]
+        if r.host is None:
+            r.host = ev.hostname or None
+        self._note(ev)
+
+    def _on_restart(self, ev: Any, name: str, arrived: float, seq: int) -> None:
+        attempt = _int(getattr(ev, "attempt", None))
+        if attempt is None:
+            attempt = self._attempt + 1
+        reason = _str(getattr(ev, "reason", None))
+        current = self._attempts.get(attempt - 1)
+        if current is not None and current.end is None:
+            current.end = arrived
+            if current.outcome in ("running", "failed"):
+                current.outcome = "restarted"
+        self._open_attempt(attempt, arrived, reason)
+        left = _int(getattr(ev, "restarts_left", None))
+        text = f"restart as attempt {attempt}" + (
+            f" ({left} left)" if left is not None else "")
+        self._mark(ev, "restart", arrived, None, text + (f": {reason}" if reason else ""),
+                   attempt=attempt - 1 if attempt - 1 in self._attempts else attempt)
+
+    def _on_agent_start(self, ev: Any, name: str, arrived: float, seq: int) -> None:
+        if self._started_at is None:
+            self._started_at = arrived
+        self._max_restarts = _int(getattr(ev, "max_restarts", None))
+        self._note(ev)
+
+    def _on_agent_exit(self, ev: Any, name: str, arrived: float, seq: int) -> None:
+        if ev.group_rank not in (0, None):
+            self._mark(ev, "node", arrived, None,
+                       f"node {ev.group_rank}'s agent ended {getattr(ev, 'state', '?')}")
+            return
+        state = _str(getattr(ev, "state", None)) or "?"
+        reason = _str(getattr(ev, "reason", None)) or ""
+        if state == "SUCCEEDED":
+            status = "succeeded"
+        elif _STOP.search(reason):
+            status = "stopped"
+        else:
+            status = "failed"
+        self._status, self._exit, self._ended_at = status, ev, arrived
+        attempt = self._attempts.get(self._attempt_of(ev))
+        if attempt is not None:
+            if attempt.end is None:
+                attempt.end = arrived
+            attempt.outcome = {"succeeded": "succeeded", "stopped": "stopped"}.get(
+                status, "failed")
+        if status == "stopped":
+            self._mark(ev, "stop", arrived, None, f"STOP: {reason}")
+        elif status == "failed":
+            self._mark(ev, "end", arrived, None, f"the job failed: {reason or state}")
+
+    def _on_lost(self, ev: Any, name: str, arrived: float, seq: int) -> None:
+        key = (_str(getattr(ev, "source", None)) or "?", _str(getattr(ev, "reason", None))
+               or "?")
+        count = _int(getattr(ev, "count", None)) or 0
+        if key not in self._lost and len(self._lost) >= MAX_LOSS_KEYS:
+            key = ("(other)", "(other)")
+        self._lost[key] = self._lost.get(key, 0) + count
+        self._on_other(ev, name, arrived, seq)
+
+    def _on_rendezvous(self, ev: Any, name: str, arrived: float, seq: int) -> None:
+        if getattr(ev, "state", None) == "FAILED":
+            self._mark(ev, "failure", arrived, None,
+                       f"rendezvous failed: {_str(getattr(ev, 'message', None)) or '?'}")
+
+    # -- reading (any thread) -------------------------------------------------------------
+    @property
+    def events(self) -> int:
+        """Events seen in all."""
+        return self._seq
+
+    def snapshot(self, *, recent: int = 0) -> dict[str, Any]:
+        """The job as JSON-ready data: ``status``, ``attempt``, ``restarts``, ``events``,
+        ``ranks`` (docs/seeing-the-job.md has every key), plus the last ``recent`` events."""
+        with self._lock:
+            ranks = [r.copy() for r in self._ranks.values()]
+            attempts = [(a.attempt, a.start, a.end, a.outcome, a.reason, list(a.marks), a.more)
+                        for a in self._attempts.values()]
+            status, exit_event, ended_at = self._status, self._exit, self._ended_at
+            problem = self._problem
+            types = dict(self._types)
+            lost = dict(self._lost)
+            seq, version = self._seq, self.version
+            attempt = self._attempt
+            refused, unreadable = self._ranks_refused, self._unreadable
+            tail = list(self._recent)[-recent:] if recent > 0 else []
+            first_at, started_at = self._first_at, self._started_at
+            run_id, world, max_restarts = self._run_id, self._world_size, self._max_restarts
+        now = self._clock()
+        if not self.live:
+            # a file: ages up to its end (a finished run) or up to now (a growing one)
+            last = max((r.last for r in ranks if r.last is not None), default=None)
+            reference = ended_at if ended_at is not None else max(
+                now, last if last is not None else now)
+        else:
+            reference = ended_at if ended_at is not None else now
+        ranks.sort(key=lambda r: r.rank)
+        rank_list = [self._rank_json(r, reference) for r in ranks]
+        counts = collections.Counter(r["state"] for r in rank_list)
+        out: dict[str, Any] = {
+            "status": status,
+            "attempt": attempt,
+            "restarts": attempt,
+            "events": seq,
+            "ranks": rank_list,
+            "version": version,
+            "now": now,
+            "source": self.source,
+            "run_id": run_id,
+            "world_size": world,
+            "max_restarts": max_restarts,
+            "started": started_at if started_at is not None else first_at,
+            "ended": ended_at,
+            "exit": None if exit_event is None else {
+                "state": _str(getattr(exit_event, "state", None)),
+                "exit_code": _int(getattr(exit_event, "exit_code", None)),
+                "reason": _clip(_str(getattr(exit_event, "reason", None)), 2000)},
+            "states": {s: counts.get(s, 0) for s in RANK_STATES},
+            "timeline": [
+                {"attempt": a, "start": start, "end": end, "outcome": outcome,
+                 "reason": _clip(reason, 500), "marks": marks, "more_marks": more}
+                for a, start, end, outcome, reason, marks, more in attempts],
+            "problem": None if problem is None else _problem_json(*problem),
+            "types": dict(sorted(types.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "drops": self._drops(lost, refused, unreadable),
+        }
+        if recent > 0:
+            out["recent"] = self._render(tail)
+        return out
+
+    def events_since(self, seq: int, limit: int) -> tuple[list[dict[str, Any]], int, int]:
+        """Up to ``limit`` of the kept events after ``seq`` (oldest first), how many after
+        ``seq`` are no longer kept (a gap) and the newest seq."""
+        with self._lock:
+            newest = self._seq
+            if newest <= seq:
+                return [], 0, newest
+            recent = self._recent
+            count = min(newest - seq, len(recent))
+            items = [recent[i] for i in range(len(recent) - count, len(recent))]
+        gap = newest - seq - len(items)
+        if len(items) > limit:
+            gap += len(items) - limit
+            items = items[-limit:]
+        return self._render(items), gap, newest
+
+    def _rank_json(self, r: _Rank, reference: float) -> dict[str, Any]:
+        state = r.state
+        if state == "slow" and r.slow_at is not None and reference - r.slow_at > SLOW_HOLD_S:
+            state = "running"
+        idle = None
+        if r.idle_s is not None and r.idle_at is not None and state in ("running", "slow",
+                                                                          "stalled"):
+            idle = r.idle_s + max(0.0, reference - r.idle_at)
+        return {
+            "rank": r.rank,
+            "state": state,
+            "step": r.step,
+            "last_event_age_s": None if r.last is None else round(
+                max(0.0, reference - r.last), 3),
+            "restarts": max(0, r.starts - 1),
+            "attempt": r.attempt,
+            "exit_code": r.exit_code,
+            "signal": r.signal,
+            "stopped_by_agent": r.stopped,
+            "message": r.message,
+            "host": r.host,
+            "pid": r.pid,
+            "epoch": r.epoch,
+            "last_type": r.last_type,
+            "slow_factor": r.slow_factor,
+            "idle_s": None if idle is None else round(idle, 3),
+            "where": r.where,
+        }
+
+    def _drops(self, lost: dict[tuple[str, str], int], refused: int,
+               unreadable: int) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "lost": [{"source": s, "reason": r, "count": c}
+                     for (s, r), c in sorted(lost.items())],
+            "lost_total": sum(lost.values()),
+        }
+        if refused:
+            out["ranks_not_shown"] = refused
+        if unreadable:
+            out["unreadable_lines"] = unreadable
+        if self.counters is not None:
+            try:
+                out.update(self.counters())
+            except Exception as exc:  # a counter source must never break the page
+                out["counters_error"] = f"{type(exc).__name__}: {exc}"
+        return out
+
+    def _render(self, items: list[tuple[int, float, str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        with self._render_lock:
+            cache = self._rendered
+            for seq, _, name, ev in items:
+                found = cache.get(seq)
+                if found is None:
+                    found = cache[seq] = _event_json(seq, name, ev)
+                out.append(found)
+            if len(cache) > 2 * self.max_events:
+                oldest = self._seq - self.max_events
+                for key in [k for k in cache if k <= oldest]:
+                    del cache[key]
+        return out
+
+
+def _clip(text: str | None, limit: int) -> str | None:
+    if text is None or len(text) <= limit:
+        return text
+    return text[:limit] + f"\n... ({len(text) - limit} more characters)"
+
+
+def _stack_text(value: object) -> str | None:
+    """A stack as text: a string as it is; a mapping (thread or rank -> text) or a list
+    joined with headings."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        return "\n".join(f"--- {key} ---\n{_stack_text(text) or ''}"
+                         for key, text in value.items())
+    if isinstance(value, list):
+        return "\n".join(_stack_text(v) or "" for v in value)
+    return json.dumps(value, default=repr)
+
+
+def _problem_json(seq: int, kind: str, ev: Any) -> dict[str, Any]:
+    """The latest failure or stall as the panel shows it (built on the reader's thread)."""
+    from eventbus.app.sinks.base import describe
+
+    data = ev.data if isinstance(ev.data, dict) else {}
+    diagnosis = _str(data.get("diagnosis"))
+    if diagnosis is None:
+        try:
+            diagnosis = describe(ev) if isinstance(ev, Event) else _describe_record(ev)
+        except Exception:
+            diagnosis = None
+    stack = _stack_text(data.get("stack") or data.get("traceback"))
+    peers = data.get("peer_stacks")
+    message = _str(getattr(ev, "message", None))
+    return {
+        "seq": seq,
+        "kind": kind,
+        "type": "WORKER_STALLED" if kind == "stall" else "WORKER_EXIT",
+        "rank": _int(getattr(ev, "worker_id", None)),
+        "attempt": ev.restart_count,
+        "t": ev.timestamp,
+        "host": ev.hostname or None,
+        "diagnosis": diagnosis,
+        "exit_code": _int(getattr(ev, "exit_code", None)),
+        "signal": _str(getattr(ev, "signal", None)),
+        "silent_s": _num(getattr(ev, "silent_s", None)),
+        "message": _clip(message, MAX_TEXT),
+        "stack": _clip(stack, MAX_TEXT),
+        "peer_stacks": ({str(k): _clip(_stack_text(v), MAX_TEXT // 4) for k, v in
+                         list(peers.items())[:16]} if isinstance(peers, dict) else None),
+        "culprit_ranks": data.get("culprit_ranks") if isinstance(
+            data.get("culprit_ranks"), list) else None,
+        "waiting_ranks": data.get("waiting_ranks") if isinstance(
+            data.get("waiting_ranks"), list) else None,
+        "collective": data.get("collective") if isinstance(
+            data.get("collective"), dict) else None,
+    }
+
+
+def _describe_record(ev: _FromRecord) -> str:
+    """The sentence of a failure read back from a file (the typed one when it decodes)."""
+    from eventbus.app.sinks.base import describe
+
+    try:
+        return describe(Event.from_dict(ev.to_dict()))
+    except Exception:
+        rank = getattr(ev, "worker_id", None)
+        if getattr(ev, "silent_s", None) is not None:
+            return f"Rank {rank} stalled on attempt {ev.restart_count}."
+        return f"Rank {rank} failed on attempt {ev.restart_count}."
+
+
+#: data keys shown as a line count in the events list, not in full
+_BULKY = ("stack", "peer_stacks", "traceback")
+
+
+def _event_json(seq: int, name: str, ev: Any) -> dict[str, Any]:
+    """One event as a row of the recent-events list."""
+    fields = ev.fields() if callable(getattr(ev, "fields", None)) else {}
+    data = ev.data if isinstance(ev.data, dict) else {}
+    parts = [f"{k}={_short(v)}" for k, v in fields.items() if v is not None]
+    extra = []
+    for key, value in data.items():
+        if key in _BULKY and value:
+            lines = (_stack_text(value) or "").count("\n") + 1
+            extra.append(f"{key}=<{lines} lines>")
+        else:
+            extra.append(f"{key}={_short(value)}")
+    text = " ".join(parts) + (" | " + " ".join(extra) if extra else "")
+    if len(text) > LINE_CHARS:
+        text = text[:LINE_CHARS] + "..."
+    worker = _int(fields.get("worker_id"))
+    rank = worker if worker is not None else ev.rank
+    level = "info"
+    if name == "WORKER_EXIT":
+        if fields.get("exit_code") not in (0, None):
+            level = "warn" if data.get("stopped_by_agent") is True else "failure"
+    elif name in ("WORKER_STALLED", "EVENTS_LOST"):
+        level = "failure"
+    elif name in ("WORKER_SLOW", "WORKER_RESTART"):
+        level = "warn"
+    elif (name == "RENDEZVOUS" and fields.get("state") == "FAILED") or (
+            name == "AGENT_EXIT" and fields.get("state") not in ("SUCCEEDED", None)):
+        level = "failure"
+    return {"seq": seq, "t": ev.timestamp, "type": name, "rank": rank,
+            "who": "agent" if ev.rank is None else f"rank {ev.rank}",
+            "host": ev.hostname or None, "attempt": ev.restart_count, "level": level,
+            "text": text.replace("\n", "\\n")}
+
+
+def _short(value: object) -> str:
+    if isinstance(value, str):
+        first = value if len(value) <= 120 else value[:117] + "..."
+        return repr(first)
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, (dict, list)):
+        text = json.dumps(value, default=repr, separators=(",", ":"))
+        return text if len(text) <= 160 else text[:157] + "..."
+    return str(value)
+
+
+_HANDLERS: dict[str, Handler] = {
+    "WORKER_START": JobState._on_start,
+    "WORKER_EXIT": JobState._on_exit,
+    "WORKER_STALLED": JobState._on_stalled,
+    "WORKER_SLOW": JobState._on_slow,
+    # the heartbeat type, by name: a process that never declared it still reads it
+    "WORKER_PROGRESS": JobState._on_progress,
+    "WORKER_RESTART": JobState._on_restart,
+    "AGENT_START": JobState._on_agent_start,
+    "AGENT_EXIT": JobState._on_agent_exit,
+    "EVENTS_LOST": JobState._on_lost,
+    "RENDEZVOUS": JobState._on_rendezvous,
+    "EPOCH_START": JobState._on_epoch,
+    "EPOCH_END": JobState._on_epoch,
+}

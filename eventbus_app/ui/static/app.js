@@ -1,0 +1,443 @@
+// eventbus job view: the page of `eventbus run --ui` and `eventbus view`.
+// Vanilla JS, no build step, nothing fetched from elsewhere. Data from the server is only
+// ever put into the page as text (textContent), never as HTML.
+"use strict";
+
+(function () {
+  const MAX_EVENTS = 1000;     // events kept in the page
+  const MAX_ROWS = 400;        // rows drawn after filtering
+  const TERMINAL = { succeeded: 1, failed: 1, stopped: 1 };
+
+  const params = new URLSearchParams(window.location.search);
+  const token = params.get("token");
+  const withToken = (path) =>
+    token ? path + (path.includes("?") ? "&" : "?") + "token=" + encodeURIComponent(token) : path;
+
+  const $ = (id) => document.getElementById(id);
+  const el = (tag, cls, text) => {
+    const node = document.createElement(tag);
+    if (cls) node.className = cls;
+    if (text !== undefined && text !== null) node.textContent = String(text);
+    return node;
+  };
+
+  let state = null;            // the latest /api/state
+  let stateAt = 0;             // performance.now() when it arrived
+  let events = [];             // recent events, oldest first
+  let lastSeq = 0;
+  let eventsDirty = true;
+  let source = null;
+  const rankNodes = new Map(); // rank -> its element
+
+  // -- formatting ---------------------------------------------------------------------------
+  function clock(t) {
+    if (t === null || t === undefined) return "-";
+    const d = new Date(t * 1000);
+    const pad = (n, w) => String(n).padStart(w || 2, "0");
+    return pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds()) + "." +
+      pad(d.getMilliseconds(), 3);
+  }
+  function seconds(s) {
+    if (s === null || s === undefined) return "-";
+    if (s < 10) return s.toFixed(1) + " s";
+    if (s < 120) return Math.round(s) + " s";
+    if (s < 7200) return Math.floor(s / 60) + " min " + Math.round(s % 60) + " s";
+    return (s / 3600).toFixed(1) + " h";
+  }
+  function liveSeconds() {
+    // how far the page's clock moved since the state arrived (ages keep counting while
+    // the job runs; a finished job's ages are fixed at its end)
+    if (!state || TERMINAL[state.status]) return 0;
+    return (performance.now() - stateAt) / 1000;
+  }
+
+  // -- the header -----------------------------------------------------------------------------
+  function renderHeader() {
+    const s = state;
+    const status = $("status");
+    status.dataset.status = s.status;
+    status.textContent = s.status;
+    $("attempt").textContent = s.attempt;
+    $("restarts").textContent = s.restarts +
+      (s.max_restarts !== null && s.max_restarts !== undefined ? " / " + s.max_restarts : "");
+    $("events").textContent = s.events;
+    $("world").textContent = s.world_size !== null && s.world_size !== undefined ?
+      s.world_size : s.ranks.length;
+    $("run-id").textContent = s.run_id ? "run " + s.run_id : "";
+    $("source").textContent = s.source && s.source !== "live" ? s.source : "";
+    document.title = "[" + s.status + "] eventbus job view" + (s.run_id ? " - " + s.run_id : "");
+    const reason = $("exit-reason");
+    if (s.exit && s.status !== "succeeded" && s.exit.reason) {
+      reason.hidden = false;
+      reason.textContent = (s.status === "stopped" ? "Stopped: " : "Failed: ") + s.exit.reason +
+        (s.exit.exit_code !== null ? "  (exit code " + s.exit.exit_code + ")" : "");
+    } else {
+      reason.hidden = true;
+    }
+    const counts = $("state-counts");
+    counts.replaceChildren();
+    for (const name of ["running", "slow", "stalled", "failed", "exited"]) {
+      const n = s.states ? s.states[name] : 0;
+      if (!n) continue;
+      const c = el("span", "c", n + " " + name);
+      c.dataset.state = name;
+      counts.appendChild(c);
+    }
+    tickElapsed();
+  }
+
+  function tickElapsed() {
+    if (!state || state.started === null || state.started === undefined) return;
+    const end = state.ended !== null && state.ended !== undefined ? state.ended :
+      state.now + liveSeconds();
+    $("elapsed").textContent = "elapsed " + seconds(Math.max(0, end - state.started));
+  }
+
+  // -- the ranks ------------------------------------------------------------------------------
+  function rankNode(rank) {
+    let node = rankNodes.get(rank);
+    if (node) return node;
+    node = el("div", "rank");
+    node.dataset.rank = String(rank);
+    const top = el("div", "top");
+    top.append(el("span", "num", rank), el("span", "st"));
+    const l1 = el("div", "line");
+    l1.append(el("span", "step"), el("span", "rs"));
+    const l2 = el("div", "line");
+    l2.append(el("span", "age"), el("span", "extra"));
+    node.append(top, l1, l2);
+    rankNodes.set(rank, node);
+    return node;
+  }
+
+  function renderRanks() {
+    const box = $("ranks");
+    const seen = new Set();
+    let previous = null;
+    for (const r of state.ranks) {
+      const node = rankNode(r.rank);
+      seen.add(r.rank);
+      node.dataset.state = r.state;
+      node.dataset.collateral = r.stopped_by_agent ? "true" : "false";
+      node._age = r.last_event_age_s;
+      let label = r.state;
+      if (r.state === "failed") label = r.signal ? r.signal : "exit " + r.exit_code;
+      if (r.state === "failed" && r.stopped_by_agent) label = "stopped";
+      if (r.state === "slow" && r.slow_factor) label = "slow " + r.slow_factor.toFixed(1) + "x";
+      node.querySelector(".st").textContent = label;
+      node.querySelector(".step").textContent = r.step !== null ? "step " + r.step : "step -";
+      node.querySelector(".rs").textContent = r.restarts ? "\u21bb" + r.restarts : "";
+      let extra = "";
+      if (r.idle_s !== null && r.idle_s >= 5 && r.state !== "exited" && r.state !== "failed") {
+        extra = "idle " + seconds(r.idle_s);
+      } else if (r.epoch !== null && r.epoch !== undefined) {
+        extra = "ep " + r.epoch;
+      }
+      node.querySelector(".extra").textContent = extra;
+      const tip = ["rank " + r.rank + ": " + r.state];
+      if (r.host) tip.push("host " + r.host + (r.pid ? " pid " + r.pid : ""));
+      if (r.attempt !== null && r.attempt !== undefined) tip.push("attempt " + r.attempt);
+      if (r.exit_code !== null) tip.push("exit code " + r.exit_code + (r.signal ? " (" + r.signal + ")" : ""));
+      if (r.stopped_by_agent) tip.push("stopped by the agent after another rank's failure");
+      if (r.message) tip.push(r.message);
+      if (r.where) tip.push("at " + r.where);
+      if (r.last_type) tip.push("last event " + r.last_type);
+      node.title = tip.join("\n");
+      // keep rank order without re-creating elements
+      const expected = previous ? previous.nextSibling : box.firstChild;
+      if (expected !== node) box.insertBefore(node, expected);
+      previous = node;
+    }
+    for (const [rank, node] of rankNodes) {
+      if (!seen.has(rank)) { node.remove(); rankNodes.delete(rank); }
+    }
+    tickAges();
+  }
+
+  function tickAges() {
+    const extra = liveSeconds();
+    for (const node of rankNodes.values()) {
+      const age = node._age;
+      const span = node.querySelector(".age");
+      if (age === null || age === undefined) { span.textContent = ""; continue; }
+      const now = age + (node.dataset.state === "running" || node.dataset.state === "slow" ||
+                         node.dataset.state === "stalled" ? extra : 0);
+      span.textContent = seconds(now) + " ago";
+      span.classList.toggle("old", now >= 30 && (node.dataset.state === "running"));
+    }
+  }
+
+  // -- the attempts -----------------------------------------------------------------------------
+  const ICONS = { failure: "\u2716", stall: "\u23f8", slow: "\u25d4", restart: "\u21bb",
+                  stop: "\u25a0", stopped: "\u00b7", end: "\u2716", node: "\u00b7" };
+
+  function renderTimeline() {
+    const box = $("timeline");
+    const bar = $("timeline-bar");
+    box.replaceChildren();
+    bar.replaceChildren();
+    const attempts = state.timeline || [];
+    if (!attempts.length) { box.appendChild(el("p", "dim", "no attempt yet")); return; }
+    const t0 = attempts[0].start;
+    const now = state.ended !== null && state.ended !== undefined ? state.ended : state.now;
+    const span = Math.max(1e-3, now - t0);
+    for (const a of attempts) {
+      const end = a.end !== null ? a.end : now;
+      const seg = el("div", "seg");
+      seg.dataset.outcome = a.outcome;
+      seg.style.left = ((a.start - t0) / span * 100) + "%";
+      seg.style.width = Math.max(0.3, (end - a.start) / span * 100) + "%";
+      seg.title = "attempt " + a.attempt + ": " + a.outcome;
+      bar.appendChild(seg);
+      for (const m of a.marks) {
+        if (!["failure", "stall", "slow", "restart", "stop"].includes(m.kind)) continue;
+        const tick = el("div", "tick");
+        tick.dataset.kind = m.kind;
+        tick.style.left = Math.min(99.5, Math.max(0, (m.t - t0) / span * 100)) + "%";
+        tick.title = m.text;
+        bar.appendChild(tick);
+      }
+    }
+    for (const a of attempts.slice().reverse()) {
+      const row = el("div", "attempt");
+      row.dataset.attempt = String(a.attempt);
+      row.dataset.outcome = a.outcome;
+      const end = a.end !== null ? a.end : now;
+      const head = el("div", "head", "Attempt " + a.attempt + "  " + clock(a.start) + " \u2192 " +
+        (a.end !== null ? clock(a.end) : "now") + "  (" + seconds(Math.max(0, end - a.start)) + ")");
+      head.appendChild(el("span", "oc", a.outcome));
+      row.appendChild(head);
+      if (a.reason) row.appendChild(el("div", "reason", "after: " + a.reason));
+      for (const m of a.marks) {
+        const mark = el("div", "mark", (ICONS[m.kind] || "\u00b7") + " " + clock(m.t) + "  " + m.text);
+        mark.dataset.kind = m.kind;
+        row.appendChild(mark);
+      }
+      if (a.more_marks) row.appendChild(el("div", "mark dim", "... " + a.more_marks + " more"));
+      box.appendChild(row);
+    }
+  }
+
+  // -- the latest failure or stall ----------------------------------------------------------------
+  let problemShown = null;
+  function renderProblem() {
+    const p = state.problem;
+    const box = $("problem");
+    const key = p ? p.seq : null;
+    if (key === problemShown) return;
+    problemShown = key;
+    box.replaceChildren();
+    box.dataset.kind = p ? p.kind : "none";
+    if (!p) { box.appendChild(el("p", "dim", "none so far")); return; }
+    box.appendChild(el("p", "diag", p.diagnosis || (p.kind + " of rank " + p.rank)));
+    const meta = el("div", "meta");
+    const fact = (label, value) => {
+      if (value === null || value === undefined) return;
+      const s = el("span", null, label + " ");
+      s.appendChild(el("b", null, value));
+      meta.appendChild(s);
+    };
+    fact("rank", p.rank);
+    fact("attempt", p.attempt);
+    fact("at", clock(p.t));
+    fact("host", p.host);
+    if (p.kind === "failure") {
+      fact("exit code", p.exit_code);
+      fact("signal", p.signal);
+    }
+    if (p.silent_s !== null && p.silent_s !== undefined) fact("silent", seconds(p.silent_s));
+    if (p.culprit_ranks) fact("culprits", p.culprit_ranks.join(", "));
+    if (p.waiting_ranks) fact("waiting", p.waiting_ranks.join(", "));
+    if (p.collective) {
+      const c = p.collective;
+      fact("collective", [c.op, c.pg !== undefined ? "pg " + c.pg : null,
+                          c.seq !== undefined ? "seq " + c.seq : null].filter(Boolean).join(" "));
+    }
+    box.appendChild(meta);
+    if (p.message) {
+      box.appendChild(el("h3", null, "message"));
+      box.appendChild(el("pre", "message", p.message));
+    }
+    if (p.stack) {
+      box.appendChild(el("h3", null, p.kind === "stall" ? "stack (culprit first)" : "stack"));
+      box.appendChild(el("pre", "stack", p.stack));
+    }
+    if (p.peer_stacks) {
+      for (const [rank, text] of Object.entries(p.peer_stacks)) {
+        const d = el("details");
+        d.appendChild(el("summary", null, "stack of rank " + rank));
+        d.appendChild(el("pre", null, text));
+        box.appendChild(d);
+      }
+    }
+  }
+
+  // -- drops ----------------------------------------------------------------------------------
+  function renderDrops() {
+    const d = state.drops || {};
+    const box = $("drops");
+    box.replaceChildren();
+    const rows = [];
+    const add = (what, reason, n) => rows.push([what, reason, n]);
+    for (const l of d.lost || []) add("lost: " + l.source, l.reason, l.count);
+    for (const s of d.sinks || []) {
+      const dropped = s.dropped || {};
+      const reasons = Object.keys(dropped);
+      if (!reasons.length) add("sink " + s.name, "pending " + s.pending, 0);
+      for (const r of reasons) add("sink " + s.name, r, dropped[r]);
+    }
+    const t = d.transport || {};
+    for (const part of ["workers", "nodes"]) {
+      if (!t[part]) continue;
+      const lost = Object.assign({}, t[part].lost || {});
+      for (const [r, n] of Object.entries(t[part].rejected || {})) lost["rejected: " + r] = n;
+      const reasons = Object.keys(lost);
+      if (!reasons.length) add("transport " + part, "delivered " + (t[part].delivered || 0), 0);
+      for (const r of reasons) add("transport " + part, r, lost[r]);
+    }
+    if (t.job_forwarder) {
+      const all = Object.assign({}, t.job_forwarder.dropped || {}, t.job_forwarder.lost || {});
+      for (const [r, n] of Object.entries(all)) add("transport to group rank 0", r, n);
+    }
+    if (d.unreadable_lines) add("file", "unreadable lines", d.unreadable_lines);
+    if (d.ranks_not_shown) add("view", "events of ranks not shown", d.ranks_not_shown);
+    if (d.counters_error) add("counters", d.counters_error, 0);
+    if (!rows.length) { box.appendChild(el("p", "dim", "nothing dropped or lost")); return; }
+    const table = el("table");
+    for (const [what, reason, n] of rows) {
+      const tr = el("tr", n ? "bad" : null);
+      tr.append(el("td", null, what), el("td", "dim", reason), el("td", "n", n));
+      table.appendChild(tr);
+    }
+    box.appendChild(table);
+  }
+
+  // -- recent events ------------------------------------------------------------------------------
+  function addEvents(list, gap) {
+    if (gap) {
+      events.push({ seq: -1, t: null, type: "(gap)", who: "", level: "warn",
+                    text: gap + " events not shown (the page fell behind)" });
+    }
+    for (const e of list) {
+      if (e.seq > lastSeq) lastSeq = e.seq;
+      events.push(e);
+    }
+    if (events.length > MAX_EVENTS) events = events.slice(events.length - MAX_EVENTS);
+    eventsDirty = true;
+  }
+
+  function renderTypes() {
+    const select = $("type-filter");
+    const have = new Set(Array.from(select.options).map((o) => o.value));
+    for (const name of Object.keys(state.types || {}).sort()) {
+      if (have.has(name)) continue;
+      const o = el("option", null, name);
+      o.value = name;
+      select.appendChild(o);
+    }
+  }
+
+  function renderEvents() {
+    if (!eventsDirty) return;
+    eventsDirty = false;
+    const text = $("filter").value.trim().toLowerCase();
+    const type = $("type-filter").value;
+    const problems = $("problems-only").checked;
+    const body = $("events-body");
+    const rows = [];
+    for (let i = events.length - 1; i >= 0 && rows.length < MAX_ROWS; i--) {
+      const e = events[i];
+      if (type && e.type !== type) continue;
+      if (problems && e.level === "info") continue;
+      if (text) {
+        const hay = (e.type + " " + e.who + " rank " + e.rank + " " + e.text + " " +
+                     (e.host || "")).toLowerCase();
+        if (!hay.includes(text)) continue;
+      }
+      const tr = el("tr");
+      tr.dataset.level = e.level;
+      tr.dataset.type = e.type;
+      const who = e.who === "agent" && e.rank !== null && e.rank !== undefined ?
+        "agent (rank " + e.rank + ")" : e.who;
+      tr.append(el("td", null, clock(e.t)), el("td", null, who), el("td", null, e.type),
+                el("td", "txt", e.text));
+      rows.push(tr);
+    }
+    body.replaceChildren(...rows);
+    $("events-shown").textContent = rows.length + " shown of " + events.length + " kept";
+  }
+
+  // -- the state ----------------------------------------------------------------------------
+  function applyState(s) {
+    state = s;
+    stateAt = performance.now();
+    renderHeader();
+    renderRanks();
+    renderTimeline();
+    renderProblem();
+    renderDrops();
+    renderTypes();
+    renderEvents();
+    document.body.dataset.status = s.status;
+    document.body.dataset.version = String(s.version);
+  }
+
+  function setConn(value, text) {
+    const c = $("conn");
+    c.dataset.conn = value;
+    c.textContent = text || value;
+  }
+
+  function connect() {
+    if (!window.EventSource) { setConn("error", "no EventSource: polling"); poll(); return; }
+    source = new EventSource(withToken("api/stream?since=" + lastSeq));
+    source.addEventListener("open", () => setConn("live"));
+    source.addEventListener("events", (m) => {
+      const msg = JSON.parse(m.data);
+      addEvents(msg.events, msg.gap);
+    });
+    source.addEventListener("state", (m) => { setConn("live"); applyState(JSON.parse(m.data)); });
+    source.addEventListener("end", () => {
+      source.close();
+      setConn("ended", "server closed: the job ended");
+    });
+    source.addEventListener("error", () => {
+      if (source.readyState === EventSource.CLOSED) {
+        setConn("ended", state && TERMINAL[state.status] ? "job ended" : "disconnected");
+      } else {
+        setConn("reconnecting", state && TERMINAL[state.status] ? "job ended" : "reconnecting");
+      }
+    });
+  }
+
+  function poll() {
+    fetch(withToken("api/events?since=" + lastSeq), { credentials: "same-origin" })
+      .then((r) => r.json()).then((msg) => { addEvents(msg.events, msg.gap); })
+      .then(() => fetch(withToken("api/state"), { credentials: "same-origin" }))
+      .then((r) => r.json()).then(applyState)
+      .catch(() => setConn("error", "disconnected"))
+      .finally(() => setTimeout(poll, 2000));
+  }
+
+  function start() {
+    for (const id of ["filter", "type-filter", "problems-only"]) {
+      $(id).addEventListener("input", () => { eventsDirty = true; renderEvents(); });
+    }
+    fetch(withToken("api/state?recent=" + MAX_EVENTS), { credentials: "same-origin" })
+      .then((r) => {
+        if (r.status === 401) throw new Error("a token is required: open the address eventbus printed");
+        if (!r.ok) throw new Error("the server answered " + r.status);
+        return r.json();
+      })
+      .then((s) => {
+        addEvents(s.recent || [], 0);
+        applyState(s);
+        connect();
+      })
+      .catch((err) => setConn("error", String(err.message || err)));
+    setInterval(() => { if (state) { tickAges(); tickElapsed(); } }, 1000);
+  }
+
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
+})();
