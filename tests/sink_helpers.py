@@ -64,11 +64,12 @@ def free_port() -> int:
 
 class Receiver:
     """An HTTP server on 127.0.0.1 in a thread: records (path, body) of each POST, after
-    waiting ``delay`` seconds per request."""
+    waiting ``delay`` seconds per request, answering ``status``."""
 
-    def __init__(self, *, delay: float = 0.0) -> None:
+    def __init__(self, *, delay: float = 0.0, status: int = 200) -> None:
         self.requests: list[tuple[str, bytes]] = []
         self.delay = delay
+        self.status = status
         self.cond = threading.Condition()
         receiver = self
 
@@ -80,7 +81,7 @@ class Receiver:
                 with receiver.cond:
                     receiver.requests.append((self.path, body))
                     receiver.cond.notify_all()
-                self.send_response(200)
+                self.send_response(receiver.status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
@@ -104,9 +105,9 @@ class Receiver:
 
 
 @contextlib.contextmanager
-def receiver(*, delay: float = 0.0) -> Iterator[Receiver]:
-    """A running :class:`Receiver`, shut down on the way out."""
-    r = Receiver(delay=delay)
+def receiver(*, delay: float = 0.0, status: int = 200) -> Iterator[Receiver]:
+    """A running :class:`Receiver` answering ``status``, shut down on the way out."""
+    r = Receiver(delay=delay, status=status)
     r.thread.start()
     try:
         yield r

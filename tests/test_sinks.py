@@ -228,7 +228,8 @@ def test_mlflow_logs_one_run_with_steps_and_the_outcome(tmp_path: Path,
     ("prometheus:abc", ["prometheus", "HOST:PORT"]),
     ("otlp:127.0.0.1:4318", ["otlp", "not an http(s) URL", "http://"]),
     ("webhook:hooks.example/x", ["webhook", "not an http(s) URL"]),
-    ("mlflow:", ["mlflow", "tracking URI"]),
+    ("mlflow:", ["mlflow", "MLFLOW_TRACKING_URI"]),
+    ("mlflow:relative/path", ["mlflow", "tracking URI"]),
     ("tensorboard", ["NAME:ARG"]),
 ])
 def test_bad_sink_specs_name_the_sink_and_the_fix(spec: str, words: list[str]) -> None:

@@ -16,6 +16,7 @@ and returns the subscriber. See docs/sinks.md.
 
 from __future__ import annotations
 
+import difflib
 import importlib.metadata
 import logging
 import sys
@@ -31,11 +32,14 @@ from eventbus.app.sinks.base import SINK_CLOSE_TIMEOUT_S
 from eventbus.app.sinks.base import EventSink
 from eventbus.app.sinks.base import MissingExtraError
 from eventbus.app.sinks.base import SinkArgumentError
+from eventbus.app.sinks.base import redact_text
+from eventbus.app.sinks.base import redact_uri
 from eventbus.bus import ALL
 from eventbus.bus import Bus
 
 __all__ = [
     "BUILTIN_SINKS",
+    "ENV_DEFAULTS",
     "SINKS_CLOSE_TIMEOUT_S",
     "SINK_CLOSE_TIMEOUT_S",
     "SINK_ENTRY_POINT_GROUP",
@@ -117,8 +121,20 @@ def _factory(name: str) -> Callable[[str], Any]:
     known = sorted({*BUILTIN_SINKS, *(e.name for e in
                                       importlib.metadata.entry_points(
                                           group=SINK_ENTRY_POINT_GROUP))})
-    raise SinkError(f"--sink {name}: unknown sink; the sinks are {', '.join(known)} (others "
-                    f"register under the entry-point group {SINK_ENTRY_POINT_GROUP!r})")
+    close = difflib.get_close_matches(name.lower(), known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise SinkError(f"--sink {name}: unknown sink{hint}; the sinks are {', '.join(known)} "
+                    f"(others register under the entry-point group {SINK_ENTRY_POINT_GROUP!r})")
+
+
+#: sinks whose ARG may be left out: the environment variable their library reads instead
+ENV_DEFAULTS = {"otlp": "OTEL_EXPORTER_OTLP_ENDPOINT", "mlflow": "MLFLOW_TRACKING_URI"}
+
+
+def _shown(name: str, arg: str) -> str:
+    """``NAME:ARG`` fit to print: a webhook's URL without its path (its credential), any
+    other URI without ``user:password@`` and query."""
+    return f"{name}:{redact_uri(arg, keep_path=name != 'webhook')}" if arg else name
 
 
 def make_sink(spec: str) -> Any:
@@ -128,18 +144,22 @@ def make_sink(spec: str) -> Any:
     ``ARG``, a missing optional extra, a third-party factory that fails.
     """
     name, sep, arg = spec.partition(":")
-    if not sep or not name:
-        raise SinkError(f"--sink {spec!r}: expected NAME:ARG, e.g. --sink tensorboard:runs/tb")
+    if not name or (not sep and name not in ENV_DEFAULTS):
+        raise SinkError(f"--sink {_shown(name, arg)!r}: expected NAME:ARG, e.g. --sink "
+                        "tensorboard:runs/tb (ARG may be env:VARIABLE; otlp and mlflow may "
+                        "leave it out to read " + " / ".join(f"${v}" for v in
+                                                             ENV_DEFAULTS.values()) + ")")
     factory = _factory(name)
+    shown = _shown(name, arg)
     try:
         sink = factory(arg)
     except MissingExtraError as exc:
         raise SinkError(f"--sink {name}: {exc}") from exc
     except SinkArgumentError as exc:
-        raise SinkError(f"--sink {spec!r}: {exc}") from exc
+        raise SinkError(f"--sink {shown!r}: {redact_text(str(exc))}") from exc
     except Exception as exc:
-        raise SinkError(f"--sink {spec!r}: the sink could not be built "
-                        f"({type(exc).__name__}: {exc})") from exc
+        raise SinkError(f"--sink {shown!r}: the sink could not be built "
+                        f"({type(exc).__name__}: {redact_text(str(exc))})") from exc
     if not callable(sink):
         raise SinkError(f"--sink {name}: {type(sink).__name__} is not callable; a sink's "
                         "factory returns a subscriber, a callable (event) -> None")
@@ -224,8 +244,10 @@ class SinksPlugin:
             if raw.get("failed"):
                 dropped["backend raised"] = raw["failed"]
             if dropped:
+                why = "; ".join(f"{n} {reason}" for reason, n in sorted(
+                    dropped.items(), key=lambda item: -item[1]))
                 print(f"eventbus: sink {getattr(sink, 'name', sink)!s} dropped "
-                      f"{sum(dropped.values())} events ({dropped})", file=sys.stderr)
+                      f"{sum(dropped.values())} events: {redact_text(why)}", file=sys.stderr)
         logger.info("sinks closed in %.2f s (budget %.1f s)", time.monotonic() - started,
                     budget)
         return ok

@@ -11,12 +11,19 @@ the ``eventbus`` logger; it never blocks the caller.
 from __future__ import annotations
 
 import logging
+import os
+import re
+import socket
+import ssl
 import threading
 import time
+import urllib.error
+import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 from typing import ClassVar
 
+from eventbus._reporting import RateLimiter
 from eventbus.events import Event
 from eventbus.events import WorkerStalled
 from eventbus.subscribers.queued import QueuedSink
@@ -28,12 +35,18 @@ __all__ = [
     "EventSink",
     "MissingExtraError",
     "SinkArgumentError",
+    "FAILURE_REPORT_INTERVAL_S",
+    "REDACTED",
     "attempt_of",
     "describe",
+    "failure_reason",
     "is_stall",
     "numbers_of",
     "rank_of",
+    "redact_text",
+    "redact_uri",
     "require_extra",
+    "resolve_target",
 ]
 
 logger = logging.getLogger("eventbus")
@@ -45,6 +58,14 @@ SINK_CLOSE_TIMEOUT_S = 5.0
 #: at most, newest dropped when full, drops reported at most every 10 s
 SINK_QUEUE = QueueSettings(max_events=10_000, max_bytes=16 * 1024 * 1024, max_batch=500,
                            flush_interval=0.2, close_timeout=SINK_CLOSE_TIMEOUT_S)
+
+
+#: a delivery failure is reported once per reason, then at most once per this many seconds
+#: per reason (with the count held back in between)
+FAILURE_REPORT_INTERVAL_S = 60.0
+
+#: what a redacted part of a URI becomes
+REDACTED = "***"
 
 
 class SinkArgumentError(ValueError):
@@ -66,6 +87,108 @@ def require_extra(sink: str, extra: str, *modules: str) -> None:
             raise MissingExtraError(
                 f"the {sink} sink needs the {extra!r} extra ({exc}): "
                 f"pip install 'eventbus[{extra}]'") from exc
+
+
+# -- secrets ------------------------------------------------------------------------------
+
+
+def redact_uri(uri: str, *, keep_path: bool = True) -> str:
+    """``uri`` fit to print: the password of ``user:password@`` (a bare ``token@``: all of
+    it), the query and the fragment replaced by ``***``; with ``keep_path=False`` the path
+    too (a chat webhook's URL carries its credential in the path:
+    ``https://hooks.example.com/***``). Text that is no URI comes back unchanged."""
+    try:
+        parts = urllib.parse.urlsplit(uri)
+    except ValueError:
+        return redact_text(uri)
+    if not parts.scheme or (not parts.netloc and "//" not in uri):
+        # no scheme (``hooks.example.com/T0/B0/x``): what follows the first / is the path
+        if not keep_path and "/" in uri.strip("/"):
+            return uri.split("/", 1)[0] + "/" + REDACTED
+        return redact_text(uri)
+    netloc = parts.netloc
+    if not netloc:  # sqlite:///x.db, file:/x: no host, no credential but in a query
+        base = uri.split("?", 1)[0].split("#", 1)[0]
+        return base + (f"?{REDACTED}" if parts.query else "")
+    if "@" in netloc:
+        user, _, host = netloc.rpartition("@")
+        name, colon, _ = user.partition(":")
+        netloc = f"{name}:{REDACTED}@{host}" if colon else f"{REDACTED}@{host}"
+    path = parts.path
+    if not keep_path and path not in ("", "/"):
+        path = "/" + REDACTED
+    return urllib.parse.urlunsplit((parts.scheme, netloc, path,
+                                    REDACTED if parts.query else "",
+                                    REDACTED if parts.fragment else ""))
+
+
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/\s@:]*)(:[^/\s@]*)?@")
+
+
+def redact_text(text: str) -> str:
+    """``text`` with the credentials of every ``scheme://user:password@`` in it replaced
+    (an error message that quotes a URI, say)."""
+    return _USERINFO.sub(lambda m: f"{m[1]}{m[2]}:{REDACTED}@" if m[3] else f"{m[1]}{REDACTED}@",
+                         text)
+
+
+def resolve_target(sink: str, arg: str, *, default_env: str | None = None) -> tuple[str, str]:
+    """A sink's target and where it came from: ``env:NAME`` is the value of the environment
+    variable ``NAME`` (so a URL with a credential stays out of ``ps`` and shell history); an
+    empty ``arg`` is ``$default_env`` (the variable the backend's own library reads) when
+    the sink has one. Returns ``(target, origin)``, the origin being ``"env:NAME"`` or
+    ``""``; :class:`SinkArgumentError` names the variable when it is unset or empty."""
+    name = ""
+    if arg.startswith("env:"):
+        name = arg[4:]
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise SinkArgumentError(f"{sink}: env:{name} does not name an environment "
+                                    f"variable; e.g. --sink {sink}:env:MY_{sink.upper()}_URL")
+    elif not arg and default_env:
+        name = default_env
+    if not name:
+        return arg, ""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        raise SinkArgumentError(f"{sink}: the environment variable {name} is not set (or "
+                                f"empty); export {name}=... or give --sink {sink}:ARG")
+    return value, f"env:{name}"
+
+
+# -- delivery failures --------------------------------------------------------------------
+
+
+def failure_reason(exc: BaseException) -> str:
+    """Why a delivery failed, in a few words that are the same for the same cause:
+    ``HTTP 501 Not Implemented``, ``connection refused``, ``timed out``, ``host not
+    found``, ``TLS error``, else the exception's type and (redacted) message."""
+    if isinstance(exc, urllib.error.HTTPError):
+        return f"HTTP {exc.code} {exc.reason or ''}".rstrip()
+    cause: BaseException = exc
+    if isinstance(exc, urllib.error.URLError) and isinstance(exc.reason, BaseException):
+        cause = exc.reason
+    if isinstance(cause, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(cause, (TimeoutError, socket.timeout)):
+        return "timed out"
+    if isinstance(cause, socket.gaierror):
+        return "host not found"
+    if isinstance(cause, ssl.SSLError):
+        return f"TLS error ({cause.reason or cause.__class__.__name__})"
+    if isinstance(cause, ConnectionResetError):
+        return "connection reset"
+    # libraries built on requests/urllib3 (the OpenTelemetry exporter, MLflow's client)
+    text = f"{type(cause).__name__}: {cause}"
+    lowered = text.lower()
+    if "connection refused" in lowered:
+        return "connection refused"
+    if "timed out" in lowered or "timeout" in lowered:
+        return "timed out"
+    status = getattr(getattr(cause, "response", None), "status_code", None)
+    if isinstance(status, int):
+        return f"HTTP {status}"
+    first = redact_text(text.splitlines()[0] if text else type(cause).__name__)
+    return first if len(first) <= 160 else first[:157] + "..."
 
 
 def numbers_of(data: dict[str, Any]) -> dict[str, float]:
@@ -157,12 +280,37 @@ class EventSink(QueuedSink):
 
     def __init__(self, *, label: str, settings: QueueSettings | None = None,
                  **options: Any) -> None:
+        #: reason -> how many deliveries failed for it (also in ``stats()["failures"]``)
+        self.failures: dict[str, int] = {}
+        self._failure_reports: dict[str, RateLimiter] = {}
         super().__init__(self._write_batch, name=f"{self.kind}:{label}",
                          settings=settings or SINK_QUEUE, **options)
         self._shut = False
 
     def _write_batch(self, events: Sequence[Event]) -> None:
-        self.write(events)
+        try:
+            self.write(events)
+        except Exception as exc:
+            # The backend failed (a tracking server down, a full disk): the events are
+            # dropped for that reason, reported once per reason, never a traceback a batch.
+            self.delivery_failed(failure_reason(exc), len(events))
+
+    def delivery_failed(self, reason: str, n: int, *, what: str = "delivery failed") -> None:
+        """Count ``n`` events lost to ``reason`` (as dropped, ``"<what>: <reason>"``) and
+        report it: the first time for each reason at once, then at most once per
+        :data:`FAILURE_REPORT_INTERVAL_S` per reason, with the count held back since."""
+        key = f"{what}: {reason}"
+        with self._cond:
+            self._drop(key, n)
+            self.failures[reason] = self.failures.get(reason, 0) + 1
+            limiter = self._failure_reports.get(reason)
+            if limiter is None:
+                limiter = self._failure_reports[reason] = RateLimiter()
+            held = limiter.allow(FAILURE_REPORT_INTERVAL_S)
+        if held is not None:
+            more = f"; {held} more since the last report" if held else ""
+            lost = f"; {n} event(s) dropped" if n else ""
+            logger.warning("sink %s: %s (%s)%s%s", self.name, what, reason, more, lost)
 
     def write(self, events: Sequence[Event]) -> None:
         """Hand ``events`` to the backend (runs on the queue's thread)."""
@@ -205,6 +353,13 @@ class EventSink(QueuedSink):
             logger.warning("sink %s: the backend did not shut down within %.1f s; left behind",
                            self.name, budget)
         return delivered and done.is_set()
+
+    def stats(self) -> dict[str, Any]:
+        """The queue's counts, and ``failures``: reason -> failed deliveries."""
+        out = super().stats()
+        with self._cond:
+            out["failures"] = dict(self.failures)
+        return out
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} pending={self.pending}>"

@@ -9,6 +9,9 @@ restarts are counted as the metrics ``eventbus/failures``, ``eventbus/stalls`` a
 ``eventbus/attempt``. ``AGENT_EXIT`` sets the run's status: FINISHED when the job
 succeeded, FAILED otherwise; a sink closed without one (the agent was killed) marks it KILLED.
 
+``TRACKING_URI`` may be empty (``--sink mlflow``) to use ``$MLFLOW_TRACKING_URI``, or
+``env:NAME``; the sink's name and messages show it without ``user:password@`` and query.
+
 A ``file:`` URI is a local file store, which MLflow 3 only opens with
 ``MLFLOW_ALLOW_FILE_STORE=true``: the sink sets it (unless set) for such a URI, since
 ``mlflow-skinny`` has no SQLAlchemy for a ``sqlite:`` store. Calls to the tracking store
@@ -27,7 +30,9 @@ from eventbus.app.sinks.base import SinkArgumentError
 from eventbus.app.sinks.base import attempt_of
 from eventbus.app.sinks.base import is_stall
 from eventbus.app.sinks.base import numbers_of
+from eventbus.app.sinks.base import redact_uri
 from eventbus.app.sinks.base import require_extra
+from eventbus.app.sinks.base import resolve_target
 from eventbus.events import Event
 from eventbus.subscribers.queued import QueueSettings
 
@@ -44,10 +49,13 @@ class MlflowSink(EventSink):
 
     def __init__(self, tracking_uri: str, *, settings: QueueSettings | None = None,
                  experiment: str | None = None) -> None:
+        tracking_uri, origin = resolve_target("mlflow", tracking_uri,
+                                              default_env="MLFLOW_TRACKING_URI")
         if not tracking_uri or ":" not in tracking_uri:
-            raise SinkArgumentError(f"mlflow: {tracking_uri!r} is not a tracking URI; e.g. "
-                                    "--sink mlflow:file:///tmp/mlruns or "
-                                    "--sink mlflow:http://mlflow.example:5000")
+            raise SinkArgumentError(f"mlflow: {redact_uri(tracking_uri)!r} is not a tracking "
+                                    "URI; e.g. --sink mlflow:file:///tmp/mlruns or "
+                                    "--sink mlflow:http://mlflow.example:5000 (or set "
+                                    "MLFLOW_TRACKING_URI and give --sink mlflow)")
         require_extra("mlflow", "mlflow", "mlflow.tracking")
         if tracking_uri.startswith("file:"):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
@@ -61,7 +69,8 @@ class MlflowSink(EventSink):
         self._failures = 0
         self._stalls = 0
         self._ended = False
-        super().__init__(label=tracking_uri, settings=settings)
+        shown = redact_uri(tracking_uri)
+        super().__init__(label=f"{origin}={shown}" if origin else shown, settings=settings)
 
     def _mlflow_run(self, event: Event) -> str:
         if self.mlflow_run_id is None:

@@ -11,8 +11,16 @@
   ``eventbus.exit_code`` and ``eventbus.signal``; status ERROR for a failed or stalled worker.
   Workers' ``METRIC``, epoch and checkpoint events are span events of their worker's span.
 
-Spans of a failed export are counted as dropped (``"export failed"``) in ``stats()``; the
-counters are cumulative, so a failed metrics export is made up by the next one.
+Spans of a failed export are counted as dropped (``"export failed: <why>"``, the why being
+``HTTP 503 Service Unavailable``, ``connection refused``, ``timed out``, ...) in
+``stats()``, and each why is reported once on the ``eventbus`` logger (then at most once a
+minute); the counters are cumulative, so a failed metrics export is made up by the next one
+(its why is counted in ``stats()["failures"]`` all the same).
+
+``URL`` may be empty (``--sink otlp``) to use ``$OTEL_EXPORTER_OTLP_ENDPOINT``, or
+``env:NAME``. Headers (an API key) come from ``$OTEL_EXPORTER_OTLP_HEADERS``, which the
+exporter reads itself; eventbus never prints them, and shows the URL without its
+``user:password@`` and query.
 Counters (monotonic sums): ``eventbus.events`` by ``type``, ``eventbus.worker.exits`` by
 ``exit_code``, ``eventbus.restarts``, ``eventbus.stalls``. Spans are batched; metrics are
 exported every ``export_interval`` seconds and at close. :meth:`close` flushes both within
@@ -22,6 +30,7 @@ its budget (default :data:`OTLP_CLOSE_TIMEOUT_S`); each HTTP export gives up aft
 
 from __future__ import annotations
 
+import contextlib
 import urllib.parse
 from collections.abc import Sequence
 from typing import Any
@@ -29,10 +38,13 @@ from typing import Any
 from eventbus.app.sinks.base import EventSink
 from eventbus.app.sinks.base import SinkArgumentError
 from eventbus.app.sinks.base import attempt_of
+from eventbus.app.sinks.base import failure_reason
 from eventbus.app.sinks.base import is_stall
 from eventbus.app.sinks.base import numbers_of
 from eventbus.app.sinks.base import rank_of
+from eventbus.app.sinks.base import redact_uri
 from eventbus.app.sinks.base import require_extra
+from eventbus.app.sinks.base import resolve_target
 from eventbus.events import Event
 from eventbus.subscribers.queued import QueueSettings
 
@@ -44,12 +56,19 @@ OTLP_CLOSE_TIMEOUT_S = 5.0
 _SPAN_EVENT_TYPES = frozenset({"METRIC", "EPOCH_START", "EPOCH_END", "CHECKPOINT_SAVED"})
 
 
-def check_url(sink: str, url: str) -> str:
-    """``url`` without a trailing slash, or :class:`SinkArgumentError` naming the sink."""
-    parsed = urllib.parse.urlsplit(url)
+def check_url(sink: str, url: str, *, example: str = "http://127.0.0.1:4318",
+              keep_path: bool = True) -> str:
+    """``url`` without a trailing slash, or :class:`SinkArgumentError` naming the sink and
+    showing ``url`` redacted (``keep_path=False``: its path too, see
+    :func:`~eventbus.app.sinks.base.redact_uri`)."""
+    try:
+        parsed = urllib.parse.urlsplit(url)
+    except ValueError:
+        parsed = urllib.parse.urlsplit("")
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise SinkArgumentError(f"{sink}: {url!r} is not an http(s) URL; e.g. "
-                                f"--sink {sink}:http://127.0.0.1:4318")
+        shown = redact_uri(url, keep_path=keep_path)
+        raise SinkArgumentError(f"{sink}: {shown!r} is not an http(s) URL; e.g. "
+                                f"--sink {sink}:{example}")
     return url.rstrip("/")
 
 
@@ -57,20 +76,56 @@ def _ns(timestamp: float) -> int:
     return int(timestamp * 1e9)
 
 
+class _LastResult:
+    """Why an exporter's last export failed: its HTTP client's result, read by wrapping
+    the client's ``export`` where the exporter has one (opentelemetry-exporter-otlp 1.3x);
+    else no why is known beyond "export failed"."""
+
+    def __init__(self, exporter: Any) -> None:
+        self.reason: str | None = None
+        client: Any = getattr(exporter, "_client", None)
+        export = getattr(client, "export", None)
+        if not callable(export):
+            return
+
+        def remembering(data: bytes) -> Any:
+            self.reason = None
+            result = export(data)
+            if not getattr(result, "success", True):
+                code = getattr(result, "status_code", None)
+                error = getattr(result, "error", None)
+                if isinstance(code, int):
+                    self.reason = f"HTTP {code} {getattr(result, 'reason', None) or ''}".rstrip()
+                elif isinstance(error, BaseException):
+                    self.reason = failure_reason(error)
+            return result
+
+        # a slotted client refuses: no why beyond the failure then
+        with contextlib.suppress(AttributeError, TypeError):
+            client.export = remembering
+
+    def take(self) -> str:
+        reason, self.reason = self.reason, None
+        return reason or "the exporter reported a failure"
+
+
 def _counting(exporter: Any, sink: OtlpSink) -> Any:
-    """``exporter`` whose failed exports count their spans as dropped ("export failed") in
-    ``sink``'s stats: the SDK's batch processor would otherwise lose them silently."""
+    """``exporter`` whose failed exports count their spans as dropped ("export failed: why")
+    in ``sink``'s stats: the SDK's batch processor would otherwise lose them silently."""
     from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.sdk.trace.export import SpanExportResult
+
+    last = _LastResult(exporter)
 
     class Counting(SpanExporter):
         def export(self, spans: Any) -> SpanExportResult:
             try:
                 result: SpanExportResult = exporter.export(spans)
-            except Exception:
+            except Exception as exc:
                 result = SpanExportResult.FAILURE
+                last.reason = failure_reason(exc)
             if result is not SpanExportResult.SUCCESS:
-                sink.count_lost("export failed", len(spans))
+                sink.delivery_failed(last.take(), len(spans), what="export failed")
             return result
 
         def shutdown(self) -> None:
@@ -82,6 +137,28 @@ def _counting(exporter: Any, sink: OtlpSink) -> Any:
     return Counting()
 
 
+def _noting(exporter: Any, sink: OtlpSink) -> Any:
+    """The metric ``exporter`` with its failures' whys counted in ``sink``'s stats (no
+    event is lost: the counters are cumulative, the next export makes up for it)."""
+    last = _LastResult(exporter)
+    export = exporter.export
+
+    def noting(metrics_data: Any, *args: Any, **kwargs: Any) -> Any:
+        from opentelemetry.sdk.metrics.export import MetricExportResult
+
+        try:
+            result = export(metrics_data, *args, **kwargs)
+        except Exception as exc:
+            last.reason = failure_reason(exc)
+            result = MetricExportResult.FAILURE
+        if result is not MetricExportResult.SUCCESS:
+            sink.delivery_failed(last.take(), 0, what="metrics export failed")
+        return result
+
+    exporter.export = noting
+    return exporter
+
+
 class OtlpSink(EventSink):
     """``OtlpSink(URL)``: see the module docstring."""
 
@@ -90,7 +167,9 @@ class OtlpSink(EventSink):
     def __init__(self, url: str, *, settings: QueueSettings | None = None,
                  export_timeout: float = 2.0, export_interval: float = 5.0,
                  service_name: str = "eventbus") -> None:
-        self.url = check_url("otlp", url)
+        target, origin = resolve_target("otlp", url, default_env="OTEL_EXPORTER_OTLP_ENDPOINT")
+        self.url = check_url("otlp", target)
+        shown = redact_uri(self.url)
         require_extra("otlp", "otel", "opentelemetry.sdk.trace",
                       "opentelemetry.exporter.otlp.proto.http.trace_exporter")
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
@@ -109,7 +188,8 @@ class OtlpSink(EventSink):
             schedule_delay_millis=int(export_interval * 1000),
             export_timeout_millis=int(export_timeout * 1000)))
         reader = PeriodicExportingMetricReader(
-            OTLPMetricExporter(endpoint=f"{self.url}/v1/metrics", timeout=export_timeout),
+            _noting(OTLPMetricExporter(endpoint=f"{self.url}/v1/metrics",
+                                       timeout=export_timeout), self),
             export_interval_millis=export_interval * 1000,
             export_timeout_millis=export_timeout * 1000)
         self._meter_provider = MeterProvider(resource=resource, metric_readers=[reader],
@@ -125,7 +205,7 @@ class OtlpSink(EventSink):
         self._job: Any = None
         self._attempts: dict[int, Any] = {}
         self._workers: dict[tuple[int, int], Any] = {}  # (attempt, rank) -> span
-        super().__init__(label=self.url, settings=settings)
+        super().__init__(label=f"{origin}={shown}" if origin else shown, settings=settings)
 
     # -- spans --------------------------------------------------------------------------
     def _job_span(self, event: Event) -> Any:

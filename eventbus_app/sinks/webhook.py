@@ -12,7 +12,15 @@ Delivery, on the sink's own thread: each POST gives up after ``timeout`` seconds
 ``backoff`` seconds (0.5, 1, ...); at most ``max_per_minute`` posts (default
 :data:`WEBHOOK_MAX_PER_MINUTE`) start in any minute: a post over the limit, or one that
 still failed after its retries, is dropped and counted in ``stats()["dropped"]`` (reasons
-``"rate limited"`` and ``"post failed"``). Closing stops retries at once.
+``"rate limited"`` and ``"post failed: <why>"``, the why being ``HTTP 501 Not
+Implemented``, ``connection refused``, ``timed out``, ...; ``stats()["failures"]`` counts
+the whys). Each why is reported on the ``eventbus`` logger the first time, then at most once
+a minute. Closing stops retries at once.
+
+The URL is a credential for most chat services (Slack's carries its token in the path):
+it is never printed. The sink's name, its messages and its repr show
+``https://HOST/***``; ``URL`` may be ``env:NAME`` to read it from the environment variable
+``NAME``, out of ``ps`` and shell history.
 """
 
 from __future__ import annotations
@@ -31,7 +39,10 @@ from eventbus.app.sinks.base import SINK_QUEUE
 from eventbus.app.sinks.base import EventSink
 from eventbus.app.sinks.base import attempt_of
 from eventbus.app.sinks.base import describe
+from eventbus.app.sinks.base import failure_reason
 from eventbus.app.sinks.base import is_stall
+from eventbus.app.sinks.base import redact_uri
+from eventbus.app.sinks.base import resolve_target
 from eventbus.app.sinks.otlp import check_url
 from eventbus.events import Event
 from eventbus.subscribers.queued import QueueSettings
@@ -55,7 +66,13 @@ class WebhookSink(EventSink):
     def __init__(self, url: str, *, settings: QueueSettings | None = None,
                  timeout: float = 5.0, retries: int = 2, backoff: float = 0.5,
                  max_per_minute: int = WEBHOOK_MAX_PER_MINUTE) -> None:
-        self.url = check_url("webhook", url)
+        target, origin = resolve_target("webhook", url)
+        self.url = check_url("webhook", target, keep_path=False,
+                             example="https://hooks.example.com/services/T0/B0/XXXX (or "
+                                     "--sink webhook:env:WEBHOOK_URL)")
+        #: the URL fit to print: its host, never its path nor query (the credential)
+        self.shown_url = redact_uri(self.url, keep_path=False)
+        label = f"{origin}={self.shown_url}" if origin else self.shown_url
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
@@ -66,7 +83,7 @@ class WebhookSink(EventSink):
         self._closing = threading.Event()
         # One event per batch: what is not posted when close() gives up stays queued, and
         # is counted as dropped ("closed before delivery") rather than lost in flight.
-        super().__init__(label=self.url, settings=settings or SINK_QUEUE, max_batch=1)
+        super().__init__(label=label, settings=settings or SINK_QUEUE, max_batch=1)
 
     def __call__(self, event: Event) -> None:
         """Enqueue the events a post may come from; the rest (metrics, ...) never queue."""
@@ -111,6 +128,7 @@ class WebhookSink(EventSink):
         self._starts.append(now)
         body = json.dumps({"text": text, "event": event.to_dict()}, default=str).encode()
         delay = self.backoff
+        reason = "not tried: the sink was closing"
         for attempt in range(self.retries + 1):
             if self._closing.is_set() and attempt:
                 break
@@ -123,12 +141,13 @@ class WebhookSink(EventSink):
                 self.posted += 1
                 return
             except (OSError, urllib.error.URLError, ValueError) as exc:
-                error = exc
+                reason = failure_reason(exc)
+                if reason == "timed out":
+                    reason = f"timed out after {self.timeout:g} s"
             if attempt < self.retries and self._closing.wait(delay):
                 break
             delay *= 2
-        self._drop("post failed", 1)
-        logger.debug("webhook %s: post failed (%s)", self.url, error)
+        self.delivery_failed(reason, 1, what="post failed")
 
     def stats(self) -> dict[str, Any]:
         out = super().stats()
