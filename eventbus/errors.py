@@ -8,6 +8,7 @@ catch the builtins keep working.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterable
 
 __all__ = [
     "EventBusError",
@@ -17,7 +18,16 @@ __all__ = [
     "MissingFieldError",
     "UnknownEventTypeError",
     "UnknownFieldError",
+    "did_you_mean",
 ]
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the choice closest to a misspelt ``word`` (difflib's
+    ratio of at least 0.6), else ``""``: the one suggestion rule of every "unknown name"
+    message (fields, event types, sinks, reactor attributes)."""
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 class EventBusError(Exception):
@@ -48,8 +58,7 @@ class UnknownFieldError(_FieldError, TypeError):
     """A field that the event type does not declare."""
 
     def __init__(self, event_type: str, field: str, allowed: list[str]) -> None:
-        close = difflib.get_close_matches(field, allowed, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        hint = did_you_mean(field, allowed)
         super().__init__(
             event_type, field,
             f"{event_type} has no field {field!r}{hint}; its fields are {', '.join(allowed)}. "

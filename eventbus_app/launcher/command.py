@@ -11,17 +11,21 @@ STOP ended it.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
+import inspect
 import logging
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
+from typing import NoReturn
 
 from eventbus.app.launcher import health
 from eventbus.app.plugins import AgentPlugin
 from eventbus.bus import ALL
 from eventbus.bus import get_default_bus
+from eventbus.errors import did_you_mean
 from eventbus.subscribers.jsonl import JsonlRecorder
 
 __all__ = ["build_parser", "load_reactor", "main"]
@@ -32,15 +36,70 @@ logger = logging.getLogger("eventbus")
 RECORDER_CLOSE_TIMEOUT_S = 10.0
 
 
+#: the usage line of ``eventbus run`` (its --help and every usage error start with it)
+USAGE = "%(prog)s [options] SCRIPT ..."
+
+
+class _RunParser(argparse.ArgumentParser):
+    """torchrun's parser, with a usage error a person reads at once: the usage line, the
+    error, a pointer to ``--help`` (torchrun's own prints its 25-line usage first)."""
+
+    def error(self, message: str) -> NoReturn:
+        if "required: SCRIPT" in message:
+            message = ("no SCRIPT to run: name the training script after the options, e.g. "
+                       "eventbus run --standalone --nproc-per-node 2 train.py")
+        elif message.startswith("unrecognized arguments:"):
+            message += _option_hint(self, message.partition(":")[2].split())
+        self.exit(2, f"{self.format_usage()}{self.prog}: error: {message}\n"
+                     f"Run '{self.prog} --help' for the options (eventbus's own first, then "
+                     "torchrun's).\n")
+
+
+def _option_hint(parser: argparse.ArgumentParser, words: Sequence[str]) -> str:
+    """`` (did you mean --stall-timeout?)`` for a misspelt option, else ``""``."""
+    known = [o for action in parser._actions for o in action.option_strings]
+    for word in words:
+        if word.startswith("-"):
+            close = difflib.get_close_matches(word.partition("=")[0], known, n=1)
+            if close:
+                return f" (did you mean {close[0]}?)"
+    return ""
+
+
+def _eventbus_first(parser: argparse.ArgumentParser,
+                    group: argparse._ArgumentGroup) -> argparse.ArgumentParser:
+    """``--help`` in reading order: ``-h`` and eventbus's own options first, then SCRIPT
+    and ARGS, then torchrun's options under their own heading."""
+    torchrun = parser._optionals
+    torchrun.title = "torchrun options (unchanged)"
+    parser._positionals.title = "the script"
+    for action in list(torchrun._group_actions):
+        if action.dest == "help":
+            torchrun._group_actions.remove(action)
+            group._group_actions.insert(0, action)
+    for action in parser._positionals._group_actions:
+        if action.dest == "training_script":
+            action.metavar = "SCRIPT"
+        elif action.dest == "training_script_args":
+            action.metavar = "ARGS"
+            action.help = action.help or "the script's own arguments, passed to it unchanged"
+    parser._action_groups = [group, parser._positionals, torchrun,
+                             *(g for g in parser._action_groups
+                               if g not in (group, parser._positionals, torchrun))]
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """torchrun's parser with the eventbus options added."""
+    """torchrun's parser with the eventbus options added (first in ``--help``)."""
     from torch.distributed.run import get_args_parser
 
-    parser = get_args_parser()
-    parser.prog = "eventbus run"
-    parser.description = ("torchrun with the event bus attached: every torchrun option works "
-                          "unchanged; the options below add events, reactors and logging.")
-    group = parser.add_argument_group("eventbus")
+    torchrun_parser = get_args_parser()
+    parser = _RunParser(
+        prog="eventbus run", usage=USAGE, parents=[torchrun_parser], add_help=False,
+        formatter_class=torchrun_parser.formatter_class,
+        description="torchrun with the event bus attached: every torchrun option works "
+                    "unchanged; eventbus's own options come first, torchrun's follow.")
+    group = parser.add_argument_group("eventbus options")
     group.add_argument(
         "--events-jsonl", metavar="PATH", default=None,
         help="append every event that reaches the agent's bus to PATH, one JSON line each")
@@ -74,12 +133,38 @@ def build_parser() -> argparse.ArgumentParser:
         help="WORKER_SLOW when a rank's recent step time (METRIC step) is FACTOR x its "
              f"peers' median (default {health.DEFAULT_SLOW_FACTOR:g}; off disables)")
     group.add_argument(
+        "--progress", metavar="SOURCES", type=health.parse_progress,
+        default=health.PROGRESS_SOURCES,
+        help="what counts as a worker's progress, sampled with no change to the script: "
+             "off, or a comma list of collectives (torch's flight recorder), steps (the "
+             "optimizer's step hook), events (what the script records); default: all three")
+    group.add_argument(
         "--stop-exit-code", metavar="N", type=health.parse_stop_exit_code,
         default=health.DEFAULT_STOP_EXIT_CODE,
         help="exit code when a reactor's STOP ended the job (default "
              f"{health.DEFAULT_STOP_EXIT_CODE}: not torchrun's 1, so that a scheduler can "
              "tell 'do not retry' from an ordinary failure)")
-    return parser
+    group.add_argument(
+        "--ui", metavar="[HOST:]PORT", default=None,
+        help="serve a live job page from the agent of group rank 0 at http://HOST:PORT/ "
+             "(host 127.0.0.1 unless given; port 0: a free one; the address is printed); "
+             "another host requires a token (docs/seeing-the-job.md)")
+    group.add_argument(
+        "--ui-token", metavar="TOKEN", default=None,
+        help="the token the job page requires (default: $EVENTBUS_UI_TOKEN, else none on "
+             "127.0.0.1 and a generated one, printed, on any other host)")
+    return _eventbus_first(parser, group)
+
+
+def _defined_callable(owner: object, name: str) -> bool:
+    """A callable attribute that ``owner`` defines (an instance, or a function or class
+    of its own module), not one it imported."""
+    value = getattr(owner, name, None)
+    if not callable(value):
+        return False
+    if isinstance(value, type) or inspect.isroutine(value):
+        return getattr(value, "__module__", None) == getattr(owner, "__name__", None)
+    return True
 
 
 def load_reactor(spec: str) -> Any:
@@ -96,12 +181,19 @@ def load_reactor(spec: str) -> Any:
     except ImportError as exc:
         raise ValueError(f"--reactor {spec!r}: cannot import module {module_name!r} ({exc}); "
                          "is it on PYTHONPATH?") from exc
+    owner = module_name
     for part in attr.split("."):
         try:
             target = getattr(target, part)
         except AttributeError:
-            raise ValueError(f"--reactor {spec!r}: module {module_name!r} has no attribute "
-                             f"{attr!r}") from None
+            names = [n for n in dir(target) if not n.startswith("_")]
+            callables = [n for n in names if _defined_callable(target, n)]
+            listed = ", ".join(callables[:12]) + (", ..." if len(callables) > 12 else "")
+            raise ValueError(
+                f"--reactor {spec!r}: {owner!r} has no attribute {part!r}"
+                f"{did_you_mean(part, names)}"
+                + (f"; its callables: {listed}" if callables else "")) from None
+        owner = f"{owner}.{part}"
     if isinstance(target, type):
         try:
             target = target()
@@ -112,6 +204,20 @@ def load_reactor(spec: str) -> Any:
         raise ValueError(f"--reactor {spec!r}: {type(target).__name__} is not callable; a "
                          "reactor is a callable (event) -> Decision | None")
     return target
+
+
+def _ui_plugin(parser: argparse.ArgumentParser, args: argparse.Namespace, bus: Any) -> Any:
+    """The job page's plugin of ``--ui`` (a bad address or token is a usage error)."""
+    from eventbus.app.ui import UIPlugin
+    from eventbus.app.ui import parse_address
+    from eventbus.app.ui import resolve_token
+
+    try:
+        address = parse_address(args.ui)
+        token, _ = resolve_token(address.host, args.ui_token)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return UIPlugin(bus, address, token)
 
 
 def main(argv: Sequence[str] | None = None, *,
@@ -156,6 +262,15 @@ def main(argv: Sequence[str] | None = None, *,
         from eventbus.app.launcher.agent import default_plugins
 
         plugins = [*(default_plugins() if plugins is None else plugins), sink_plugin]
+    ui_plugin = None
+    if args.ui is not None:
+        ui_plugin = _ui_plugin(parser, args, bus)
+        from eventbus.app.launcher.agent import default_plugins
+
+        plugins = [*(default_plugins() if plugins is None else plugins), ui_plugin]
+        ui_plugin.plugins = list(plugins)
+    elif args.ui_token is not None:
+        parser.error("--ui-token: give --ui [HOST:]PORT too (the token guards the job page)")
     if args.events_jsonl:
         try:
             recorder = JsonlRecorder(args.events_jsonl)
@@ -173,6 +288,7 @@ def main(argv: Sequence[str] | None = None, *,
         with event_agent(bus=bus, reactors=reactors, plugins=plugins,
                          stall_timeout=args.stall_timeout, slow_factor=args.slow_factor,
                          stall_auto_floor_s=args.stall_auto_floor,
+                         progress=",".join(args.progress) or "off",
                          stop_exit_code=args.stop_exit_code) as agents:
             # torchrun's own error handling: the failure table and the root cause's error
             # file copied to the launcher's TORCHELASTIC_ERROR_FILE.
@@ -202,4 +318,6 @@ def main(argv: Sequence[str] | None = None, *,
                   f"{recorder.lines_written} written", file=sys.stderr)
         if sinks:  # closed within SINKS_CLOSE_TIMEOUT_S in all
             sink_plugin.close()
+        if ui_plugin is not None:  # the open pages get the final state first
+            ui_plugin.close(timeout=1.0)
     return 0
