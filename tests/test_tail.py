@@ -225,7 +225,7 @@ def test_long_data_is_cut_unless_full(tmp_path: Path,
     """A huge data payload is cut with a note saying how much and how to see it; --full
     shows it whole."""
     path = tmp_path / "events.jsonl"
-    path.write_text(json.dumps({"type": "TORCHELASTIC", "timestamp": 1.0, "name": "x",
+    path.write_text(json.dumps({"type": "MY_EVENT", "timestamp": 1.0, "name": "x",
                                 "data": {"blob": "y" * 1000}, "context": {}}) + "\n")
     assert cli_main(["tail", str(path)]) == 0
     short = capsys.readouterr().out
@@ -246,3 +246,140 @@ def test_the_viewers_import_neither_torch_nor_matplotlib() -> None:
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, timeout=120, check=True).stdout
     assert out.strip() == "[]"
+
+
+# -- stalls, type filters, torch's records (issue 23) --------------------------------------
+
+OWN = str(ROOT / "eventbus" / "subscribers" / "store_forwarder.py")
+#: a faulthandler dump as the agent used to store it: eventbus's thread first, main last
+STACK = f"""Thread 0x00007f0000000001 (most recent call first):
+  File "{OWN}", line 210 in _run
+  File "/usr/lib/python3.11/threading.py", line 975 in run
+  File "/usr/lib/python3.11/threading.py", line 995 in _bootstrap
+
+Current thread 0x00007f0000000002 (most recent call first):
+  File "/job/.venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", \
+line 2800 in all_reduce
+  File "/job/train.py", line 18 in main
+  File "/job/train.py", line 30 in <module>
+"""
+
+
+def _stall_file(tmp_path: Path) -> Path:
+    path = tmp_path / "events.jsonl"
+    lines = [
+        _line("EPOCH_START", rank=1, epoch=0),
+        json.dumps({"type": "WORKER_STALLED", "timestamp": 1_764_410_005.0, "worker_id": 1,
+                    "silent_s": 5.2, "data": {"stack": STACK, "peer_stacks": {"0": STACK}},
+                    "context": {"rank": None, "hostname": "h", "pid": 9}}),
+        json.dumps({"type": "WORKER_PROGRESS", "timestamp": 1_764_410_001.0, "worker_id": 1,
+                    "step": 3, "data": {}, "context": {"rank": 1, "hostname": "h", "pid": 2}}),
+        json.dumps({"type": "TORCHELASTIC", "timestamp": 1_764_410_000.5,
+                    "name": "torchelastic.worker.status.SUCCEEDED", "source": "AGENT",
+                    "data": {"state": "SUCCEEDED", "global_rank": 1, "group_rank": 0,
+                             "entry_point": "python", "raw_error": None,
+                             "metadata": json.dumps({"x": "y" * 400})},
+                    "context": {"rank": None, "hostname": "h", "pid": 9}}),
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_stall_shows_the_main_threads_top_frame(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --full a stall's stack is the top frame of the worker's main thread (not
+    eventbus's own thread, which came first in the dump), on one line."""
+    assert cli_main(["tail", "--type", "WORKER_STALLED", str(_stall_file(tmp_path))]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert "stack='distributed_c10d.py:2800 in all_reduce (main thread; 2 threads, --full)'" \
+        in line, line
+    assert "store_forwarder" not in line and "peer_stacks='1 rank(s), --full'" in line
+
+
+def test_full_prints_a_stack_on_several_lines_main_thread_first(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--full: the stack under the event's line, indented, the main thread first and
+    eventbus's own thread last and marked; the peers' stacks after it."""
+    assert cli_main(["tail", "--full", "--type", "WORKER_STALLED",
+                     str(_stall_file(tmp_path))]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "WORKER_STALLED" in lines[0] and "stack='(below)'" in lines[0]
+    assert lines[1] == "    stack:"
+    headers = [i for i, line in enumerate(lines) if "(most recent call first)" in line]
+    assert lines[headers[0]].strip().startswith("Current thread 0x00007f0000000002")
+    assert "[eventbus's own thread]" in lines[headers[1]]
+    assert lines[headers[0] + 1].strip().startswith('File "/job/.venv')
+    assert lines[headers[0] + 1].startswith("        ")
+    assert "    peer_stacks[0]:" in lines
+    assert all("\\n" not in line for line in lines)
+
+
+@pytest.mark.parametrize("args", [
+    ["--type", "-TORCHELASTIC"], ["--type=-TORCHELASTIC"], ["--type", "!TORCHELASTIC"],
+    ["--exclude", "torchelastic"], ["--type", "epoch_start,worker_stalled"],
+    ["--type", "EPOCH_START", "--type", "WORKER_STALLED"],
+])
+def test_type_selects_several_and_excludes(args: list[str], tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """--type takes several types; -TYPE, !TYPE and --exclude leave one out."""
+    assert cli_main(["tail", *args, str(_stall_file(tmp_path))]) == 0
+    types = [next(w for w in line.split() if w.isupper() and "_" in w)
+             for line in capsys.readouterr().out.splitlines()]
+    assert types == ["EPOCH_START", "WORKER_STALLED"], types
+
+
+def test_heartbeats_are_hidden_unless_asked_for(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """WORKER_PROGRESS (one a second per rank) is left out, and said so on stderr, unless
+    --type names it."""
+    path = _stall_file(tmp_path)
+    assert cli_main(["tail", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert "WORKER_PROGRESS" not in captured.out
+    assert "1 WORKER_PROGRESS heartbeat(s) not shown" in captured.err
+    assert cli_main(["tail", "--type", "worker_progress", str(path)]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert "WORKER_PROGRESS" in line and "step=3" in line
+
+
+def test_torch_records_are_one_short_line_unless_full(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """A TORCHELASTIC record shows its name and state; --full shows its metadata."""
+    path = _stall_file(tmp_path)
+    assert cli_main(["tail", "--type", "TORCHELASTIC", str(path)]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert "name='torchelastic.worker.status.SUCCEEDED'" in line
+    assert "state='SUCCEEDED'" in line and "global_rank=1" in line
+    assert "metadata" not in line and len(line) < 200
+    assert cli_main(["tail", "--full", "--type", "TORCHELASTIC", str(path)]) == 0
+    assert "y" * 400 in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("value", "words"), [
+    ("METRC", ["--type 'METRC': no such event type (did you mean 'METRIC'?)", "WORKER_EXIT"]),
+    ("-WORKER_EXT", ["did you mean 'WORKER_EXIT'?"]),
+    ("-", ["give an event type name"]),
+])
+def test_an_unknown_type_is_a_usage_error(value: str, words: list[str], tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A type neither built in nor in the file: exit 2, the valid names, the closest one."""
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["tail", f"--type={value}", str(_stall_file(tmp_path))])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    for word in words:
+        assert word in err, err
+
+
+def test_a_user_type_in_the_file_is_valid(capsys: pytest.CaptureFixture[str]) -> None:
+    """Types of the user's own, found in the file, are accepted like built-in ones."""
+    assert cli_main(["tail", "--type", "data_shard_loaded", str(NODE0)]) == 0
+    assert "DATA_SHARD_LOADED" in capsys.readouterr().out
+
+
+def test_a_directory_is_named_as_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """tail DIR: exit 2, 'is a directory', and the events files in it."""
+    _stall_file(tmp_path)
+    assert cli_main(["tail", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "is a directory, not an events file; give one of its events files: events.jsonl" in err

@@ -11,7 +11,16 @@ red, restarts bold yellow, workers the agent stopped after another's failure yel
 rendezvous magenta, starts green, epochs cyan, checkpoints blue.
 Filters: ``--type`` and ``--rank`` (repeatable or comma-separated; ``--rank agent`` for the
 agent's own events; an agent's ``WORKER_START``/``WORKER_EXIT`` about a worker counts as
-that worker's).
+that worker's). ``--type -TORCHELASTIC`` (or ``!TORCHELASTIC``, or ``--exclude
+TORCHELASTIC``) leaves a type out; a type that is neither built in nor in the file is a
+usage error naming the valid ones. The workers' progress heartbeats (``WORKER_PROGRESS``,
+one a second per rank) are shown only when ``--type`` asks for them.
+
+Long things stay short unless ``--full``: a stall's stack shows as the top frame of the
+worker's main thread, torch's own ``TORCHELASTIC`` records as their name and state, other
+data cut after :data:`DATA_CHARS` characters. With ``--full`` everything is shown, and a
+stack (or any text of several lines, a traceback) prints on several indented lines under
+its event's line: the main thread first, eventbus's own threads last and marked.
 
 Lines that are not events (torn writes, output of something else) are reported on stderr
 with their line number and skipped. With ``-f`` an unfinished last line is held until its
@@ -37,11 +46,18 @@ from typing import IO
 from typing import Any
 from typing import Literal
 
+from eventbus.app.launcher.console import EVENTBUS_MARK
+from eventbus.app.launcher.console import format_stack
+from eventbus.app.launcher.console import parse_stack
+from eventbus.app.launcher.console import stack_lines
 from eventbus.app.readers.records import Problem
 from eventbus.app.readers.records import Record
 from eventbus.app.readers.records import decode_line
+from eventbus.errors import did_you_mean
+from eventbus.events import EventType
 
-__all__ = ["DATA_CHARS", "EventFileReader", "format_record", "main"]
+__all__ = ["DATA_CHARS", "HIDDEN_TYPES", "EventFileReader", "TypeFilter", "format_record",
+           "main", "parse_types"]
 
 _RESET = "\033[0m"
 _DIM = "\033[2m"
@@ -82,11 +98,119 @@ def _value(value: Any) -> str:
 #: characters of ``data`` shown per line unless ``--full`` (torch's own records carry a lot)
 DATA_CHARS = 240
 
+#: types shown only when ``--type`` names them: the workers' heartbeats, one a second per rank
+HIDDEN_TYPES = frozenset({str(EventType.WORKER_PROGRESS)})
+
+#: the keys of a torch record's ``data`` its short line keeps (the rest: ``--full``)
+_TORCH_KEYS = ("state", "node_state", "global_rank", "group_rank", "rank", "bridged_as",
+               "message", "raw_error")
+#: a torch record's texts (a rendezvous message, an error) are cut after this many chars
+_TORCH_TEXT_CHARS = 60
+
+#: the indent of the lines printed under an event's line (``--full``)
+_INDENT = "    "
+
+
+def _top_frame(text: str) -> str | None:
+    """``file.py:LINE in func`` of the innermost frame of the first thread
+    :func:`~eventbus.app.launcher.console.format_stack` puts first (the main thread), and
+    how many threads there are; None when ``text`` is no faulthandler dump."""
+    threads = format_stack(text)
+    if not threads:
+        return None
+    head = threads[0]
+    frame = head.frames[0].strip() if head.frames else "(no frame)"
+    if frame.startswith('File "'):
+        path, _, rest = frame[6:].partition('", line ')
+        line, _, func = rest.partition(" in ")
+        frame = f"{os.path.basename(path)}:{line} in {func}" if func else frame
+    which = "main thread" if head.is_main else "current thread"
+    more = f"; {len(threads)} threads, --full" if len(threads) > 1 else "; --full"
+    return f"{frame} ({which}{more})"
+
+
+def _short_fields(record: Record) -> dict[str, Any]:
+    """The fields as the one-line view shows them: a torch record's name without the file
+    it came from (``dynamic_rendezvous.py:``), and without its source."""
+    if record.type != EventType.TORCHELASTIC:
+        return record.fields
+    name = record.fields.get("name")
+    if isinstance(name, str) and ".py:" in name:
+        name = name.partition(".py:")[2]
+    return {"name": name}
+
+
+def _short_data(record: Record) -> dict[str, Any]:
+    """``data`` as the one-line view shows it: a stack as its top frame, peers' stacks as a
+    count, a torch record as its name and state."""
+    data = dict(record.data)
+    if record.type == EventType.TORCHELASTIC:
+        short: dict[str, Any] = {}
+        for key in _TORCH_KEYS:
+            value = data.get(key)
+            if value in (None, "", {}, []):
+                continue
+            if isinstance(value, str):
+                run_id = data.get("run_id")
+                if isinstance(run_id, str) and len(run_id) > 8:
+                    value = value.replace(run_id, run_id[:8] + "...")
+                if key == "message" and value.startswith("The node '"):
+                    value = value.partition("' ")[2] or value  # the node is in the line
+                if len(value) > _TORCH_TEXT_CHARS:
+                    value = value[:_TORCH_TEXT_CHARS - 3] + "..."
+            short[key] = value
+        return short
+    stack = data.get("stack")
+    if isinstance(stack, str) and stack:
+        top = _top_frame(stack)
+        data["stack"] = top if top is not None else stack.strip().splitlines()[0]
+    peers = data.get("peer_stacks")
+    if isinstance(peers, dict) and peers:
+        data["peer_stacks"] = f"{len(peers)} rank(s), --full"
+    return data
+
+
+def _blocks(record: Record) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """``--full``: the fields and data with every text of several lines taken out, and
+    those texts as lines to print under the event's line (a stack in reading order)."""
+    lines: list[str] = []
+
+    def take(values: dict[str, Any]) -> dict[str, Any]:
+        kept: dict[str, Any] = {}
+        for key, value in values.items():
+            if key == "peer_stacks" and isinstance(value, dict) and value and all(
+                    isinstance(v, str) for v in value.values()):
+                kept[key] = "(below)"
+                for peer, text in value.items():
+                    lines.append(f"{_INDENT}peer_stacks[{peer}]:")
+                    lines.extend(_INDENT * 2 + line for line in _text_lines(text))
+            elif isinstance(value, str) and "\n" in value.strip():
+                kept[key] = "(below)"
+                lines.append(f"{_INDENT}{key}:")
+                lines.extend(_INDENT * 2 + line for line in _text_lines(value))
+            else:
+                kept[key] = value
+        return kept
+
+    fields = take(record.fields)
+    data = take(record.data)
+    return fields, data, [_one_line(line) for line in lines]
+
+
+def _text_lines(text: str) -> list[str]:
+    """A stack in reading order (:func:`~eventbus.app.launcher.console.stack_lines`), any
+    other text as its lines."""
+    if parse_stack(text)[1]:
+        return stack_lines(text, full=True)
+    return text.rstrip().splitlines()
+
 
 def format_record(record: Record, *, colour: bool = False, utc: bool = False,
                   data_chars: int | None = DATA_CHARS) -> str:
     """One line: time, host, who (``agent`` / ``rank N``), type, fields, ``|`` data (cut
-    after ``data_chars`` characters; None: never)."""
+    after ``data_chars`` characters, a stack shown as its top frame, a torch record as its
+    name and state). ``data_chars=None`` (``--full``): all of it, and every text of
+    several lines (a stack, a traceback) on indented lines under the event's line."""
     when = datetime.datetime.fromtimestamp(
         record.timestamp, datetime.timezone.utc if utc else None)
     stamp = when.strftime("%H:%M:%S.") + f"{when.microsecond // 1000:03d}"
@@ -94,14 +218,20 @@ def format_record(record: Record, *, colour: bool = False, utc: bool = False,
     host = f"{_one_line(record.hostname[:12]):<12}"
     who = f"{'agent' if record.rank is None else f'rank {record.rank}':<8}"
     name = f"{_one_line(record.type):<17}"
-    fields = _one_line(" ".join(f"{k}={_value(v)}" for k, v in record.fields.items()
+    below: list[str] = []
+    if data_chars is None:
+        shown_fields, shown_data, below = _blocks(record)
+    else:
+        shown_fields, shown_data = _short_fields(record), _short_data(record)
+    fields = _one_line(" ".join(f"{k}={_value(v)}" for k, v in shown_fields.items()
                                 if v is not None))
-    data = _one_line(" ".join(f"{k}={_value(v)}" for k, v in record.data.items()))
+    data = _one_line(" ".join(f"{k}={_value(v)}" for k, v in shown_data.items()))
     if data_chars is not None and len(data) > data_chars:
         data = data[:data_chars] + f"... (+{len(data) - data_chars} chars, --full)"
+    tail = "".join("\n" + line for line in below)
     if not colour:
         return "  ".join((stamp, host, who, name, fields + (" | " + data if data else "")
-                          )).rstrip()
+                          )).rstrip() + tail
     # bold: a user-declared type
     if record.stopped_by_agent:  # collateral of another worker's failure
         tint = _COLOURS["stopped"]
@@ -115,7 +245,9 @@ def format_record(record: Record, *, colour: bool = False, utc: bool = False,
         who,
         (tint + name + _RESET) if tint else name,
         fields + ((_DIM + " | " + _RESET + data) if data else ""),
-    )).rstrip()
+    )).rstrip() + "".join(
+        "\n" + (_BOLD + line + _RESET if EVENTBUS_MARK not in line and line.strip().startswith(
+            ("Thread 0x", "Current thread 0x")) else line) for line in below)
 
 
 class EventFileReader:
@@ -218,8 +350,64 @@ def _ranks(values: Sequence[str]) -> set[int | Literal["agent"]]:
     return ranks
 
 
-def _matches(record: Record, types: set[str], ranks: set[int | Literal["agent"]]) -> bool:
-    if types and record.type.upper() not in types:
+class TypeFilter:
+    """Which types ``--type``/``--exclude`` let through: ``include`` (empty: all but
+    :data:`HIDDEN_TYPES`), minus ``exclude``; names upper-case."""
+
+    __slots__ = ("exclude", "include")
+
+    def __init__(self, include: frozenset[str] = frozenset(),
+                 exclude: frozenset[str] = frozenset()) -> None:
+        self.include = include
+        self.exclude = exclude
+
+    def __call__(self, type_name: str) -> bool:
+        name = type_name.upper()
+        if name in self.exclude:
+            return False
+        if self.include:
+            return name in self.include
+        return name not in HIDDEN_TYPES
+
+
+def parse_types(values: Sequence[str], excluded: Sequence[str] = (), *,
+                known: Sequence[str] = (), strict: bool = True) -> tuple[TypeFilter, list[str]]:
+    """``--type`` and ``--exclude`` values (repeatable, comma-separated; in ``--type`` a
+    leading ``-`` or ``!`` excludes) as a :class:`TypeFilter`, and notes for names that
+    are neither built in nor in ``known`` (the types in the file).
+
+    Such a name is an ``argparse.ArgumentTypeError`` naming the valid types and the
+    closest one, unless ``strict`` is False (``-f``: the type may come later) and no valid
+    name is close to it: then it is kept and a note says so.
+    """
+    builtin = [str(t) for t in EventType]
+    valid = sorted({*builtin, *(k.upper() for k in known)})
+    include: set[str] = set()
+    exclude: set[str] = set()
+    notes: list[str] = []
+    tokens = [(v, False) for v in _split(values)] + [(v, True) for v in _split(excluded)]
+    for token, from_exclude in tokens:
+        name = token.lstrip("-!").strip()
+        is_exclude = from_exclude or name != token
+        option = "--exclude" if from_exclude else "--type"
+        if not name:
+            raise argparse.ArgumentTypeError(f"{option} {token!r}: give an event type name, "
+                                             "e.g. --type WORKER_EXIT or --type -TORCHELASTIC")
+        upper = name.upper()
+        if upper not in valid:
+            hint = did_you_mean(upper, valid)
+            if strict or hint:
+                raise argparse.ArgumentTypeError(
+                    f"{option} {token!r}: no such event type{hint}; the types are "
+                    f"{', '.join(valid)} (built in, or in the file)")
+            notes.append(f"{name!r} is not a built-in type and not in the file yet; "
+                         "showing it when it comes")
+        (exclude if is_exclude else include).add(upper)
+    return TypeFilter(frozenset(include), frozenset(exclude)), notes
+
+
+def _matches(record: Record, types: TypeFilter, ranks: set[int | Literal["agent"]]) -> bool:
+    if not types(record.type):
         return False
     if not ranks:
         return True
@@ -241,14 +429,20 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-n", "--lines", type=int, default=None, metavar="N",
                         help="start with only the last N matching events")
     parser.add_argument("--type", action="append", default=[], metavar="TYPE",
-                        help="only these event types (repeat or comma-separate)")
+                        help="only these event types (repeat or comma-separate); -TYPE or "
+                             "!TYPE leaves one out (--type=-TORCHELASTIC). WORKER_PROGRESS "
+                             "heartbeats show only when named here")
+    parser.add_argument("--exclude", action="append", default=[], metavar="TYPE",
+                        help="leave these event types out (repeat or comma-separate)")
     parser.add_argument("--rank", action="append", default=[], metavar="RANK",
                         help="only these global ranks, or 'agent' (repeat or comma-separate)")
     parser.add_argument("--color", "--colour", choices=("auto", "always", "never"),
                         default="auto", help="colourise (auto: when stdout is a terminal)")
     parser.add_argument("--utc", action="store_true", help="times in UTC, not local time")
     parser.add_argument("--full", action="store_true",
-                        help=f"show all of each event's data (default: {DATA_CHARS} chars)")
+                        help=f"show all of each event's data (default: {DATA_CHARS} chars, a "
+                             "stack as its top frame, torch's records as their name and "
+                             "state), stacks and tracebacks on several lines")
     parser.add_argument("--interval", type=float, default=0.25, metavar="SECONDS",
                         help="how often -f looks for new lines (default 0.25)")
     return parser
@@ -264,17 +458,19 @@ def _use_colour(mode: str, stream: IO[str]) -> bool:
 
 
 class _Printer:
-    def __init__(self, *, colour: bool, utc: bool, full: bool, types: set[str],
+    def __init__(self, *, colour: bool, utc: bool, full: bool, types: TypeFilter,
                  ranks: set[int | Literal["agent"]]) -> None:
         self.colour, self.utc, self.types, self.ranks = colour, utc, types, ranks
         self.data_chars = None if full else DATA_CHARS
-        self.shown = self.skipped = 0
+        self.shown = self.skipped = self.hidden = 0
 
     def line(self, item: Record | Problem) -> str | None:
         if isinstance(item, Problem):
             self.skipped += 1
             return None
         if not _matches(item, self.types, self.ranks):
+            if item.type.upper() in HIDDEN_TYPES and not self.types.include:
+                self.hidden += 1
             return None
         self.shown += 1
         return format_record(item, colour=self.colour, utc=self.utc,
@@ -314,10 +510,29 @@ def _follow(reader: EventFileReader, printer: _Printer, interval: float) -> Iter
         time.sleep(interval)
 
 
+def _joined_type_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``--type -TORCHELASTIC`` as ``--type=-TORCHELASTIC``: argparse would take the value
+    for an option of its own and say ``--type`` lacks one."""
+    options = set(parser._option_string_actions)
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("--type", "--exclude") and i + 1 < len(argv) \
+                and argv[i + 1][:1] in ("-", "!") and argv[i + 1] not in options \
+                and argv[i + 1] != "--":
+            out.append(f"{arg}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(arg)
+        i += 1
+    return out
+
+
 def main(argv: Sequence[str]) -> int:
     """``eventbus tail``: 0 when done (or stopped with Ctrl-C), 2 on a usage error."""
     parser = _parser()
-    args = parser.parse_args(list(argv))
+    args = parser.parse_args(_joined_type_values(parser, list(argv)))
     try:
         ranks = _ranks(args.rank)
     except argparse.ArgumentTypeError as exc:
@@ -327,17 +542,34 @@ def main(argv: Sequence[str]) -> int:
     if args.interval <= 0:
         parser.error(f"--interval {args.interval}: give a positive number of seconds")
     path = Path(args.path)
+    if path.is_dir():
+        found = sorted(p.name for p in path.glob("*.jsonl"))
+        more = " ..." if len(found) > 5 else ""
+        hint = (f"; give one of its events files: {', '.join(found[:5])}{more}"
+                if found else "; it holds no *.jsonl file")
+        print(f"eventbus tail: {path} is a directory, not an events file{hint}",
+              file=sys.stderr)
+        return 2
     if not args.follow and not path.is_file():
         print(f"eventbus tail: {path}: no such file (-f waits for it to appear)",
               file=sys.stderr)
         return 2
-    printer = _Printer(colour=_use_colour(args.color, sys.stdout), utc=args.utc, full=args.full,
-                       types={t.upper() for t in _split(args.type)}, ranks=ranks)
     reader = EventFileReader(path)
+    first = reader.poll()
+    if not args.follow:
+        first += reader.finish()
     try:
-        first = reader.poll()
-        if not args.follow:
-            first += reader.finish()
+        types, notes = parse_types(
+            args.type, args.exclude, strict=not args.follow,
+            known=sorted({item.type for item in first if isinstance(item, Record)}))
+    except argparse.ArgumentTypeError as exc:
+        reader.close()
+        parser.error(str(exc))
+    for note in notes:
+        print(f"eventbus tail: {note}", file=sys.stderr)
+    printer = _Printer(colour=_use_colour(args.color, sys.stdout), utc=args.utc, full=args.full,
+                       types=types, ranks=ranks)
+    try:
         if args.lines is not None:
             # keep the last N matching events (and every problem, in its place)
             keep: collections.deque[int] = collections.deque(maxlen=max(args.lines, 0))
@@ -363,4 +595,7 @@ def main(argv: Sequence[str]) -> int:
     if printer.skipped:
         print(f"eventbus tail: {printer.shown} event(s) shown, {printer.skipped} line(s) "
               "skipped (not events)", file=sys.stderr)
+    if printer.hidden:
+        print(f"eventbus tail: {printer.hidden} WORKER_PROGRESS heartbeat(s) not shown "
+              "(--type WORKER_PROGRESS shows them)", file=sys.stderr)
     return 0
