@@ -203,6 +203,26 @@ def test_cli_errors_name_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert not (tmp_path / "x.json").exists()
 
 
+def test_a_directory_is_read_as_its_events_files(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """trace DIR traces the *.jsonl files in it (into DIR/trace.json) and says which; a
+    directory without one is exit 2 saying so, not 'no such file'."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "node0.jsonl").write_text(NODE0.read_text())
+    (run / "node1.jsonl").write_text(NODE1.read_text())
+    assert cli_main(["trace", str(run)]) == 0
+    err = capsys.readouterr().err
+    assert "is a directory; reading its events files: node0.jsonl, node1.jsonl" in err
+    both = _strict_load(run / "trace.json")
+    assert both["otherData"]["events"] > 37
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli_main(["trace", str(empty)]) == 2
+    err = capsys.readouterr().err
+    assert "is a directory with no *.jsonl file" in err and "no such file" not in err
+
+
 def test_default_output_is_next_to_the_first_input(tmp_path: Path) -> None:
     """Without -o the trace is trace.json beside the events file."""
     events = tmp_path / "events.jsonl"

@@ -50,6 +50,7 @@ __all__ = [
     "NodeView",
     "RendezvousSpan",
     "WorkerRun",
+    "expand_inputs",
     "iter_tracks",
     "load_for_command",
 ]
@@ -535,6 +536,34 @@ def iter_tracks(view: JobView) -> Iterator[tuple[NodeView, int | Literal["agent"
         yield node, AGENT
         for rank in node.ranks:
             yield node, rank
+
+
+def expand_inputs(command: str, inputs: Sequence[str]) -> list[str] | None:
+    """The events files ``inputs`` name for ``eventbus COMMAND``: a directory stands for the
+    ``*.jsonl`` files in it (a run's output folder; per-node files merge into one view,
+    and one event in two files counts once). ``None``, after saying why on stderr, for a
+    path that does not exist or a directory with no ``*.jsonl`` file."""
+    files: list[str] = []
+    for path in inputs:
+        p = Path(path)
+        if p.is_dir():
+            found = sorted(str(f) for f in p.glob("*.jsonl") if f.is_file())
+            if not found:
+                print(f"eventbus {command}: {path} is a directory with no *.jsonl file in "
+                      "it; pass the file written by `eventbus run --events-jsonl PATH`",
+                      file=sys.stderr)
+                return None
+            print(f"eventbus {command}: {path} is a directory; reading its events files: "
+                  f"{', '.join(Path(f).name for f in found)}", file=sys.stderr)
+            files.extend(found)
+        elif p.is_file():
+            files.append(path)
+        else:
+            print(f"eventbus {command}: {path}: no such file (pass the file written by "
+                  "`eventbus run --events-jsonl PATH`, or the folder it is in)",
+                  file=sys.stderr)
+            return None
+    return files
 
 
 def load_for_command(command: str, inputs: Sequence[str]) -> JobView | None:

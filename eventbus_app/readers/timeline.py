@@ -23,6 +23,7 @@ from typing import Literal
 
 from eventbus.app.readers.jobview import AGENT
 from eventbus.app.readers.jobview import JobView
+from eventbus.app.readers.jobview import expand_inputs
 from eventbus.app.readers.jobview import iter_tracks
 from eventbus.app.readers.jobview import load_for_command
 
@@ -290,19 +291,18 @@ def main(argv: Sequence[str]) -> int:
     """``eventbus plot``: 0 on success, 1 when there is nothing to draw or matplotlib is
     missing, 2 on a usage error."""
     args = _parser().parse_args(list(argv))
-    for path in args.inputs:
-        if not Path(path).is_file():
-            print(f"eventbus plot: {path}: no such file (pass the file written by "
-                  "`eventbus run --events-jsonl PATH`)", file=sys.stderr)
-            return 2
+    inputs = expand_inputs("plot", args.inputs)
+    if inputs is None:
+        return 2
     try:
         _matplotlib()
     except PlotUnavailableError as exc:
         print(f"eventbus plot: {exc}", file=sys.stderr)
         return 1
-    output = Path(args.output) if args.output else Path(args.inputs[0]).with_name(
-        "timeline.png")
-    view = load_for_command("plot", args.inputs)
+    first = Path(args.inputs[0])
+    output = Path(args.output) if args.output else (
+        first / "timeline.png" if first.is_dir() else first.with_name("timeline.png"))
+    view = load_for_command("plot", inputs)
     if view is None:
         return 1
     try:

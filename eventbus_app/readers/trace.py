@@ -35,6 +35,7 @@ from typing import Literal
 
 from eventbus.app.readers.jobview import AGENT
 from eventbus.app.readers.jobview import JobView
+from eventbus.app.readers.jobview import expand_inputs
 from eventbus.app.readers.jobview import iter_tracks
 from eventbus.app.readers.jobview import load_for_command
 from eventbus.app.readers.records import Record
@@ -255,27 +256,33 @@ def _parser() -> argparse.ArgumentParser:
         description="Events JSONL -> Chrome Trace Event Format JSON. Open the result at "
                     "https://ui.perfetto.dev (or chrome://tracing).")
     parser.add_argument("inputs", nargs="+", metavar="EVENTS.jsonl",
-                        help="events files (several, e.g. one per node, merge into one trace)")
+                        help="events files (several, e.g. one per node, merge into one "
+                             "trace), or a folder: its *.jsonl files")
     parser.add_argument("-o", "--output", default=None, metavar="TRACE.json",
                         help="where to write the trace (default: trace.json next to the "
                              "first input)")
     return parser
 
 
+def _default_output(first: str, name: str) -> Path:
+    """``name`` next to the first input, or inside it when it is a directory."""
+    path = Path(first)
+    return path / name if path.is_dir() else path.with_name(name)
+
+
 def main(argv: list[str]) -> int:
     """``eventbus trace``: returns 0 on success, 1 when the inputs hold no events, 2 on a
     usage error."""
     args = _parser().parse_args(argv)
-    for path in args.inputs:
-        if not Path(path).is_file():
-            print(f"eventbus trace: {path}: no such file (pass the file written by "
-                  "`eventbus run --events-jsonl PATH`)", file=sys.stderr)
-            return 2
-    output = Path(args.output) if args.output else Path(args.inputs[0]).with_name("trace.json")
-    view = load_for_command("trace", args.inputs)
+    inputs = expand_inputs("trace", args.inputs)
+    if inputs is None:
+        return 2
+    output = Path(args.output) if args.output else _default_output(args.inputs[0],
+                                                                    "trace.json")
+    view = load_for_command("trace", inputs)
     if view is None:
         return 1
-    trace = chrome_trace(view, sources=list(args.inputs))
+    trace = chrome_trace(view, sources=inputs)
     try:
         write_trace(trace, output)
     except OSError as exc:

@@ -16,7 +16,6 @@ and returns the subscriber. See docs/sinks.md.
 
 from __future__ import annotations
 
-import difflib
 import importlib.metadata
 import logging
 import sys
@@ -36,6 +35,7 @@ from eventbus.app.sinks.base import redact_text
 from eventbus.app.sinks.base import redact_uri
 from eventbus.bus import ALL
 from eventbus.bus import Bus
+from eventbus.errors import did_you_mean
 
 __all__ = [
     "BUILTIN_SINKS",
@@ -121,8 +121,7 @@ def _factory(name: str) -> Callable[[str], Any]:
     known = sorted({*BUILTIN_SINKS, *(e.name for e in
                                       importlib.metadata.entry_points(
                                           group=SINK_ENTRY_POINT_GROUP))})
-    close = difflib.get_close_matches(name.lower(), known, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    hint = did_you_mean(name.lower(), known)
     raise SinkError(f"--sink {name}: unknown sink{hint}; the sinks are {', '.join(known)} "
                     f"(others register under the entry-point group {SINK_ENTRY_POINT_GROUP!r})")
 
