@@ -252,3 +252,14 @@ def test_the_fused_observer_feeds_heartbeats_to_both_watches() -> None:
     observe(eventbus.Metric(step=None, data={}, context=JobContext(rank=0, restart_count=0)))
     assert stall.ranks(0) == [0, 1] and set(stall.beats(0)) == {0, 1}
     assert [s.rank for s in straggler.check(0)] == [1]
+
+
+def test_a_rank_whose_script_has_ended_is_never_stalled() -> None:
+    """The last heartbeat of a worker whose script returned says so (data['exiting']): a
+    slow interpreter exit after it is no stall."""
+    clock = Clock()
+    watch = health.StallWatch(2.0, clock=clock)
+    watch.observe(_beat(0, enq=39, comp=38))
+    watch.observe(_beat(1, enq=50, comp=50, exiting=True))
+    clock.now += 10
+    assert [s.rank for s in watch.overdue(0, [0, 1])] == [0]

@@ -43,6 +43,7 @@ from collections.abc import Sequence
 from typing import Any
 from typing import Literal
 
+import attrs
 from torch.distributed.elastic.agent.server.api import RunResult
 from torch.distributed.elastic.agent.server.api import WorkerGroup
 from torch.distributed.elastic.agent.server.api import WorkerState
@@ -50,6 +51,7 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from eventbus.app.launcher import console
+from eventbus.app.launcher import culprit
 from eventbus.app.launcher import health
 from eventbus.app.launcher.stop_signal import StopSignal
 from eventbus.app.launcher.store_transport import StoreTransport
@@ -279,6 +281,7 @@ class EventAgent(LocalElasticAgent):
         stop_exit_code: int = health.DEFAULT_STOP_EXIT_CODE,
         stall_stop_grace_s: float = health.STALL_STOP_GRACE_S,
         stall_auto_floor_s: float = health.AUTO_FLOOR_S,
+        progress: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -319,12 +322,13 @@ class EventAgent(LocalElasticAgent):
         self._init_health(stall_timeout=stall_timeout, slow_factor=slow_factor,
                           stop_exit_code=stop_exit_code,
                           stall_stop_grace_s=stall_stop_grace_s,
-                          stall_auto_floor_s=stall_auto_floor_s)
+                          stall_auto_floor_s=stall_auto_floor_s, progress=progress)
 
     # -- job health (docs/run.md "Job health"; the rules live in launcher/health.py) ---------
     def _init_health(self, *, stall_timeout: float | Literal["auto"] | None,
                      slow_factor: float | None, stop_exit_code: int,
-                     stall_stop_grace_s: float, stall_auto_floor_s: float) -> None:
+                     stall_stop_grace_s: float, stall_auto_floor_s: float,
+                     progress: str | None = None) -> None:
         self.stop_exit_code = int(stop_exit_code)
         self.stall_stop_grace_s = float(stall_stop_grace_s)
         self.stalls = 0
@@ -342,6 +346,19 @@ class EventAgent(LocalElasticAgent):
             os.environ[ENV_STACK_DIR] = self._stack_dir  # the workers inherit it
         if slow_factor is not None:
             self.straggler_watch = health.StragglerWatch(slow_factor)
+        #: the workers' progress watch (docs/run.md "Job health"): its sources, the flight
+        #: recorder's ring for the workers, and the folder of flight-recorder dumps
+        sources = health.parse_progress(progress if progress is not None
+                                        else health.DEFAULT_PROGRESS)
+        os.environ[health.ENV_PROGRESS] = ",".join(sources) or "off"
+        if "collectives" in sources and not any(
+                name in os.environ for name in health.FR_USER_SETTINGS):
+            os.environ[health.ENV_FR_BUFFER] = str(health.FR_BUFFER_SIZE)
+        run_id = str(self._worker_group.spec.rdzv_handler.get_run_id())
+        self.fr_dump_root: str | None = None
+        if self.stall_watch is not None and "collectives" in sources:
+            self.fr_dump_root = health.fr_dump_root(run_id)
+        self._fr_dumped: dict[int, str] = {}  # attempt -> its dump folder
         self._observing_steps: bool | None = None
         self._observe_health(steps=True)
 
@@ -360,6 +377,23 @@ class EventAgent(LocalElasticAgent):
             self._health_subs.append(self.bus.subscribe(ALL, on_event=observe))
         for sub in old:
             sub.cancel()
+
+    def _arm_fr_dumps(self) -> None:
+        """Point this attempt's workers at its dump folder (``EVENTBUS_FR_DUMP_DIR``)."""
+        if self.fr_dump_root is None:
+            return
+        folder = os.path.join(self.fr_dump_root, f"attempt{self.attempt}")
+        try:
+            os.makedirs(folder, exist_ok=True)
+            for name in os.listdir(folder):  # a former run's of the same run id
+                if name.startswith(health.FR_DUMP_PREFIX):
+                    with contextlib.suppress(OSError):
+                        os.unlink(os.path.join(folder, name))
+        except OSError as exc:
+            logger.warning("eventbus: no flight-recorder dumps (%s: %s)", folder, exc)
+            os.environ.pop(health.ENV_FR_DUMP_DIR, None)
+            return
+        os.environ[health.ENV_FR_DUMP_DIR] = folder  # the workers inherit it
 
     @property
     def stopped_by_reactor(self) -> bool:
@@ -424,16 +458,28 @@ class EventAgent(LocalElasticAgent):
             return
         self._next_slow_check = now + 1.0
         for slow in watch.check(self.attempt):
+            data: dict[str, Any] = {"attempt": self.attempt, "slow_factor": watch.factor,
+                                    "basis": slow.basis}
+            if slow.basis == "compute_s":  # lock-step: the time outside collectives
+                data.update(compute_s=slow.step_time_s,
+                            median_compute_s=slow.median_step_time_s)
             self.bus.publish(WorkerSlow(
                 worker_id=slow.rank, factor=round(slow.factor, 3),
                 step_time_s=slow.step_time_s, median_step_time_s=slow.median_step_time_s,
-                step=slow.step, data={"attempt": self.attempt,
-                                      "slow_factor": watch.factor}))
+                step=slow.step, data=data))
 
     def _check_stalls(self, worker_group: WorkerGroup) -> RunResult | None:
-        """Publish the stalled workers and let the reactors decide; then stop the group and
-        return a FAILED result, which torch's loop restarts (one of ``--max-restarts``) or
-        ends the job with. None while no worker is stalled."""
+        """On a stall, name its culprits and publish WORKER_STALLED for them alone; let the
+        reactors decide; then stop the group and return a FAILED result, which torch's loop
+        restarts (one of ``--max-restarts``) or ends the job with. None while no rank is
+        stalled.
+
+        Group rank 0 judges the whole job: it sees every node's heartbeats through the job
+        view, runs the culprit analysis (launcher/culprit.py) over them, and stops its
+        own workers; the other nodes follow through torch's rendezvous (rank 0's restart
+        makes them restart: ``num_nodes_waiting``), or the job-wide STOP (stop_signal.py).
+        The other agents only ask their workers for flight-recorder dumps, and act alone
+        only when group rank 0 did not within :data:`health.JUDGE_GRACE_S` more."""
         watch = self.stall_watch
         pcontext = getattr(self, "_pcontext", None)
         if watch is None or pcontext is None:
@@ -443,26 +489,69 @@ class EventAgent(LocalElasticAgent):
         for local_rank, pid in sorted(pcontext.pids().items()):
             if isinstance(pid, int) and _peek_exit(pid) is None:
                 live[worker_group.workers[local_rank].global_rank] = (local_rank, pid)
-        if not watch.overdue(attempt, live):
+        judge = worker_group.group_rank in (0, None)
+        ranks = set(live)
+        if judge:  # the other nodes' ranks too (the job view)
+            ranks.update(watch.ranks(attempt))
+        if not watch.overdue(attempt, ranks):
             return None
         self._drain_plugins()  # what the worker sent just now counts as progress
-        # the longest silent first: the likeliest cause, which the restart reason names
-        stalls = sorted(watch.stalled(attempt, live), key=lambda st: -st.silent_s)
-        if not stalls:
+        overdue = watch.overdue(attempt, ranks)
+        if not overdue:
             return None
-        self.stalls += len(stalls)
+        if not judge:
+            self._dump_flight_recorders(attempt, live)
+            grace = health.JUDGE_GRACE_S + max(s.timeout_s for s in overdue)
+            overdue = [s for s in overdue if s.silent_s > grace and s.rank in live]
+            if not overdue:
+                return None  # group rank 0 judges (and its restart reaches us)
+        found = self._analyze_stall(attempt, overdue, local_only=not judge)
+        if found is None:
+            return None  # a slow start: the ranks held up wait for one not yet started
+        dump_dir = self._dump_flight_recorders(attempt, live)
+        if dump_dir is not None:  # the dumps took a moment: judge on the latest beats
+            self._drain_plugins()
+            found = self._analyze_stall(attempt, overdue, local_only=not judge) or found
+        analysis, stalled = found
+        watch.mark_reported(attempt, ranks)
+        self.stalls += len(stalled)
+        beats = watch.beats(attempt)
         stacks = (health.StackDumper(self._stack_dir).capture(pid for _, pid in live.values())
                   if self._stack_dir else {})
+
+        def stack_of(rank: int) -> str:
+            if rank in live:
+                return stacks.get(live[rank][1], "")
+            beat = beats.get(rank)
+            text = beat[0].data.get("stack") if beat is not None and beat[0].data else None
+            return text if isinstance(text, str) else (
+                "(no stack: the rank runs on another node and its heartbeats carry none)")
+
+        every = sorted(set(ranks) | set(beats))
         events = []
-        for stall in stalls:
-            local_rank, pid = live[stall.rank]
-            peers = {str(rank): stacks.get(p, "") for rank, (_, p) in sorted(live.items())
-                     if rank != stall.rank}
+        for rank in stalled:
+            local_rank, pid = live.get(rank, (None, None))
+            silent = watch.silent_s(attempt, rank)
+            beat = beats.get(rank)
+            data: dict[str, Any] = {
+                "attempt": attempt, "culprit_ranks": list(analysis.culprit_ranks or stalled),
+                "waiting_ranks": list(analysis.waiting_ranks),
+                "collective": (analysis.collective.as_data()
+                               if analysis.collective is not None else None),
+                "diagnosis": analysis.diagnosis, "mismatch": analysis.mismatch,
+                "matcher": analysis.matcher, "stack": stack_of(rank),
+                "peer_stacks": {str(r): stack_of(r) for r in every if r != rank}}
+            where = beat[0].data.get("where") if beat is not None and beat[0].data else None
+            if isinstance(where, str):
+                data["where"] = where
+            if dump_dir is not None:
+                data["fr_dump_dir"] = dump_dir
+            if not judge:
+                data["judged_by"] = f"group rank {worker_group.group_rank} (alone)"
             events.append(WorkerStalled(
-                worker_id=stall.rank, silent_s=round(stall.silent_s, 3),
-                timeout_s=stall.timeout_s, worker_local_rank=local_rank, worker_pid=pid,
-                data={"attempt": attempt, "stack": stacks.get(pid, ""),
-                      "peer_stacks": peers}))
+                worker_id=rank, silent_s=round(silent if silent is not None else 0.0, 3),
+                timeout_s=watch.timeout_for(attempt, rank), worker_local_rank=local_rank,
+                worker_pid=pid, data=data))
         self._decide(events)
         # Stop the whole group now, with a short grace: a worker blocked in a collective
         # ignores SIGTERM until the collective's own timeout (30 min with gloo/NCCL).
@@ -484,8 +573,71 @@ class EventAgent(LocalElasticAgent):
                     signal=signal_name(int(failure.exitcode)),
                     message="stopped by the agent: the group stalled",
                     data={"attempt": attempt, "stopped_by_agent": True,
-                          "stalled": any(s.rank == rank for s in stalls)}))
+                          "stalled": rank in stalled}))
         return RunResult(state=WorkerState.FAILED, failures=failures)
+
+    def _analyze_stall(self, attempt: int, overdue: Sequence[health.Stall], *,
+                       local_only: bool) -> tuple[culprit.Analysis, list[int]] | None:
+        """The analysis and the ranks to report stalled: its culprits (when the heartbeats
+        name them), else the overdue ranks that wait in no collective, else every overdue
+        rank (the collective itself makes no progress). None when every culprit has not
+        started yet (a slow start: never a stall, as before the first event)."""
+        watch = self.stall_watch
+        assert watch is not None
+        progress = [p for rank, (beat, age) in watch.beats(attempt).items()
+                    for p in [culprit.progress_of(beat, age_s=age)] if p is not None]
+        try:
+            analysis = culprit.analyze(progress)
+        except Exception:  # the analysis must never cost the stall
+            logger.exception("eventbus: the culprit analysis failed; reporting the silent "
+                             "ranks")
+            analysis = culprit.Analysis((), (), None, False,
+                                        "the culprit analysis failed (see the agent's log)")
+        started = set(watch.ranks(attempt))
+        if analysis.culprit_ranks and not local_only:
+            named = [r for r in analysis.culprit_ranks if r in started]
+            return (analysis, named) if named else None
+        waiting = {p.rank for p in progress
+                   if any(st.completed < st.enqueued for st in p.pgs.values())}
+        silent = [s.rank for s in overdue]
+        stalled = [r for r in silent if r not in waiting and r not in analysis.waiting_ranks]
+        if local_only:
+            return (analysis, stalled) if stalled else None  # never a waiting rank
+        if not stalled:
+            stalled = silent
+            if analysis.collective is None and waiting:
+                analysis = attrs.evolve(analysis, diagnosis=(
+                    f"{culprit.format_ranks(silent)} made no progress for "
+                    f"{max(s.silent_s for s in overdue):.1f} s, each waiting in a "
+                    "collective that no other rank's heartbeat shows missing (the collective "
+                    "itself, or a rank that sends no heartbeats)"))
+        elif analysis.collective is None:
+            where = {p.rank: p.where for p in progress if p.where}
+            places = "; ".join(f"rank {r} is at {where[r]}" for r in stalled if r in where)
+            analysis = attrs.evolve(analysis, diagnosis=(
+                f"{culprit.format_ranks(stalled)} made no progress for "
+                f"{max(s.silent_s for s in overdue):.1f} s ({analysis.diagnosis})"
+                + (f"; {places}" if places else "")))
+        return analysis, stalled
+
+    def _dump_flight_recorders(self, attempt: int,
+                               live: Mapping[int, tuple[int, int]]) -> str | None:
+        """Ask this node's live workers for their flight-recorder traces (once per attempt)
+        and wait for them briefly; the folder, or None without dumps (opted out)."""
+        if self.fr_dump_root is None:
+            return None
+        if attempt in self._fr_dumped:
+            return self._fr_dumped[attempt] or None
+        try:
+            folder = health.request_fr_dumps(
+                os.path.join(self.fr_dump_root, f"attempt{attempt}"),
+                f"stall-attempt{attempt}-{time.time():.3f}", live)
+        except OSError as exc:
+            logger.warning("eventbus: no flight-recorder dumps: %s", exc)
+            self._fr_dumped[attempt] = ""
+            return None
+        self._fr_dumped[attempt] = folder or ""
+        return folder
 
     # -- reactors ---------------------------------------------------------------------------
     def add_reactor(self, reactor: Reactor) -> Subscription:
@@ -644,6 +796,7 @@ class EventAgent(LocalElasticAgent):
         )
         self._watch_remote_stop(worker_group)
         self._observe_health(steps=worker_group.group_rank in (0, None))
+        self._arm_fr_dumps()
         if self.plugins:
             self._after_rendezvous(worker_group)
         self._freeze_heap()

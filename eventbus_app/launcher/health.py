@@ -31,6 +31,7 @@ import math
 import os
 import signal
 import statistics
+import tempfile
 import threading
 import time
 from collections import deque
@@ -80,12 +81,36 @@ AUTO_FLOOR_S = 60.0
 AUTO_FACTOR = 5.0
 #: ``data[EXPECT_SILENCE_KEY] = seconds`` in any event announces a quiet period
 EXPECT_SILENCE_KEY = "expect_silence_s"
+#: ``data[EXITING_KEY] = True`` in a worker's last heartbeat: its script has ended
+EXITING_KEY = "exiting"
 #: a stalled group is stopped by SIGTERM, then SIGKILL after this many seconds (a worker
 #: blocked in a C call, a collective say, never runs its Python SIGTERM handler)
 STALL_STOP_GRACE_S = 5.0
 #: each stack in an event is cut to this many characters (its end, the innermost frames
 #: of the last thread, is kept whole by faulthandler's "most recent call first" order)
 MAX_STACK_CHARS = 32_000
+
+
+#: ``--progress`` sources, and the default (all of them)
+PROGRESS_SOURCES = ("collectives", "steps", "events")
+DEFAULT_PROGRESS = ",".join(PROGRESS_SOURCES)
+#: the workers' environment: their progress sources (eventbus_app/worker/progress.py)
+ENV_PROGRESS = "EVENTBUS_PROGRESS"
+#: the flight recorder's ring size, set for the workers unless the user set one of
+#: :data:`FR_USER_SETTINGS` (torch reads it when a process group is created)
+ENV_FR_BUFFER = "TORCH_FR_BUFFER_SIZE"
+FR_USER_SETTINGS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+FR_BUFFER_SIZE = 64
+#: the workers' environment: the run's folder of flight-recorder dumps
+ENV_FR_DUMP_DIR = "EVENTBUS_FR_DUMP_DIR"
+#: the request file in that folder, and how long the agent waits for the dumps
+FR_REQUEST_FILE = "request"
+FR_DUMP_WAIT_S = 2.0
+#: the file name prefix of each rank's dump (``fr_trace`` infers it)
+FR_DUMP_PREFIX = "fr_trace_rank_"
+#: a node other than group rank 0 acts on its own stalled ranks only this many seconds
+#: after their timeout (group rank 0 judges the job; its restart normally comes first)
+JUDGE_GRACE_S = 15.0
 
 
 # -- the command line ----------------------------------------------------------------------
@@ -122,6 +147,23 @@ def parse_stall_auto_floor(text: str) -> float:
 def parse_slow_factor(text: str) -> float | None:
     """``--slow-factor``: a number > 1, or ``off`` (None)."""
     return _number_or(text, "off", above=1, what="a factor > 1")
+
+
+def parse_progress(text: str) -> tuple[str, ...]:
+    """``--progress``: ``off``, or a comma list of ``collectives``, ``steps``, ``events``
+    (``all``: the three). Returns the sources in their canonical order."""
+    tokens = [t.strip().lower() for t in text.split(",") if t.strip()]
+    valid = f"off, or a comma list of {', '.join(PROGRESS_SOURCES)} (default: all three)"
+    if tokens == ["off"]:
+        return ()
+    if tokens == ["all"]:
+        return PROGRESS_SOURCES
+    bad = [t for t in tokens if t not in PROGRESS_SOURCES]
+    if not tokens or bad:
+        raise argparse.ArgumentTypeError(
+            f"expected {valid}, got {text!r}" + (f" ({', '.join(map(repr, bad))} is not a "
+                                                  "source)" if bad else ""))
+    return tuple(src for src in PROGRESS_SOURCES if src in tokens)
 
 
 def parse_stop_exit_code(text: str) -> int:
@@ -270,6 +312,8 @@ class StallWatch:
             seen.longest = max(seen.longest, reported)
         seen.marker = marker
         seen.beat, seen.beat_at = beat, now
+        if beat.data and beat.data.get(EXITING_KEY):
+            seen.quiet_until = math.inf  # the script has ended: its exit is no stall
 
     def beats(self, attempt: int) -> dict[int, tuple[WorkerProgress, float]]:
         """rank -> (its latest heartbeat of ``attempt``, seconds since it arrived)."""
@@ -662,6 +706,45 @@ class StackDumper:
                 text = "(no stack: the worker wrote nothing within the wait)"
             result[pid] = text[-MAX_STACK_CHARS:]
         return result
+
+
+# -- flight-recorder dumps -----------------------------------------------------------------
+
+
+def fr_dump_root(run_id: str) -> str:
+    """The run's folder of flight-recorder dumps: the same path on every node, kept after
+    the job (``$TMPDIR/eventbus-fr/<run id>``); each attempt's dumps go to its
+    ``attempt<A>`` folder, which the agent names in the workers' ``EVENTBUS_FR_DUMP_DIR``."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id) or "run"
+    return os.path.join(tempfile.gettempdir(), "eventbus-fr", safe)
+
+
+def request_fr_dumps(folder: str, token: str, ranks: Iterable[int], *,
+                     wait_s: float = FR_DUMP_WAIT_S) -> str | None:
+    """Ask the workers whose ``EVENTBUS_FR_DUMP_DIR`` is ``folder`` for their traces.
+
+    Writes ``token`` to ``<folder>/request`` (whole: a temp file and a rename; each worker
+    serves a new token once, eventbus_app/worker/progress.py) and waits up to ``wait_s``
+    for a fresh ``fr_trace_rank_<r>`` of each of ``ranks``. Returns ``folder`` when at
+    least one came, else None (workers without the progress watch, or opted out)."""
+    os.makedirs(folder, exist_ok=True)
+    asked = time.time_ns() - 1_000_000_000  # file times are coarser than the clock
+    tmp = os.path.join(folder, f".{FR_REQUEST_FILE}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(token + "\n")
+    os.replace(tmp, os.path.join(folder, FR_REQUEST_FILE))
+    want = [os.path.join(folder, f"{FR_DUMP_PREFIX}{r}") for r in ranks]
+
+    def fresh(path: str) -> bool:
+        try:
+            return os.stat(path).st_mtime_ns >= asked
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and not all(fresh(p) for p in want):
+        time.sleep(0.05)
+    return folder if any(fresh(p) for p in want) else None
 
 
 def _size(path: str) -> int:
