@@ -186,7 +186,7 @@ class _Rank:
 
 
 class _Attempt:
-    __slots__ = ("attempt", "end", "marks", "more", "outcome", "reason", "start")
+    __slots__ = ("attempt", "end", "marks", "more", "outcome", "reason", "start", "stopped")
 
     def __init__(self, attempt: int, start: float, reason: str | None) -> None:
         self.attempt = attempt
@@ -196,6 +196,8 @@ class _Attempt:
         self.reason = reason
         self.marks: list[dict[str, Any]] = []
         self.more = 0
+        #: ranks the agent stopped after another's failure (one count, not a mark each)
+        self.stopped = 0
 
 
 Handler = Callable[["JobState", Any, str, float, int], None]
@@ -241,6 +243,8 @@ class JobState:
         self._ended_at: float | None = None
         self._started_at: float | None = None
         self._first_at: float | None = None
+        #: the latest arrival: a straggler report is held SLOW_HOLD_S of the job's time
+        self._last_at = -math.inf
         self._problem: tuple[int, str, Any] | None = None
         self._run_id: str | None = None
         self._world_size: int | None = None
@@ -284,6 +288,7 @@ class JobState:
                 types[name] = 1
             else:
                 types["(other)"] = types.get("(other)", 0) + 1
+            self._last_at = max(self._last_at, arrived)
             if self._first_at is None:
                 self._first_at = arrived
                 self._open_attempt(ev.restart_count or 0, arrived, None)
@@ -338,8 +343,6 @@ class JobState:
             target.marks.append({"t": ev.timestamp, "kind": kind, "rank": rank, "text": text})
         else:
             target.more += 1
-        if kind in ("failure", "stall") and target.outcome == "running":
-            target.outcome = "failed"
 
     def _touch(self, ev: Any, name: str, arrived: float, rank: int | None) -> _Rank | None:
         if rank is None:
@@ -401,16 +404,19 @@ class JobState:
             if not (stopped and data.get("stalled") is True and r.state == "stalled"):
                 r.state = "exited" if code == 0 else "failed"
             r.exit_code, r.signal, r.stopped = code, signal, stopped
-            r.message = message.splitlines()[0][:200] if message else None
+            r.message = _headline(message)
         if code == 0:
             return
         how = f"killed by {signal}" if signal else f"exit code {code}"
         if stopped:
-            self._mark(ev, "stopped", arrived, rank, f"rank {rank} stopped by the agent ({how})")
+            number = self._attempt_of(ev)
+            target = self._attempts.get(number) or self._open_attempt(number, arrived, None)
+            target.stopped += 1
             return
         self._problem = (seq, "failure", ev)
-        first = f": {message.splitlines()[0][:120]}" if message else ""
-        self._mark(ev, "failure", arrived, rank, f"rank {rank} failed ({how}){first}")
+        headline = _headline(message)
+        self._mark(ev, "failure", arrived, rank,
+                   f"rank {rank} failed ({how})" + (f": {headline}" if headline else ""))
 
     def _on_stalled(self, ev: Any, name: str, arrived: float, seq: int) -> None:
         rank = _int(getattr(ev, "worker_id", None))
@@ -533,8 +539,8 @@ class JobState:
         ``ranks`` (docs/seeing-the-job.md has every key), plus the last ``recent`` events."""
         with self._lock:
             ranks = [r.copy() for r in self._ranks.values()]
-            attempts = [(a.attempt, a.start, a.end, a.outcome, a.reason, list(a.marks), a.more)
-                        for a in self._attempts.values()]
+            attempts = [(a.attempt, a.start, a.end, a.outcome, a.reason, list(a.marks), a.more,
+                         a.stopped) for a in self._attempts.values()]
             status, exit_event, ended_at = self._status, self._exit, self._ended_at
             problem = self._problem
             types = dict(self._types)
@@ -543,7 +549,7 @@ class JobState:
             attempt = self._attempt
             refused, unreadable = self._ranks_refused, self._unreadable
             tail = list(self._recent)[-recent:] if recent > 0 else []
-            first_at, started_at = self._first_at, self._started_at
+            first_at, started_at, last_at = self._first_at, self._started_at, self._last_at
             run_id, world, max_restarts = self._run_id, self._world_size, self._max_restarts
         now = self._clock()
         if not self.live:
@@ -554,7 +560,7 @@ class JobState:
         else:
             reference = ended_at if ended_at is not None else now
         ranks.sort(key=lambda r: r.rank)
-        rank_list = [self._rank_json(r, reference) for r in ranks]
+        rank_list = [self._rank_json(r, reference, last_at) for r in ranks]
         counts = collections.Counter(r["state"] for r in rank_list)
         out: dict[str, Any] = {
             "status": status,
@@ -577,8 +583,9 @@ class JobState:
             "states": {s: counts.get(s, 0) for s in RANK_STATES},
             "timeline": [
                 {"attempt": a, "start": start, "end": end, "outcome": outcome,
-                 "reason": _clip(reason, 500), "marks": marks, "more_marks": more}
-                for a, start, end, outcome, reason, marks, more in attempts],
+                 "reason": _clip(reason, 500), "marks": marks, "more_marks": more,
+                 "stopped_by_agent": stopped}
+                for a, start, end, outcome, reason, marks, more, stopped in attempts],
             "problem": None if problem is None else _problem_json(*problem),
             "types": dict(sorted(types.items(), key=lambda kv: (-kv[1], kv[0]))),
             "drops": self._drops(lost, refused, unreadable),
@@ -603,9 +610,9 @@ class JobState:
             items = items[-limit:]
         return self._render(items), gap, newest
 
-    def _rank_json(self, r: _Rank, reference: float) -> dict[str, Any]:
+    def _rank_json(self, r: _Rank, reference: float, last_at: float) -> dict[str, Any]:
         state = r.state
-        if state == "slow" and r.slow_at is not None and reference - r.slow_at > SLOW_HOLD_S:
+        if state == "slow" and r.slow_at is not None and last_at - r.slow_at > SLOW_HOLD_S:
             state = "running"
         idle = None
         if r.idle_s is not None and r.idle_at is not None and state in ("running", "slow",
@@ -664,6 +671,18 @@ class JobState:
                 for key in [k for k in cache if k <= oldest]:
                     del cache[key]
         return out
+
+
+def _headline(message: str | None) -> str | None:
+    """A failure message's line that says the most: a traceback's last line (the
+    exception), else its first line; at most 200 characters."""
+    if not message:
+        return None
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if not lines:
+        return None
+    line = lines[-1] if lines[0].startswith("Traceback") else lines[0]
+    return line[:200]
 
 
 def _clip(text: str | None, limit: int) -> str | None:

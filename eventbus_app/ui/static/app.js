@@ -37,6 +37,12 @@
     return pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds()) + "." +
       pad(d.getMilliseconds(), 3);
   }
+  function short(s) {
+    if (s < 10) return s.toFixed(1) + "s";
+    if (s < 120) return Math.round(s) + "s";
+    if (s < 7200) return Math.floor(s / 60) + "m" + String(Math.round(s % 60)).padStart(2, "0");
+    return (s / 3600).toFixed(1) + "h";
+  }
   function seconds(s) {
     if (s === null || s === undefined) return "-";
     if (s < 10) return s.toFixed(1) + " s";
@@ -129,7 +135,7 @@
       node.querySelector(".rs").textContent = r.restarts ? "\u21bb" + r.restarts : "";
       let extra = "";
       if (r.idle_s !== null && r.idle_s >= 5 && r.state !== "exited" && r.state !== "failed") {
-        extra = "idle " + seconds(r.idle_s);
+        extra = "idle " + short(r.idle_s);
       } else if (r.epoch !== null && r.epoch !== undefined) {
         extra = "ep " + r.epoch;
       }
@@ -162,7 +168,7 @@
       if (age === null || age === undefined) { span.textContent = ""; continue; }
       const now = age + (node.dataset.state === "running" || node.dataset.state === "slow" ||
                          node.dataset.state === "stalled" ? extra : 0);
-      span.textContent = seconds(now) + " ago";
+      span.textContent = short(now) + " ago";
       span.classList.toggle("old", now >= 30 && (node.dataset.state === "running"));
     }
   }
@@ -214,6 +220,13 @@
         row.appendChild(mark);
       }
       if (a.more_marks) row.appendChild(el("div", "mark dim", "... " + a.more_marks + " more"));
+      if (a.stopped_by_agent) {
+        const n = a.stopped_by_agent;
+        const mark = el("div", "mark", "\u00b7 " + n + (n === 1 ? " rank" : " ranks") +
+          " stopped by the agent after the failure");
+        mark.dataset.kind = "stopped";
+        row.appendChild(mark);
+      }
       box.appendChild(row);
     }
   }

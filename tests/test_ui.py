@@ -1,0 +1,547 @@
+"""The job view (eventbus_app/ui/): the state model, ``/api/state``, the token rule, 50 slow
+clients, ``eventbus view`` over a file, and a real 2-rank job that fails once and restarts
+seen in headless Chromium (slow).
+
+docs/seeing-the-job.md ("The job view in a browser") describes what is checked here.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eventbus.app.ui import UIServer
+from eventbus.app.ui import is_loopback
+from eventbus.app.ui import parse_address
+from eventbus.app.ui import resolve_token
+from eventbus.app.ui.state import RANK_STATES
+from eventbus.app.ui.state import JobState
+from eventbus.bus import ALL
+from eventbus.bus import Bus
+from eventbus.events import Event
+from tests.browser import Chromium
+from tests.browser import chromium_or_skip
+from tests.conftest import ROOT
+from tests.conftest import subprocess_env
+from tests.ui_fixture import write_64_rank_job
+
+FIXTURE = ROOT / "tests" / "fixtures" / "job_node0.jsonl"
+ADDRESS = re.compile(r"eventbus: job view at (http://\S+)")
+
+
+def _event(kind: str, t: float, *, rank: int | None = None, restart: int = 0,
+           data: dict[str, Any] | None = None, **fields: Any) -> Event:
+    return Event.from_dict({"type": kind, "timestamp": t, **fields, "data": data or {},
+                            "context": {"rank": rank, "restart_count": restart,
+                                        "group_rank": 0, "world_size": 2,
+                                        "hostname": "h", "pid": 1, "run_id": "r"}})
+
+
+def _job_events() -> list[Event]:
+    """A 2-rank job: rank 1 fails on attempt 0, the group restarts, rank 0 becomes slow,
+    rank 1 stalls, a reactor STOP ends it."""
+    t = 1000.0
+    return [
+        _event("AGENT_START", t, max_restarts=2, nproc_per_node=2),
+        _event("WORKER_START", t + 1, worker_id=0, worker_pid=10),
+        _event("WORKER_START", t + 1, worker_id=1, worker_pid=11),
+        _event("METRIC", t + 2, rank=0, step=5, data={"loss": 1.0}),
+        _event("METRIC", t + 2, rank=1, step=5, data={"loss": 1.0}),
+        _event("WORKER_EXIT", t + 3, worker_id=1, exit_code=3,
+               message="Traceback (most recent call last):\n  File \"x\"\nValueError: bad"),
+        _event("WORKER_EXIT", t + 3.1, worker_id=0, exit_code=-15, signal="SIGTERM",
+               data={"stopped_by_agent": True}),
+        _event("WORKER_RESTART", t + 4, restart=1, attempt=1, restarts_left=1,
+               reason="rank 1 failed"),
+        _event("WORKER_START", t + 5, restart=1, worker_id=0),
+        _event("WORKER_START", t + 5, restart=1, worker_id=1),
+        _event("METRIC", t + 6, rank=0, restart=1, step=7),
+        _event("WORKER_SLOW", t + 7, restart=1, worker_id=0, factor=2.5, step=8),
+        _event("WORKER_PROGRESS", t + 7.5, rank=1, restart=1, worker_id=1, step=9,
+               idle_s=0.5),
+        _event("WORKER_STALLED", t + 8, restart=1, worker_id=1, silent_s=12.5,
+               timeout_s=10.0, data={"stack": "Thread 1 (main):\n  File \"train.py\", "
+                                              "line 3 in step", "diagnosis": "Rank 1 is stuck."}),
+        _event("EVENTS_LOST", t + 8.5, source="worker:1", count=4, reason="queue full"),
+        _event("AGENT_EXIT", t + 9, restart=1, state="FAILED", exit_code=3,
+               reason="rank 1 stalled; STOP from stop_on_stall"),
+    ]
+
+
+def _fed(events: list[Event], **options: Any) -> JobState:
+    state = JobState(live=False, **options)
+    for event in events:
+        state(event)
+    return state
+
+
+# -- the state model ----------------------------------------------------------------------------
+
+
+def test_state_follows_a_job_through_failure_restart_slow_stall_and_stop() -> None:
+    """Each rank's state, step and restarts, the attempts with their marks, the latest
+    problem with its diagnosis and stack, and the job's status, from the events alone."""
+    state = JobState(live=False)
+    events = _job_events()
+    for event in events[:6]:
+        state(event)
+    snap = state.snapshot()
+    assert snap["status"] == "running"
+    assert [(r["rank"], r["state"], r["step"]) for r in snap["ranks"]] == [
+        (0, "running", 5), (1, "failed", 5)]
+    assert snap["problem"]["kind"] == "failure"
+    assert snap["problem"]["exit_code"] == 3
+    assert "ValueError: bad" in snap["problem"]["message"]
+    assert "ValueError: bad" in snap["timeline"][0]["marks"][0]["text"]  # the exception line
+    state(events[6])
+    assert state.snapshot()["ranks"][0]["stopped_by_agent"] is True
+    for event in events[7:12]:
+        state(event)
+    snap = state.snapshot()
+    assert snap["attempt"] == snap["restarts"] == 1
+    assert [(r["state"], r["restarts"]) for r in snap["ranks"]] == [("slow", 1), ("running", 1)]
+    assert snap["ranks"][0]["step"] == 8
+    assert [a["outcome"] for a in snap["timeline"]] == ["restarted", "running"]
+    assert snap["timeline"][0]["stopped_by_agent"] == 1
+    kinds = [m["kind"] for a in snap["timeline"] for m in a["marks"]]
+    assert kinds == ["failure", "restart", "slow"]
+    for event in events[12:]:
+        state(event)
+    snap = state.snapshot()
+    assert snap["status"] == "stopped"
+    assert snap["ranks"][1]["state"] == "stalled"
+    assert snap["ranks"][1]["step"] == 9  # from the heartbeat
+    problem = snap["problem"]
+    assert problem["kind"] == "stall" and problem["rank"] == 1
+    assert problem["diagnosis"] == "Rank 1 is stuck."
+    assert "train.py" in problem["stack"] and "\n" in problem["stack"]
+    assert snap["drops"]["lost"] == [{"source": "worker:1", "reason": "queue full",
+                                      "count": 4}]
+    assert [m["kind"] for m in snap["timeline"][-1]["marks"]][-1] == "stop"
+    assert snap["events"] == len(events)
+    assert all(r["state"] in RANK_STATES for r in snap["ranks"])
+
+
+def test_state_statuses_and_exits() -> None:
+    """SUCCEEDED -> succeeded with exited ranks; FAILED without STOP -> failed; another
+    node's AGENT_EXIT does not end the job."""
+    ok = _fed([_event("WORKER_START", 1, worker_id=0),
+               _event("WORKER_EXIT", 2, worker_id=0, exit_code=0),
+               _event("AGENT_EXIT", 3, state="SUCCEEDED", exit_code=0)])
+    snap = ok.snapshot()
+    assert snap["status"] == "succeeded"
+    assert snap["ranks"][0]["state"] == "exited"
+    failed = _fed([_event("AGENT_EXIT", 3, state="FAILED", exit_code=1, reason="rank 0 "
+                          "exited with code 1")])
+    assert failed.snapshot()["status"] == "failed"
+    other = Event.from_dict({"type": "AGENT_EXIT", "timestamp": 1, "state": "FAILED",
+                             "data": {}, "context": {"group_rank": 1}})
+    assert _fed([other]).snapshot()["status"] == "running"
+
+
+def test_state_is_bounded() -> None:
+    """Recent events, types and ranks stay within their bounds whatever arrives."""
+    state = JobState(live=False, max_events=50, max_ranks=10)
+    for i in range(2000):
+        state(_event("METRIC", float(i), rank=i % 40, step=i))
+    snap = state.snapshot(recent=1000)
+    assert snap["events"] == 2000
+    assert len(snap["recent"]) == 50
+    assert snap["recent"][-1]["seq"] == 2000
+    assert len(snap["ranks"]) == 10
+    assert snap["drops"]["ranks_not_shown"] > 0
+    events, gap, newest = state.events_since(0, 20)
+    assert newest == 2000 and len(events) == 20 and gap == 1980
+
+
+def test_address_and_token_rules() -> None:
+    """[HOST:]PORT parsing; loopback needs no token, another host gets a generated one."""
+    assert parse_address("8265") == ("127.0.0.1", 8265)
+    assert parse_address("0.0.0.0:0") == ("0.0.0.0", 0)
+    assert parse_address("[::1]:80") == ("::1", 80)
+    for bad in ("x", "70000", "::1:80", "host:"):
+        with pytest.raises(ValueError, match="--ui"):
+            parse_address(bad)
+    assert is_loopback("localhost") and is_loopback("127.0.0.2") and is_loopback("::1")
+    assert not is_loopback("0.0.0.0") and not is_loopback("node-a")
+    assert resolve_token("127.0.0.1", None) == (None, False)
+    token, generated = resolve_token("0.0.0.0", None)
+    assert generated and token and len(token) >= 20
+    assert resolve_token("127.0.0.1", "abc") == ("abc", False)
+    with pytest.raises(ValueError, match="--ui-token"):
+        resolve_token("0.0.0.0", "a b")
+
+
+# -- the server -----------------------------------------------------------------------------------
+
+
+def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes, Any]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, answer.read(), answer.headers
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(), exc.headers
+
+
+@pytest.fixture
+def served() -> Any:
+    state = _fed(_job_events())
+    server = UIServer(state, "127.0.0.1", 0).start()
+    try:
+        yield server
+    finally:
+        server.close(timeout=1.0)
+
+
+def test_api_state_answers_the_contract(served: UIServer) -> None:
+    """GET /api/state: status, attempt, restarts, events, ranks in rank order with rank,
+    state, step, last_event_age_s; the page and its assets come from the package."""
+    base = f"http://127.0.0.1:{served.port}"
+    status, body, headers = _get(base + "/api/state")
+    assert status == 200 and headers["Content-Type"] == "application/json"
+    snap = json.loads(body)
+    assert snap["status"] == "stopped"
+    assert isinstance(snap["attempt"], int) and snap["restarts"] == 1
+    assert snap["events"] == len(_job_events())
+    assert [r["rank"] for r in snap["ranks"]] == [0, 1]
+    for rank in snap["ranks"]:
+        assert rank["state"] in RANK_STATES
+        assert rank["step"] is None or isinstance(rank["step"], int)
+        assert isinstance(rank["last_event_age_s"], float)
+    assert len(snap["recent"]) == len(_job_events())
+    status, page, _ = _get(base + "/")
+    assert status == 200 and b'src="static/app.js"' in page and b"http" not in page.lower()
+    for name in ("app.js", "app.css"):
+        status, asset, _ = _get(f"{base}/static/{name}")
+        assert status == 200 and len(asset) > 1000
+    assert _get(base + "/nothing")[0] == 404
+    status, body, _ = _get(base + "/api/events?since=10&limit=3")
+    found = json.loads(body)
+    assert [e["seq"] for e in found["events"]] == [14, 15, 16] and found["gap"] == 3
+
+
+def test_stream_pushes_new_events_and_the_final_state() -> None:
+    """/api/stream: the events after ``since``, then the state; on close, the final
+    state and an ``end`` message."""
+    state = JobState()
+    server = UIServer(state, "127.0.0.1", 0, poll_interval=0.05).start()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        conn.request("GET", "/api/stream?since=0")
+        answer = conn.getresponse()
+        assert answer.status == 200
+        assert answer.headers["Content-Type"].startswith("text/event-stream")
+        for event in _job_events():
+            state(event)
+        seen = b""
+        while b'"status":"stopped"' not in seen:
+            seen += answer.read1(65536)
+        assert b"event: events" in seen and b"WORKER_STALLED" in seen
+        server.close(timeout=2.0)
+        rest = answer.read()
+        assert b"event: end" in rest
+        conn.close()
+    finally:
+        server.close()
+
+
+def test_token_rule() -> None:
+    """With a token every route answers 401 without it; ?token= (which sets the page's
+    cookie), the cookie and the header are accepted; a wrong one is refused."""
+    server = UIServer(_fed(_job_events()), "127.0.0.1", 0, token="s3cret-token").start()
+    base = f"http://127.0.0.1:{server.port}"
+    try:
+        for path in ("/", "/api/state", "/static/app.js", "/api/stream"):
+            status, body, _ = _get(base + path)
+            assert status == 401, path
+            assert b"token" in body and b"s3cret" not in body
+        assert _get(base + "/api/state?token=wrong")[0] == 401
+        assert _get(base + "/api/state", {"X-Eventbus-Token": "nope"})[0] == 401
+        status, _, headers = _get(base + "/?token=s3cret-token")
+        assert status == 200
+        cookie = headers["Set-Cookie"].split(";")[0]
+        assert cookie == f"eventbus_ui_{server.port}=s3cret-token"
+        assert "HttpOnly" in headers["Set-Cookie"]
+        assert _get(base + "/api/state", {"Cookie": cookie})[0] == 200
+        assert _get(base + "/api/state", {"X-Eventbus-Token": "s3cret-token"})[0] == 200
+        assert _get(base + "/api/state", {"Authorization": "Bearer s3cret-token"})[0] == 200
+    finally:
+        server.close()
+
+
+def test_loopback_without_token_answers_only_loopback_names(served: UIServer) -> None:
+    """A page elsewhere cannot read the job through a name that resolves to 127.0.0.1."""
+    base = f"http://127.0.0.1:{served.port}/api/state"
+    assert _get(base, {"Host": f"localhost:{served.port}"})[0] == 200
+    assert _get(base, {"Host": f"evil.example:{served.port}"})[0] == 403
+
+
+def test_fifty_clients_that_read_nothing_cost_the_publisher_nothing() -> None:
+    """50 open streams that never read, while a publisher records 20,000 events through
+    a bus the state listens to: every event is counted, the subscriber never fails, the
+    publisher finishes, and the server still answers."""
+    bus = Bus("ui-slow-clients")
+    state = JobState()
+    sub = bus.subscribe(ALL, on_event=state)
+    server = UIServer(state, "127.0.0.1", 0, poll_interval=0.02, io_timeout=2.0).start()
+    clients = []
+    try:
+        for _ in range(50):
+            client = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            client.sendall(b"GET /api/stream?since=0 HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            clients.append(client)
+        deadline = time.monotonic() + 30
+        while server.streams < 50 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.streams == 50
+        n = 20_000
+        errors: list[BaseException] = []
+
+        def publish() -> None:
+            try:
+                for i in range(n):
+                    bus.record("METRIC", step=i, data={"loss": 1.0, "pad": "x" * 200})
+            except BaseException as exc:
+                errors.append(exc)
+
+        publisher = threading.Thread(target=publish)
+        publisher.start()
+        publisher.join(timeout=120)
+        assert not publisher.is_alive(), "the publisher did not finish"
+        assert not errors
+        assert state.events == n
+        stats = sub.stats()
+        assert stats["delivered"] == n and stats["failed"] == 0
+        assert server.pushes > 0  # the streams were being written to
+        status, body, _ = _get(f"http://127.0.0.1:{server.port}/api/state")
+        assert status == 200 and json.loads(body)["events"] == n
+    finally:
+        for client in clients:
+            client.close()
+        server.close(timeout=1.0)
+        sub.cancel()
+
+
+# -- eventbus view ------------------------------------------------------------------------------
+
+
+def _start_view(path: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "eventbus", "view", str(path), "--ui", "127.0.0.1:0",
+         "--interval", "0.05", *extra],
+        env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    found = ADDRESS.search(line)
+    if found is None:
+        proc.kill()
+        raise AssertionError(f"no address printed: {line!r} {proc.stderr.read()!r}")
+    return proc, found[1]
+
+
+def _stop(proc: subprocess.Popen[str]) -> int:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_view_serves_a_file_and_follows_it_while_it_grows(tmp_path: Path) -> None:
+    """`eventbus view` over the first half of a job's JSONL says running, and the
+    finished job once the rest is appended (no restart of the command)."""
+    lines = FIXTURE.read_text().splitlines(keepends=True)
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(lines[:12]))
+    proc, url = _start_view(path)
+    try:
+        snap = json.loads(_get(url + "api/state")[1])
+        assert snap["status"] == "running" and snap["events"] == 12
+        with path.open("a") as f:
+            f.write("".join(lines[12:]))
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            snap = json.loads(_get(url + "api/state")[1])
+            if snap["status"] != "running":
+                break
+            time.sleep(0.1)
+        assert snap["status"] == "succeeded"
+        # the fixture's last line is torn (no newline): held back, as `tail -f` does
+        assert snap["events"] == sum(line.endswith("\n") for line in lines)
+        assert snap["attempt"] == snap["restarts"] == 1
+        assert [(r["rank"], r["state"], r["restarts"]) for r in snap["ranks"]] == [
+            (0, "exited", 1), (1, "exited", 1)]
+        assert snap["problem"]["rank"] == 1 and snap["problem"]["exit_code"] == 3
+    finally:
+        assert _stop(proc) == 0
+
+
+def test_view_on_another_host_requires_the_printed_token(tmp_path: Path) -> None:
+    """`eventbus view --ui 0.0.0.0:0`: a token is generated and printed; without it 401."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "eventbus", "view", str(FIXTURE), "--ui", "0.0.0.0:0"],
+        env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        found = re.search(r":(\d+)/\?token=([\w-]+)", line)
+        assert found, line
+        base = f"http://127.0.0.1:{found[1]}"
+        assert _get(base + "/api/state")[0] == 401
+        assert _get(f"{base}/api/state?token={found[2]}")[0] == 200
+    finally:
+        assert _stop(proc) == 0
+
+
+def test_view_usage_errors(tmp_path: Path) -> None:
+    """A bad --ui and a directory are usage errors naming the fix."""
+    for args, words in ((["x.jsonl", "--ui", "abc"], "--ui 'abc'"),
+                        ([str(tmp_path)], "a directory")):
+        done = subprocess.run([sys.executable, "-m", "eventbus", "view", *args], check=False,
+                              env=subprocess_env(), capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and words in done.stderr, done.stderr
+
+
+# -- in a real browser ------------------------------------------------------------------------
+
+RANKS_JS = ("JSON.stringify(Array.from(document.querySelectorAll('[data-rank]'))"
+            ".map(e => [e.dataset.rank, e.dataset.state]))")
+
+
+def _wait_state(url: str, check: Any, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    snap: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        try:
+            snap = json.loads(_get(url + "api/state")[1])
+        except (OSError, ValueError):
+            snap = {}
+        if snap and check(snap):
+            return snap
+        time.sleep(0.2)
+    raise AssertionError(f"the state never got there: {snap}")
+
+
+@pytest.mark.slow
+def test_browser_shows_a_real_job_that_fails_once_and_restarts(tmp_path: Path) -> None:
+    """`eventbus run --ui 0` with 2 ranks, rank 1 failing on attempt 0: in headless
+    Chromium, after the page's scripts ran, both rank elements are running on attempt 1,
+    the restart shows on the timeline, and when the job ends the open page shows it
+    succeeded with both ranks exited (pushed over the stream). One screenshot is written
+    (also to $EVENTBUS_UI_SCREENSHOT when set)."""
+    browser_path = chromium_or_skip()
+    out = tmp_path / "out"
+    out.mkdir()
+    cmd = [sys.executable, "-m", "eventbus", "run", "--ui", "0", "--standalone",
+           "--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.1",
+           str(ROOT / "tests" / "jobs" / "gloo_fail_once.py"), "--out", str(out),
+           "--fail-on", "0", "--hold", "6"]
+    job = subprocess.Popen(cmd, cwd=tmp_path, env=subprocess_env(), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    lines: list[str] = []
+    url: list[str] = []
+    got_url = threading.Event()
+
+    def read_stderr() -> None:
+        assert job.stderr is not None
+        for line in job.stderr:
+            lines.append(line)
+            found = ADDRESS.search(line)
+            if found and not url:
+                url.append(found[1])
+                got_url.set()
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    try:
+        assert got_url.wait(60), "".join(lines)
+        base = url[0]
+        _wait_state(base, lambda s: s["attempt"] == 1 and [r["state"] for r in s["ranks"]]
+                    == ["running", "running"], timeout=60)
+        with Chromium(browser_path, width=1400, height=900) as browser:
+            browser.goto(base)
+            browser.wait_for("document.getElementById('conn').dataset.conn === 'live'")
+            assert json.loads(browser.evaluate(RANKS_JS)) == [["0", "running"],
+                                                              ["1", "running"]]
+            assert browser.evaluate("document.getElementById('restarts').textContent"
+                                    ).startswith("1")
+            assert browser.evaluate(
+                "document.querySelector('.attempt[data-attempt=\"0\"]').dataset.outcome"
+            ) == "restarted"
+            marks = browser.evaluate("Array.from(document.querySelectorAll('.mark'))"
+                                     ".map(m => m.dataset.kind + ':' + m.textContent)")
+            assert any(m.startswith("restart:") for m in marks), marks
+            assert any(m.startswith("failure:") and "rank 1" in m for m in marks), marks
+            shot = tmp_path / "ui.png"
+            browser.screenshot(shot)
+            assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+            if os.environ.get("EVENTBUS_UI_SCREENSHOT"):
+                shutil.copy(shot, os.environ["EVENTBUS_UI_SCREENSHOT"])
+            # the job ends while the page is open: the last state reaches it
+            assert job.wait(timeout=60) == 0, "".join(lines)
+            browser.wait_for("document.body.dataset.status === 'succeeded'", timeout=10)
+            assert json.loads(browser.evaluate(RANKS_JS)) == [["0", "exited"],
+                                                              ["1", "exited"]]
+        assert sum(1 for line in lines if ADDRESS.search(line)) == 1
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGTERM)
+            try:
+                job.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(job.pid, signal.SIGKILL)
+                job.wait()
+
+
+@pytest.mark.slow
+def test_browser_shows_64_ranks_from_a_file(tmp_path: Path) -> None:
+    """`eventbus view` of a 64-rank job (synthetic, tests/ui_fixture.py): 64 rank
+    elements, the stalled and the slow rank marked as such, the stall's diagnosis and
+    stack in the panel. The docs' screenshot is this page ($EVENTBUS_UI_DOCS_SCREENSHOT)."""
+    browser_path = chromium_or_skip()
+    path = tmp_path / "job64.jsonl"
+    write_64_rank_job(path, time.time())
+    proc, url = _start_view(path)
+    try:
+        with Chromium(browser_path, width=1600, height=1000) as browser:
+            browser.goto(url)
+            browser.wait_for("document.querySelectorAll('[data-rank]').length === 64")
+            states = dict(json.loads(browser.evaluate(RANKS_JS)))
+            assert states["50"] == "stalled" and states["12"] == "slow"
+            assert sum(s == "running" for s in states.values()) == 62
+            assert "culprit" in browser.evaluate(
+                "document.querySelector('#problem .diag').textContent")
+            assert "sync_grads" in browser.evaluate(
+                "document.querySelector('#problem pre.stack').textContent")
+            assert browser.evaluate("document.querySelectorAll('#events-body tr').length") > 0
+            browser.evaluate("document.getElementById('filter').value = 'WORKER_STALLED';"
+                             "document.getElementById('filter').dispatchEvent("
+                             "new Event('input'))")
+            assert browser.evaluate("document.querySelectorAll('#events-body tr').length") == 1
+            browser.evaluate("document.getElementById('filter').value = '';"
+                             "document.getElementById('filter').dispatchEvent("
+                             "new Event('input'))")
+            target = os.environ.get("EVENTBUS_UI_DOCS_SCREENSHOT")
+            if target:
+                browser.screenshot(Path(target))
+    finally:
+        assert _stop(proc) == 0
