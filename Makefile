@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .PHONY: venv test test-slow test-all lint demo bench clean test-pythons test-compat
-.PHONY: test-sanitize
+.PHONY: test-sanitize soak
+.PHONY: browser
 
 # eventbus/_speedups.c is built by the editable install: a change to it reinstalls.
 $(STAMP): pyproject.toml setup.py eventbus/_speedups.c
@@ -25,7 +26,22 @@ lint: $(STAMP)
 
 # A few minutes on 2 cores: everything but the tests marked slow (real multi-attempt
 # torchrun jobs, the demo, the 10-restarts-in-a-row run). CI runs those too (.ci/run).
-test: $(STAMP) lint
+# Headless Chromium for the job view's browser tests (tests/test_ui.py): the Debian
+# package, installed when missing and apt-get is at hand (CI runs as root). Never fails
+# the build: without a browser those tests skip and say why.
+CHROMIUM ?= /usr/bin/chromium
+browser:
+	@if [ -x $(CHROMIUM) ]; then :; \
+	elif command -v apt-get >/dev/null 2>&1; then \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo -n ); \
+	  ( $$SUDO apt-get install -y -q chromium >/dev/null 2>&1 || \
+	    { $$SUDO apt-get update -q >/dev/null 2>&1 && \
+	      $$SUDO apt-get install -y -q chromium >/dev/null 2>&1; } ) \
+	  && echo "browser: installed $(CHROMIUM)" \
+	  || echo "browser: could not install chromium; the browser tests will skip"; \
+	else echo "browser: no $(CHROMIUM) and no apt-get; the browser tests will skip"; fi
+
+test: $(STAMP) lint browser
 	$(PY) -m pytest -q -m "not slow"
 	# The core again on the pure-Python path: the compiled one (eventbus/_speedups.c)
 	# stands in for it where it is built, and both must behave alike.
@@ -45,10 +61,19 @@ PURE_TESTS := tests/test_bus.py tests/test_events.py tests/test_queued.py tests/
 test-sanitize: $(STAMP)
 	tests/sanitize/run.sh $(PY) $(PURE_TESTS)
 
-test-slow: $(STAMP)
+test-slow: $(STAMP) browser
 	$(PY) -m pytest -q -m slow
 
 test-all: test test-slow
+
+# Every test marked slow, N rounds (default 10), under one busy process per core that the
+# script starts and stops; prints one table (runs, passed, failed, slowest, each distinct
+# failure), writes it into docs/guarantees.md ("Soak") and fails on any failure.
+# SOAK_K=EXPR selects within the slow tests (pytest -k). ~9 min a round on 2 cores.
+N ?= 10
+SOAK_K ?=
+soak: $(STAMP)
+	$(PY) tests/soak.py -n $(N) $(if $(SOAK_K),-k "$(SOAK_K)") --doc docs/guarantees.md
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
