@@ -9,6 +9,7 @@ import pytest
 
 from eventbus.app.cli import main as cli_main
 from eventbus.app.readers.jobview import JobView
+from eventbus.app.readers.records import Record
 from eventbus.app.readers.records import read_records
 from eventbus.app.readers.timeline import PlotUnavailableError
 from eventbus.app.readers.timeline import plot_timeline
@@ -97,3 +98,53 @@ def test_readme_embeds_the_demo_picture() -> None:
     readme = (root / "README.md").read_text()
     assert "](docs/timeline.png)" in readme
     assert (root / "docs" / "timeline.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def _pixels_of(path: Path, colour: str) -> int:
+    """Pixels of ``colour`` (#rrggbb), give or take antialiasing."""
+    from matplotlib.image import imread
+
+    img = imread(path)
+    want = [int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+    match = True
+    for channel, value in enumerate(want):
+        match = match & (abs(img[..., channel] - value) < 0.06)
+    return int(match.sum())
+
+
+def _stalled_job() -> list[Record]:
+    """Two ranks; rank 1 makes no progress after t0+5; the agent reports the stall at t0+25
+    (silent 20 s) and stops both; heartbeats every second on rank 0."""
+    t0 = 1_764_410_000.0
+
+    def rec(type_: str, t: float, rank: int | None = None, **fields: object) -> Record:
+        return Record(type_, t0 + t, dict(fields), {}, {
+            "rank": rank, "group_rank": 0, "run_id": "stall", "restart_count": 0,
+            "hostname": "node-a", "pid": 100 if rank is None else 200 + rank})
+
+    records = [rec("AGENT_START", 0.0, max_restarts=0, nproc_per_node=2)]
+    records += [rec("WORKER_START", 1.0, worker_id=r, worker_pid=200 + r) for r in (0, 1)]
+    records += [rec("EPOCH_START", 2.0, r, epoch=0) for r in (0, 1)]
+    records += [rec("METRIC", 5.0, 1, step=1)]
+    records += [rec("WORKER_PROGRESS", float(t), 0, worker_id=0, step=t) for t in range(3, 25)]
+    records += [rec("WORKER_STALLED", 25.0, worker_id=1, silent_s=20.0)]
+    records += [rec("WORKER_EXIT", 27.0, worker_id=r, exit_code=-15, signal="SIGTERM")
+                for r in (0, 1)]
+    records += [rec("AGENT_EXIT", 27.5, state="FAILED", exit_code=1)]
+    return records
+
+
+def test_a_stalled_period_is_drawn_as_stalled(tmp_path: Path) -> None:
+    """The hung period (silent_s before WORKER_STALLED to the process's end) is hatched
+    amber, with its legend entry; the same job without the stall report has none, and the
+    heartbeats are not drawn as dots."""
+    from eventbus.app.readers import timeline
+
+    records = _stalled_job()
+    stalled = plot_timeline(JobView.from_records(records), tmp_path / "stalled.png")
+    calm = plot_timeline(JobView.from_records(
+        [r for r in records if r.type != "WORKER_STALLED"]), tmp_path / "calm.png")
+    assert timeline._stalled_periods(JobView.from_records(records)) == [
+        ("node 0", 1, 1_764_410_005.0, 1_764_410_027.0)]
+    assert _pixels_of(stalled, timeline._STALLED) > 2000
+    assert _pixels_of(calm, timeline._STALLED) < 20

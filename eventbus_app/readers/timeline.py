@@ -4,8 +4,10 @@
 :func:`plot_timeline`. One row per agent and per rank, grouped by node; time on the x axis
 in seconds since the job's first event; each node's attempts shaded; each worker process a
 bar coloured by its attempt (lighter before its first and after its last own event:
-start-up and shut-down), with its epochs ticked inside it; failures, restarts,
-rendezvous and checkpoints marked.
+start-up and shut-down), with its epochs ticked inside it; a stalled worker's hung period
+(from its last progress, ``silent_s`` before the agent's ``WORKER_STALLED``, to the end of
+the process) hatched amber; failures, restarts, rendezvous and checkpoints marked. The
+workers' heartbeats (``WORKER_PROGRESS``) are not drawn.
 
 matplotlib is an optional extra (``pip install 'eventbus[plot]'``), imported only here,
 only when a picture is drawn.
@@ -40,11 +42,13 @@ _CHECKPOINT = "#2ca02c"
 _RENDEZVOUS = "#6a3d9a"
 _STOPPED = "#555555"
 _SLOW = "#ff7f0e"
+#: a stalled worker's hung period, from its last progress to its end (amber, hatched)
+_STALLED = "#e6ab02"
 #: event types with a mark of their own (everything else is an "other event" dot)
 _DRAWN_APART = frozenset({"WORKER_START", "WORKER_EXIT", "WORKER_RESTART", "RENDEZVOUS",
                           "AGENT_START", "AGENT_EXIT", "EPOCH_START", "EPOCH_END",
                           "CHECKPOINT_SAVED", "METRIC", "TORCHELASTIC",
-                          "WORKER_STALLED", "WORKER_SLOW"})
+                          "WORKER_STALLED", "WORKER_SLOW", "WORKER_PROGRESS"})
 #: above this many failures and stops, their exit codes are left to the trace
 _MAX_EXIT_LABELS = 40
 
@@ -65,6 +69,26 @@ def _matplotlib() -> Any:
 
 def _colour(attempt: int) -> str:
     return _ATTEMPT_COLOURS[attempt % len(_ATTEMPT_COLOURS)]
+
+
+def _stalled_periods(view: JobView) -> list[tuple[str, int, float, float]]:
+    """``(node, rank, start, end)`` of each stalled period: a ``WORKER_STALLED`` about a
+    worker run (the process alive when it was reported) covers ``silent_s`` before it up
+    to the end of that process (the agent stops a stalled group)."""
+    periods: list[tuple[str, int, float, float]] = []
+    for m in view.markers:
+        r = m.record
+        silent = r.fields.get("silent_s")
+        if r.type != "WORKER_STALLED" or not isinstance(m.track, int) \
+                or not isinstance(silent, (int, float)) or isinstance(silent, bool) \
+                or not silent >= 0:
+            continue
+        for w in view.runs:
+            if w.node == m.node and w.rank == m.track and w.start <= m.timestamp <= w.end:
+                start = max(w.start, m.timestamp - float(silent))
+                periods.append((m.node, m.track, start, max(w.end, m.timestamp)))
+                break
+    return periods
 
 
 def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None,
@@ -136,6 +160,14 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
         if own_failure:  # the worker that failed by itself: outlined in red
             ax.barh(wrow, width, left=x(w.start), height=0.5, fill=False,
                     edgecolor=_FAILURE, linewidth=2, zorder=3)
+    # stalled periods: from the worker's last progress to the end of its process
+    stalled = _stalled_periods(view)
+    for node_label, rank, start, end in stalled:
+        srow = rows.get((node_label, rank))
+        if srow is None:
+            continue
+        ax.barh(srow, max(x(end) - x(start), span * 0.002), left=x(start), height=0.5,
+                color=_STALLED, edgecolor="white", hatch="xx", linewidth=0, zorder=3)
     # Epoch ticks and point events are drawn in batches (one collection per kind): a long
     # job has tens of thousands of them, and one artist each would take minutes.
     ticks: list[list[tuple[float, float]]] = []
@@ -187,8 +219,8 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
             labelled.append((t, row - 0.3, f"stalled {r.fields.get('silent_s')} s", _FAILURE))
         elif r.type == "WORKER_SLOW":
             point("slow", t, row + 0.3)
-        elif r.type == "METRIC":
-            continue  # numbers, not moments: they belong in the trace's counters
+        elif r.type in ("METRIC", "WORKER_PROGRESS"):
+            continue  # numbers and heartbeats, not moments: the trace's counters have them
         elif r.type in ("AGENT_START", "AGENT_EXIT"):
             point("agent failure" if r.is_failure else "agent", t, row)
         elif r.type == "TORCHELASTIC":  # torch's own bookkeeping: small, in the background
@@ -243,6 +275,9 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
     if "WORKER_STALLED" in kinds:
         handles.append(Line2D([], [], color="white", marker="*", markerfacecolor=_FAILURE,
                               markersize=12, label="stalled worker"))
+    if stalled:
+        handles.append(Patch(facecolor=_STALLED, edgecolor="white", hatch="xx",
+                             label="stalled: no progress until stopped"))
     if "WORKER_SLOW" in kinds:
         handles.append(Line2D([], [], color="white", marker=">", markerfacecolor=_SLOW,
                               markersize=8, label="slow rank (straggler)"))
