@@ -105,11 +105,9 @@ def _pixels_of(path: Path, colour: str) -> int:
     from matplotlib.image import imread
 
     img = imread(path)
-    want = [int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]
-    match = True
-    for channel, value in enumerate(want):
-        match = match & (abs(img[..., channel] - value) < 0.06)
-    return int(match.sum())
+    r, g, b = (int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5))
+    return int(((abs(img[..., 0] - r) < 0.06) & (abs(img[..., 1] - g) < 0.06)
+                & (abs(img[..., 2] - b) < 0.06)).sum())
 
 
 def _stalled_job() -> list[Record]:
