@@ -15,6 +15,8 @@ from eventbus.app.sinks import make_sink
 from eventbus.app.sinks.base import failure_reason
 from eventbus.app.sinks.base import redact_text
 from eventbus.app.sinks.base import redact_uri
+from eventbus.bus import ALL
+from eventbus.bus import Bus
 from tests.launcher_helpers import JOB_TIMEOUT_S
 from tests.launcher_helpers import JOBS
 from tests.launcher_helpers import job_env
@@ -103,6 +105,9 @@ def test_a_sink_target_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
         assert [path for path, _ in r.requests] == [f"/hook/{SECRET}"]
     assert sink.name.startswith("webhook:env:TEAM_WEBHOOK=http://127.0.0.1:")
     assert SECRET not in sink.name + repr(sink) + json.dumps(sink.stats())
+    bus = Bus("secrets-test")
+    bus.subscribe(ALL, on_event=sink)
+    assert SECRET not in json.dumps(bus.stats(), default=repr)  # what the job view's page shows
     monkeypatch.delenv("TEAM_WEBHOOK")
     with pytest.raises(SinkError) as info:
         make_sink("webhook:env:TEAM_WEBHOOK")
