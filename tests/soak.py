@@ -1,0 +1,195 @@
+"""Soak: run the tests marked slow N times under CPU load, and tabulate every outcome.
+
+``make soak`` (``N=10``, ``SOAK_K=EXPR`` for a selection) runs::
+
+    python tests/soak.py -n N [-k EXPR] [--doc docs/guarantees.md] [pytest args...]
+
+* Load: one busy process per core (``--load``, default ``os.cpu_count()``), started before
+  the first round and stopped after the last; they also end by themselves when this process
+  dies (each polls its parent), so an interrupted soak leaves none behind.
+* Rounds: ``pytest -m slow`` once per round, each with its own ``--junitxml`` file, and with
+  faulthandler's traceback dump after ``--hang-dump`` seconds in a test (pytest's
+  ``faulthandler_timeout``): a hang leaves its stacks in the round's output file.
+* The table: per test, runs, passed, failed, skipped, the slowest run, and the first line
+  of each distinct failure. Exit status 1 when any run failed (or a round failed without
+  a test to blame: a collection error, a crash), else 0.
+* ``--doc FILE`` writes the table, its date, N and the selection between the markers
+  ``<!-- soak:begin -->`` and ``<!-- soak:end -->`` of FILE.
+
+Outputs of each round (stdout, junit XML) stay in ``--out`` (default a temporary folder,
+named on the last line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from dataclasses import field
+from pathlib import Path
+from types import FrameType
+
+ROOT = Path(__file__).resolve().parents[1]
+BEGIN, END = "<!-- soak:begin -->", "<!-- soak:end -->"
+
+# A busy loop that ends when its parent (this script) is gone, whatever killed it.
+_BUSY = ("import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n"
+         "    for _ in range(200000):\n        pass\n")
+
+
+@dataclass
+class Outcome:
+    """One test's runs."""
+
+    runs: int = 0
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    slowest: float = 0.0
+    #: first line of each distinct failure -> how many runs failed so
+    failures: dict[str, int] = field(default_factory=dict)
+
+
+def start_load(n: int) -> list[subprocess.Popen[bytes]]:
+    """``n`` busy processes, each in a session of its own (stopped by stop_load)."""
+    return [subprocess.Popen([sys.executable, "-c", _BUSY], start_new_session=True,
+                             stdin=subprocess.DEVNULL) for _ in range(n)]
+
+
+def stop_load(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5)
+
+
+def first_line(text: str | None) -> str:
+    for line in (text or "").splitlines():
+        if line.strip():
+            return line.strip()[:160]
+    return "(no message)"
+
+
+def read_junit(path: Path, table: dict[str, Outcome]) -> int:
+    """Add one round's results to ``table``; returns the test cases found."""
+    cases = 0
+    for case in ET.parse(path).getroot().iter("testcase"):
+        cases += 1
+        name = f"{case.get('classname', '')}::{case.get('name', '')}"
+        out = table.setdefault(name, Outcome())
+        out.runs += 1
+        out.slowest = max(out.slowest, float(case.get("time") or 0.0))
+        bad = case.find("failure")
+        if bad is None:
+            bad = case.find("error")
+        if bad is not None:
+            out.failed += 1
+            key = first_line(bad.get("message") or bad.text)
+            out.failures[key] = out.failures.get(key, 0) + 1
+        elif case.find("skipped") is not None:
+            out.skipped += 1
+        else:
+            out.passed += 1
+    return cases
+
+
+def render(table: dict[str, Outcome], round_errors: list[str]) -> str:
+    rows = ["| test | runs | passed | failed | skipped | slowest (s) "
+            "| failures (first line, runs) |", "|---|---|---|---|---|---|---|"]
+    for name, out in sorted(table.items()):
+        fails = "; ".join(f"`{line}` ({n})" for line, n in sorted(out.failures.items()))
+        rows.append(f"| {name} | {out.runs} | {out.passed} | {out.failed} | {out.skipped} "
+                    f"| {out.slowest:.1f} | {fails or '-'} |")
+    for err in round_errors:
+        rows.append(f"| (round) | - | - | 1 | - | - | `{err}` |")
+    return "\n".join(rows)
+
+
+def write_doc(doc: Path, text: str) -> None:
+    content = doc.read_text(encoding="utf-8")
+    if BEGIN not in content or END not in content:
+        raise SystemExit(f"soak: {doc} has no {BEGIN} ... {END} section to write the table "
+                         "into; add the two markers where it belongs")
+    head, rest = content.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    doc.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}", encoding="utf-8")
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)  # the finally below stops the load
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
+    parser.add_argument("-n", type=int, default=10, help="rounds (default 10)")
+    parser.add_argument("-k", default="", help="pytest -k selection within the slow tests")
+    parser.add_argument("--load", type=int, default=os.cpu_count() or 1,
+                        help="busy processes (default: one per core; 0: none)")
+    parser.add_argument("--hang-dump", type=float, default=120.0,
+                        help="dump every thread's stack after this many seconds in one test")
+    parser.add_argument("--out", default="", help="folder for each round's output")
+    parser.add_argument("--doc", default="", help="write the table into this Markdown file")
+    args, extra = parser.parse_known_args(argv)
+    if args.n < 1:
+        parser.error(f"-n must be at least 1 (got {args.n})")
+    if args.load < 0:
+        parser.error(f"--load must be 0 or more (got {args.load})")
+    out_dir = Path(args.out or tempfile.mkdtemp(prefix="eventbus-soak-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, _terminate)
+    table: dict[str, Outcome] = {}
+    round_errors: list[str] = []
+    started = datetime.datetime.now(datetime.timezone.utc)
+    t0 = time.monotonic()
+    load = start_load(args.load)
+    try:
+        for i in range(1, args.n + 1):
+            xml = out_dir / f"round-{i}.xml"
+            cmd = [sys.executable, "-m", "pytest", "-m", "slow", "-q", "-p", "no:cacheprovider",
+                   f"--junitxml={xml}", "-o", f"faulthandler_timeout={args.hang_dump:g}",
+                   *(["-k", args.k] if args.k else []), *extra]
+            log = out_dir / f"round-{i}.out"
+            r0 = time.monotonic()
+            with open(log, "wb") as sink:
+                rc = subprocess.call(cmd, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
+            cases = read_junit(xml, table) if xml.exists() else 0
+            failed_now = sum(o.failed for o in table.values())
+            print(f"soak: round {i}/{args.n}: pytest exit {rc}, {cases} tests, "
+                  f"{time.monotonic() - r0:.0f} s, failures so far {failed_now}", flush=True)
+            if rc not in (0, 1) or (rc == 1 and cases == 0):
+                # 1 with failing tests is theirs; anything else is the round's own failure
+                round_errors.append(f"round {i}: pytest exit {rc} (see {log})")
+            if rc == 5:
+                print(f"soak: no test selected by -m slow -k {args.k!r}", file=sys.stderr)
+                break
+    finally:
+        stop_load(load)
+    failed = sum(o.failed for o in table.values()) + len(round_errors)
+    table_text = render(table, round_errors)
+    selection = f"-m slow -k {shlex.quote(args.k)}" if args.k else "-m slow"
+    summary = (f"Soak of {started:%Y-%m-%d %H:%M} UTC: N = {args.n} rounds of "
+               f"`pytest {selection}`, under {args.load} busy processes "
+               f"({os.cpu_count()} cores), {time.monotonic() - t0:.0f} s in all; "
+               f"{sum(o.runs for o in table.values())} test runs, {failed} failed.")
+    print()
+    print(summary)
+    print(table_text)
+    print(f"soak: each round's output and junit XML in {out_dir}")
+    if args.doc:
+        write_doc(Path(args.doc), f"{summary}\n\n{table_text}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
