@@ -923,6 +923,10 @@ typedef struct {
     /* The last size made into an int: a stream of like events reuses it. */
     long long last_size;
     PyObject *last_size_obj;
+    /* count_into(): the record counter, 8 bytes of a writable buffer (a shared mmap the
+       sink's owner made), added to once per event queued here; count_buf.obj NULL: none */
+    Py_buffer count_buf;
+    unsigned long long *counter;
 } EnqueuerObject;
 
 static PyObject *
@@ -1022,6 +1026,8 @@ enqueuer_locked(EnqueuerObject *self, PyObject *dict, PyObject *event, long long
             (r1 = PyObject_CallOneArg(queue_append, event)) != NULL &&
             (r2 = PyObject_CallOneArg(sizes_append, size_obj)) != NULL) {
             ok = 1;
+            if (self->counter != NULL)  /* queued: counted before record() returns */
+                (*self->counter)++;
             if (n + 1 == kick_at) {
                 PyObject *k = PyObject_CallNoArgs(self->kick);
                 if (k == NULL)
@@ -1162,9 +1168,43 @@ enqueuer_sync(EnqueuerObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+static void
+enqueuer_uncount(EnqueuerObject *self)
+{
+    self->counter = NULL;
+    if (self->count_buf.obj != NULL)
+        PyBuffer_Release(&self->count_buf);
+}
+
+/* count_into(buffer or None): count each event queued here into the buffer's first 8
+   bytes (aligned, writable), as QueuedSink.count_into says; None stops counting. */
+static PyObject *
+enqueuer_count_into(EnqueuerObject *self, PyObject *arg)
+{
+    if (arg == Py_None) {
+        enqueuer_uncount(self);
+        Py_RETURN_NONE;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (view.len < 8 || ((uintptr_t)view.buf % 8) != 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError,
+                        "count_into: the buffer must hold 8 bytes, aligned to 8");
+        return NULL;
+    }
+    enqueuer_uncount(self);
+    self->count_buf = view;
+    self->counter = (unsigned long long *)view.buf;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef enqueuer_methods[] = {
     {"sync", (PyCFunction)(void (*)(void))enqueuer_sync, METH_FASTCALL,
      "sync(queue, sizes, lock, limit, max_bytes, kick_at): the sink's state as it is now"},
+    {"count_into", (PyCFunction)enqueuer_count_into, METH_O,
+     "count_into(buffer or None): count each event queued into the buffer's first 8 bytes"},
     {NULL},
 };
 
@@ -1182,6 +1222,7 @@ enqueuer_traverse(EnqueuerObject *self, visitproc visit, void *arg)
     Py_VISIT(self->sizes_append);
     Py_VISIT(self->acquire);
     Py_VISIT(self->release);
+    Py_VISIT(self->count_buf.obj);
     return 0;
 }
 
@@ -1200,6 +1241,7 @@ enqueuer_clear(EnqueuerObject *self)
     Py_CLEAR(self->acquire);
     Py_CLEAR(self->release);
     Py_CLEAR(self->last_size_obj);
+    enqueuer_uncount(self);
     return 0;
 }
 

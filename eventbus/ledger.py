@@ -7,6 +7,14 @@ directory its agent names in :data:`ENV_LEDGER_DIR`; the agent reads them
 (:func:`read_ledgers`) before it exits and reports, for every sender whose end marker never
 arrived, what it numbered but never delivered.
 
+A SIGKILLed sender writes no ledger, and the events it had queued die with it. So each
+sender also keeps a *record counter* in the same directory, ``<dir>/<sender>.count``
+(:func:`open_counter`): a small file mapped shared into the sender, whose count its queue
+adds to for every event it is given, before ``record()`` returns
+(:meth:`eventbus.subscribers.queued.QueuedSink.count_into`). The kernel keeps what a
+killed process wrote to a shared mapping, so the agent reads the count after the sender
+died (:func:`read_counters`) and reports what it had recorded and never delivered.
+
 A ledger speaks of the store wire format (:mod:`eventbus.wire`): its sender id and queue
 key are the wire's, it carries the wire's version, and a file it refuses raises
 :class:`~eventbus.wire.WireError` with the reason it is counted under.
@@ -15,8 +23,10 @@ key are the wire's, it carries the wire's version, and a file it refuses raises
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import stat
+import struct
 
 import attrs
 
@@ -27,10 +37,15 @@ from eventbus.wire import WIRE_VERSION
 from eventbus.wire import WireError
 
 __all__ = [
+    "COUNTER_BYTES",
     "ENV_LEDGER_DIR",
     "MAX_LEDGER_BYTES",
     "ExitLedger",
+    "RecordCount",
+    "RecordCounter",
     "ledger_path",
+    "open_counter",
+    "read_counters",
     "read_ledgers",
     "write_ledger",
 ]
@@ -168,3 +183,143 @@ def read_ledgers(directory: str, *,
             continue
         ledgers.append(ledger)
     return ledgers, refused
+
+
+# -- record counters ---------------------------------------------------------------------
+
+#: a record counter file: an 8-byte magic, the count (8 bytes, native order, aligned),
+#: then one JSON object naming its sender (src, key, pid), NUL-padded to this size
+COUNTER_BYTES = 1024
+_COUNTER_MAGIC = b"EBCOUNT1"
+_COUNTER_SUFFIX = ".count"
+
+
+@attrs.frozen(kw_only=True)
+class RecordCount:
+    """What one sender's record counter said when it was read."""
+
+    #: the sender id, the queue it pushed to, the process
+    sender: str
+    key: str
+    pid: int
+    #: events its queue was given (queued or dropped) before it stopped
+    recorded: int
+
+
+class RecordCounter:
+    """A sender's record counter, mapped shared (:func:`open_counter`): ``view`` is the
+    8 bytes of the count, to hand to
+    :meth:`eventbus.subscribers.queued.QueuedSink.count_into`."""
+
+    def __init__(self, path: str, mapping: mmap.mmap) -> None:
+        self.path = path
+        self._map = mapping
+        #: the count's 8 bytes
+        self.view = memoryview(mapping)[8:16]
+
+    @property
+    def value(self) -> int:
+        """The count now."""
+        return int(struct.unpack_from("=Q", self._map, 8)[0])
+
+
+def counter_path(directory: str, sender: str) -> str:
+    """The file of ``sender``'s record counter in ``directory``."""
+    return ledger_path(directory, sender)[: -len(_LEDGER_SUFFIX)] + _COUNTER_SUFFIX
+
+
+def open_counter(directory: str, sender: str, key: str) -> RecordCounter:
+    """Make ``sender``'s record counter (count 0) in ``directory`` and map it shared.
+
+    Made whole under a temporary name and renamed: a reader never sees half a header.
+    Raises ``OSError`` (and ``ValueError`` for a key too long to name).
+    """
+    header = json.dumps({"v": WIRE_VERSION, "src": sender, "key": key,
+                         "pid": os.getpid()}).encode("utf-8")
+    if 16 + len(header) > COUNTER_BYTES:
+        raise ValueError(f"record counter: sender and key too long ({len(header)} bytes)")
+    path = counter_path(directory, sender)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, _COUNTER_MAGIC + bytes(8) + header.ljust(COUNTER_BYTES - 16, b"\0"))
+        mapping = mmap.mmap(fd, COUNTER_BYTES, mmap.MAP_SHARED,
+                            mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)
+    try:
+        os.replace(tmp, path)
+    except OSError:
+        mapping.close()
+        raise
+    return RecordCounter(path, mapping)
+
+
+def _parse_counter(raw: bytes) -> RecordCount:
+    if len(raw) != COUNTER_BYTES or raw[:8] != _COUNTER_MAGIC:
+        raise WireError("counter: bad header")
+    (recorded,) = struct.unpack_from("=Q", raw, 8)
+    try:
+        data = json.loads(raw[16:].rstrip(b"\0").decode("utf-8"),
+                          parse_constant=reject_constant)
+    except (ValueError, TypeError, RecursionError):
+        raise WireError("counter: header not JSON") from None
+    if type(data) is not dict or data.get("v") != WIRE_VERSION:
+        raise WireError("counter: bad header")
+    sender, key, pid = data.get("src"), data.get("key"), data.get("pid")
+    if type(sender) is not str or not 0 < len(sender) <= _MAX_SENDER_ID:
+        raise WireError("counter: src")
+    if type(key) is not str or not 0 < len(key) <= _MAX_KEY:
+        raise WireError("counter: key")
+    if type(pid) is not int or not 0 <= recorded < _MAX_COUNT:
+        raise WireError("counter: pid/count")
+    return RecordCount(sender=sender, key=key, pid=pid, recorded=recorded)
+
+
+def read_counters(directory: str, *,
+                  max_files: int = 100_000) -> tuple[list[RecordCount], dict[str, int]]:
+    """Every record counter in ``directory``, and the files refused, counted per reason.
+
+    Read once their senders are gone. Hostile content never raises: as for
+    :func:`read_ledgers`, only regular files are read, at most :data:`COUNTER_BYTES`, and
+    a file whose name is not its sender's is refused.
+    """
+    counts: list[RecordCount] = []
+    refused: dict[str, int] = {}
+
+    def refuse(reason: str) -> None:
+        refused[reason] = refused.get(reason, 0) + 1
+
+    try:
+        entries = sorted(os.scandir(directory), key=lambda e: e.name)[:max_files]
+    except OSError:
+        return counts, refused
+    for entry in entries:
+        if not entry.name.endswith(_COUNTER_SUFFIX):
+            continue
+        try:
+            fd = os.open(entry.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+                         | getattr(os, "O_NONBLOCK", 0))
+        except OSError:
+            refuse("counter: cannot open (a link, or unreadable)")
+            continue
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                refuse("counter: not a regular file")
+                continue
+            raw = os.read(fd, COUNTER_BYTES + 1)
+        except OSError:
+            refuse("counter: unreadable")
+            continue
+        finally:
+            os.close(fd)
+        try:
+            count = _parse_counter(raw)
+        except WireError as rej:
+            refuse(rej.reason)
+            continue
+        if counter_path(directory, count.sender) != entry.path:
+            refuse("counter: file name is not its sender's")
+            continue
+        counts.append(count)
+    return counts, refused

@@ -35,6 +35,7 @@ from eventbus._reporting import RateLimiter
 from eventbus.bus import Bus
 from eventbus.events import EventsLost
 from eventbus.ledger import ExitLedger
+from eventbus.ledger import RecordCount
 from eventbus.wire import MAX_VALUE_BYTES
 from eventbus.wire import BatchDecoder
 from eventbus.wire import SenderKind
@@ -505,6 +506,34 @@ class StoreReceiver:
                                f"dropped by sender: {reason}", {"from": "exit ledger"})
                     reported += delta
             return reported
+
+    def settle_count(self, count: RecordCount, *, why: str) -> int:
+        """Report what ``count``'s sender recorded that never arrived here, from its record
+        counter (:func:`eventbus.ledger.read_counters`), read after the sender died.
+
+        Every event the sender recorded got a number (delivered here, or reported as a gap)
+        or was counted as dropped (reported from its pushes or its exit ledger), or was
+        still in its queue when it died. For a sender whose end marker did not arrive, the
+        last kind is the count less the next number expected less the drops reported:
+        one ``EVENTS_LOST`` ("not delivered: ``why``"). Call it after :meth:`settle` with
+        the sender's exit ledger, if any. The sender is then settled: a second call
+        reports nothing. Returns the events reported.
+        """
+        with self._lock:
+            state = self._senders.get(count.sender)
+            if state is None:
+                state = self._senders[count.sender] = _Sender(count.key)
+            if state.ended:
+                return 0
+            dropped = sum(state.dropped.values())
+            missing = count.recorded - state.expected - dropped
+            if missing <= 0:
+                return 0
+            self._lost(count.sender, count.key, missing, f"not delivered: {why}",
+                       {"recorded": count.recorded, "next_seq": state.expected,
+                        "dropped": dropped, "from": "record counter"})
+            state.expected += missing
+            return missing
 
     def unended(self) -> list[str]:
         """Senders seen without their end marker (killed, or still running)."""

@@ -201,6 +201,8 @@ class QueuedSink:
         self._max_events = self.settings.max_events
         self._max_bytes = self.settings.max_bytes
         self._max_batch = self.settings.max_batch
+        #: count_into()'s counter: 8 shared bytes as one unsigned int, or None
+        self._counter: memoryview | None = None
         self._init_state()
         #: the compiled enqueue (eventbus/_speedups.c), made once, before anyone can
         #: enqueue: where it is built, for a sink whose ``__call__`` and size estimate are
@@ -291,6 +293,9 @@ class QueuedSink:
                 self.queued_bytes += size
                 queue.append(event)
                 self._sizes.append(size)
+                counter = self._counter
+                if counter is not None:  # queued: counted before record() returns
+                    counter[0] += 1
                 if n + 1 == self._kick_at:
                     self._kick()
             else:
@@ -313,6 +318,27 @@ class QueuedSink:
             direct.sync(self._queue, self._sizes, self._lock, self._limit, self._max_bytes,
                         self._kick_at)
 
+    def count_into(self, counter: memoryview | None) -> None:
+        """Count every event this sink is given (queued or dropped) into ``counter``: 8
+        writable bytes, aligned to 8, as one native unsigned integer, added to with the
+        lock held, before the enqueue returns. ``None`` stops counting.
+
+        For a counter another process reads after this one died (a shared ``mmap``: the
+        store forwarder's record counter, :mod:`eventbus.ledger`): at any moment it equals
+        what the sink was given, so the events queued and lost with the process are its
+        value less what the sink handed on or counted as dropped. The compiled enqueue
+        adds one integer increment per event; the pure-Python one a memoryview update.
+        A forked child stops counting into its parent's counter.
+        """
+        view = None if counter is None else memoryview(counter).cast("B")
+        if view is not None and (view.nbytes < 8 or not view.contiguous):
+            raise ValueError("count_into: the counter must be 8 contiguous bytes")
+        with self._lock:
+            direct = self.__dict__.get("_direct")
+            if direct is not None:
+                direct.count_into(view)
+            self._counter = None if view is None else view[:8].cast("Q")
+
     def _kick(self) -> None:
         # Called with the lock held, when the queue just reached _kick_at.
         if self._thread is None:
@@ -321,7 +347,10 @@ class QueuedSink:
             self._cond.notify()
 
     def _enqueue_slow(self, event: Event, size: int) -> None:
-        # Called with the lock held.
+        # Called with the lock held. Every event it gets is queued or dropped: counted.
+        counter = self._counter
+        if counter is not None:
+            counter[0] += 1
         if self._closed:
             self._drop("closed", 1)
             return
@@ -504,8 +533,11 @@ class QueuedSink:
             }
 
     def _after_fork_in_child(self) -> None:
-        # The parent keeps (and delivers) what was queued; the child starts empty.
+        # The parent keeps (and delivers) what was queued; the child starts empty, and
+        # counts into no counter of its parent's.
         self._init_state()
+        if self._counter is not None:
+            self.count_into(None)
 
     def __repr__(self) -> str:
         return f"<QueuedSink {self.name} pending={self.pending}>"

@@ -21,9 +21,14 @@ What can be lost, and how it shows:
   :data:`END_CONNECT_WAIT` to push the end marker. If anything arrives later, the receiver
   reports the gap, which counts the silently lost push too;
 * the process is SIGKILLed: what is still queued, at most the last ``flush_interval`` of
-  events plus one in-flight batch, is lost, and nothing follows it to reveal the gap; the
-  agent logs that the sender never sent its end marker. (``os._exit`` in a worker flushes
-  first, within :data:`eventbus.subscribers.worker_exit.OS_EXIT_FLUSH_TIMEOUT`: see
+  events plus one in-flight batch, is lost. Given ``ledger_dir``, the loss is still counted
+  exactly: the forwarder's queue counts every event it is given into the sender's record
+  counter, a small file of ``ledger_dir`` mapped shared (:func:`eventbus.ledger.open_counter`),
+  which the agent reads after the worker died and compares with the numbers that reached
+  it (see :meth:`eventbus.publishers.store_receiver.StoreReceiver.settle_count`). Without
+  ``ledger_dir`` nothing follows the loss to reveal it; the agent logs that the sender
+  never sent its end marker. (``os._exit`` in a worker flushes first, within
+  :data:`eventbus.subscribers.worker_exit.OS_EXIT_FLUSH_TIMEOUT`: see
   :mod:`eventbus.subscribers.worker_exit`.)
 
 Exit ledger: given ``ledger_dir`` (a worker gets its agent's per-attempt directory from
@@ -32,7 +37,8 @@ Exit ledger: given ``ledger_dir`` (a worker gets its agent's per-attempt directo
 numbered, its drops per reason), written once and atomically before it tries the end
 marker. The agent reads it before it exits, so that a loss the store cannot report (the
 store died) is still reported as ``EVENTS_LOST`` with its true count. ``record()`` never
-pays for it.
+pays for it; it pays for the record counter one integer increment in the compiled
+enqueue (see docs/performance.md).
 """
 
 from __future__ import annotations
@@ -57,6 +63,8 @@ from eventbus.bus import Subscription
 from eventbus.bus import get_default_bus
 from eventbus.events import Event
 from eventbus.ledger import ExitLedger
+from eventbus.ledger import RecordCounter
+from eventbus.ledger import open_counter
 from eventbus.ledger import write_ledger
 from eventbus.subscribers.queued import QueuedSink
 from eventbus.subscribers.queued import QueueSettings
@@ -107,7 +115,7 @@ class StoreForwarder:
       keyword options to override them; ``close_timeout`` is also the default budget of
       :meth:`flush` and :meth:`close`, ``report_interval`` the rate of loss reports;
     * ``ledger_dir``: a local directory where :meth:`close` leaves this sender's exit
-      ledger (default: none);
+      ledger, and where its record counter lives from the start (default: none);
     * ``bell``: the receiver's doorbell queue (:func:`eventbus.wire.bell_key`): after each
       push, ``key`` is pushed there too, so that the receiver pops it at once instead of at
       its next poll (default: none, the receiver polls).
@@ -170,6 +178,18 @@ class StoreForwarder:
         self._pushes = 0
         self.lost: dict[str, int] = {}
         self._loss_report = RateLimiter()
+        #: the record counter (given ledger_dir): every event the queue is given
+        self.counter: RecordCounter | None = None
+        self.sink.count_into(None)
+        if self.ledger_dir is not None:
+            try:
+                self.counter = open_counter(self.ledger_dir, self.sender, self.key)
+            except (OSError, ValueError) as exc:
+                logger.warning("store forwarder %s: cannot make its record counter in %s: "
+                               "%s; events lost to a SIGKILL will not be counted",
+                               self.sender, self.ledger_dir[:200], exc)
+            else:
+                self.sink.count_into(self.counter.view)
 
     @property
     def in_this_process(self) -> bool:

@@ -40,6 +40,7 @@ from eventbus.events import Event
 from eventbus.events import EventType
 from eventbus.events import event_class
 from eventbus.ledger import ENV_LEDGER_DIR
+from eventbus.ledger import read_counters
 from eventbus.ledger import read_ledgers
 from eventbus.publishers.store_receiver import StoreReceiver
 from eventbus.subscribers.queued import backlogged
@@ -144,8 +145,8 @@ class StoreTransport:
         self.ledger_root: str | None = None
         self._ledger_dirs: dict[int, tuple[str, frozenset[str]]] = {}
         #: ledgers read, senders settled from them, events reported, files refused
-        self.ledger_stats: dict[str, Any] = {"read": 0, "settled": 0, "reported": 0,
-                                             "refused": {}}
+        self.ledger_stats: dict[str, Any] = {"read": 0, "counters": 0, "settled": 0,
+                                             "reported": 0, "refused": {}}
 
     # -- AgentPlugin ----------------------------------------------------------------------
     def after_rendezvous(self, info: RendezvousInfo) -> Mapping[str, str]:
@@ -233,13 +234,14 @@ class StoreTransport:
                 if sender in settled:
                     continue
                 logger.warning("store receiver: %s never sent its end marker and left no "
-                               "exit ledger (killed by SIGKILL?): the events it queued last "
+                               "exit ledger nor record counter: the events it queued last "
                                "may be lost, uncounted", sender)
             self._remove_ledgers()
 
     def _settle_from_ledgers(self, receiver: StoreReceiver) -> set[str]:
-        """Read every attempt's exit ledgers and report, per sender whose end marker never
-        arrived, what it numbered or dropped that did not arrive. Never raises."""
+        """Read every attempt's exit ledgers and record counters and report, per sender
+        whose end marker never arrived, what it recorded, numbered or dropped that did not
+        arrive. Never raises."""
         settled: set[str] = set()
         stats = self.ledger_stats
         refused: dict[str, int] = stats["refused"]
@@ -263,6 +265,27 @@ class StoreTransport:
                         continue
                     reported = receiver.settle(ledger, why=why)
                     settled.add(ledger.sender)
+                    if reported:
+                        stats["settled"] += 1
+                        stats["reported"] += reported
+                # Then the record counters: what a sender had queued when it died
+                # (SIGKILL: no ledger), or recorded after its ledger was written.
+                counts, bad = read_counters(path)
+                for reason, n in bad.items():
+                    refused[reason] = refused.get(reason, 0) + n
+                for count in counts:
+                    stats["counters"] += 1
+                    if count.key not in keys:
+                        refused["counter: not a queue of its attempt"] = refused.get(
+                            "counter: not a queue of its attempt", 0) + 1
+                        continue
+                    if count.key in receiver.leftovers:
+                        settled.add(count.sender)
+                        continue
+                    reported = receiver.settle_count(count, why=(
+                        "recorded, still queued in the sender when it died "
+                        "(from its record counter)"))
+                    settled.add(count.sender)
                     if reported:
                         stats["settled"] += 1
                         stats["reported"] += reported
