@@ -183,6 +183,17 @@ def _store(result: dict[str, Any]) -> list[str]:
     return out
 
 
+def _ui(result: dict[str, Any]) -> list[str]:
+    out = ["## The job view (`--ui`): the agent's cost per event", "",
+           f"`benchmarks/bench_ui.py`: median of {result['rounds']} interleaved rounds of "
+           f"{result['events per round']:,} pre-built events of a 64-rank job published on a "
+           "private bus: a no-op subscriber alone (`--ui off`), plus the job view's state "
+           "(`--ui on`), plus 50 pages reading the stream, and plus a queued sink for "
+           "scale. `ns/event` is the publishing thread's CPU time, `wall ns/event` its wall "
+           "time (with 50 pages, their threads hold the interpreter part of it).", ""]
+    return out + _generic(result)
+
+
 def _import(result: dict[str, Any]) -> list[str]:
     out = ["## Import time", "",
            f"`benchmarks/bench_import.py`: median of {result['rounds']} fresh interpreters "
@@ -216,7 +227,7 @@ def render(results: dict[str, Any], *, machine: dict[str, str], versions: dict[s
     out += [""]
     out += _table(["package", "version"], [[k, v] for k, v in versions.items()])
     sections = {"dispatch": _dispatch, "import": _import, "logging": _logging,
-                "store": _store, "memory": _memory, "sinks": _sinks}
+                "store": _store, "memory": _memory, "sinks": _sinks, "ui": _ui}
     for area, result in results.items():
         out.append("")
         out += sections[area](result)

@@ -545,3 +545,19 @@ def test_browser_shows_64_ranks_from_a_file(tmp_path: Path) -> None:
                 browser.screenshot(Path(target))
     finally:
         assert _stop(proc) == 0
+
+
+def test_ui_benchmark_measures_each_case() -> None:
+    """benchmarks/bench_ui.py: a figure per case, the 50 pages connected and written to."""
+    from benchmarks import bench_ui
+    from benchmarks.report import render
+
+    result = bench_ui.run(quick=True)
+    cases = [row["case"] for row in result["rows"]]
+    assert cases == ["--ui off", "--ui on", "--ui on, 50 open pages",
+                     "one --sink (queue enqueue)"]
+    assert all(row["ns/event"] > 0 for row in result["rows"])
+    assert result["streams open"] == 50 and result["pushes to the pages"] > 0
+    text = render({"ui": result}, machine={}, versions={}, when="now", quick=True,
+                  seconds={"ui": 1.0})
+    assert "The job view" in text

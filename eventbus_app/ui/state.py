@@ -250,7 +250,8 @@ class JobState:
         self._world_size: int | None = None
         self._max_restarts: int | None = None
         self._unreadable = 0
-        self._handlers: dict[type, Handler | None] = {}
+        #: event class -> (its type name, its handler)
+        self._handlers: dict[type, tuple[str, Handler]] = {}
         # the reader's caches: the rendered recent events, the last snapshot
         self._rendered: dict[int, dict[str, Any]] = {}
         self._render_lock = threading.Lock()
@@ -258,18 +259,18 @@ class JobState:
     # -- feeding --------------------------------------------------------------------------
     def __call__(self, event: Event) -> None:
         """The bus subscriber: note ``event`` (arrived now)."""
-        cls = type(event)
-        try:
-            handler = self._handlers[cls]
-        except KeyError:
-            handler = self._handlers[cls] = _HANDLERS.get(str(cls.type))
-        self._observe(event, str(cls.type), self._clock() if self.live else event.timestamp,
-                      handler)
+        cls = event.__class__
+        entry = self._handlers.get(cls)
+        if entry is None:
+            name = str(cls.type)
+            entry = self._handlers[cls] = (name, _HANDLERS.get(name, JobState._on_other))
+        self._observe(event, entry[0], self._clock() if self.live else event.timestamp,
+                      entry[1])
 
     def add_record(self, record: Record) -> None:
         """Note an event read back from a JSONL file (timed by its own timestamp)."""
         self._observe(_FromRecord(record), record.type, record.timestamp,
-                      _HANDLERS.get(record.type))
+                      _HANDLERS.get(record.type, JobState._on_other))
 
     def add_unreadable(self, count: int = 1) -> None:
         """Count lines of the file that were not events (shown with the drop counters)."""
@@ -277,26 +278,29 @@ class JobState:
             self._unreadable += count
             self.version += 1
 
-    def _observe(self, ev: Any, name: str, arrived: float, handler: Handler | None) -> None:
-        with self._lock:
+    def _observe(self, ev: Any, name: str, arrived: float, handler: Handler) -> None:
+        lock = self._lock
+        lock.acquire()  # not `with`: the context manager protocol costs more, per event
+        try:
             self._seq = seq = self._seq + 1
             self._recent.append((seq, arrived, name, ev))
             types = self._types
-            if name in types:
-                types[name] += 1
+            count = types.get(name)
+            if count is not None:
+                types[name] = count + 1
             elif len(types) < MAX_TYPES:
                 types[name] = 1
             else:
                 types["(other)"] = types.get("(other)", 0) + 1
-            self._last_at = max(self._last_at, arrived)
+            if arrived > self._last_at:  # noqa: PLR1730 - cheaper than max() per event
+                self._last_at = arrived
             if self._first_at is None:
                 self._first_at = arrived
                 self._open_attempt(ev.restart_count or 0, arrived, None)
-            if handler is None:
-                self._on_other(ev, name, arrived, seq)
-            else:
-                handler(self, ev, name, arrived, seq)
+            handler(self, ev, name, arrived, seq)
             self.version += 1
+        finally:
+            lock.release()
 
     # -- the handlers (called under the lock) ---------------------------------------------
     def _rank(self, rank: int) -> _Rank | None:
@@ -354,19 +358,25 @@ class JobState:
         return r
 
     def _on_other(self, ev: Any, name: str, arrived: float, seq: int) -> None:
-        # a worker's own event: it is alive; a step, if it says one
-        r = self._touch(ev, name, arrived, ev.rank)
-        if r is None:
+        # a worker's own event: it is alive; a step, if it says one (the hot path: METRIC)
+        rank = ev.rank
+        if rank is None:
             return
-        if r.state == "stalled":
-            r.state = "running"
-        if r.host is None:
+        r = self._ranks.get(rank)
+        if r is None:
+            r = self._rank(rank)
+            if r is None:
+                return
             r.host = ev.hostname or None
             r.pid = ev.pid
-        step = _int(getattr(ev, "step", None))
-        if step is not None:
+            self._note(ev)
+        r.last = arrived
+        r.last_type = name
+        if r.state == "stalled":
+            r.state = "running"
+        step = getattr(ev, "step", None)
+        if step.__class__ is int:
             r.step = step
-        self._note(ev)
 
     def _on_epoch(self, ev: Any, name: str, arrived: float, seq: int) -> None:
         self._on_other(ev, name, arrived, seq)
@@ -464,7 +474,7 @@ class JobState:
             r.where = where[:200]
         if r.host is None:
             r.host = ev.hostname or None
-        self._note(ev)
+            self._note(ev)
 
     def _on_restart(self, ev: Any, name: str, arrived: float, seq: int) -> None:
         attempt = _int(getattr(ev, "attempt", None))
