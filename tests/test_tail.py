@@ -291,8 +291,8 @@ def test_a_stall_shows_the_main_threads_top_frame(tmp_path: Path,
     eventbus's own thread, which came first in the dump), on one line."""
     assert cli_main(["tail", "--type", "WORKER_STALLED", str(_stall_file(tmp_path))]) == 0
     (line,) = capsys.readouterr().out.splitlines()
-    assert "stack='distributed_c10d.py:2800 in all_reduce (main thread; 2 threads, --full)'" \
-        in line, line
+    assert ("stack='distributed_c10d.py:2800 in all_reduce, from train.py:18 (main thread; 2 "
+            "threads, --full)'") in line, line
     assert "store_forwarder" not in line and "peer_stacks='1 rank(s), --full'" in line
 
 

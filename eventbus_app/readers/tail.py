@@ -50,6 +50,7 @@ from eventbus.app.launcher.console import EVENTBUS_MARK
 from eventbus.app.launcher.console import format_stack
 from eventbus.app.launcher.console import parse_stack
 from eventbus.app.launcher.console import stack_lines
+from eventbus.app.launcher.console import where_of
 from eventbus.app.readers.records import Problem
 from eventbus.app.readers.records import Record
 from eventbus.app.readers.records import decode_line
@@ -126,6 +127,9 @@ def _top_frame(text: str) -> str | None:
         frame = f"{os.path.basename(path)}:{line} in {func}" if func else frame
     which = "main thread" if head.is_main else "current thread"
     more = f"; {len(threads)} threads, --full" if len(threads) > 1 else "; --full"
+    script = where_of(text)  # the script's own innermost frame, when the top one is not
+    if script and not frame.startswith(script + " "):
+        frame += f", from {script}"
     return f"{frame} ({which}{more})"
 
 
@@ -183,11 +187,11 @@ def _blocks(record: Record) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
                 kept[key] = "(below)"
                 for peer, text in value.items():
                     lines.append(f"{_INDENT}peer_stacks[{peer}]:")
-                    lines.extend(_INDENT * 2 + line for line in _text_lines(text))
+                    lines.extend(_INDENT * 2 + line if line else "" for line in _text_lines(text))
             elif isinstance(value, str) and "\n" in value.strip():
                 kept[key] = "(below)"
                 lines.append(f"{_INDENT}{key}:")
-                lines.extend(_INDENT * 2 + line for line in _text_lines(value))
+                lines.extend(_INDENT * 2 + line if line else "" for line in _text_lines(value))
             else:
                 kept[key] = value
         return kept
