@@ -263,3 +263,26 @@ def test_a_rank_whose_script_has_ended_is_never_stalled() -> None:
     watch.observe(_beat(1, enq=50, comp=50, exiting=True))
     clock.now += 10
     assert [s.rank for s in watch.overdue(0, [0, 1])] == [0]
+
+
+def test_a_rank_whose_heartbeat_does_not_say_is_no_culprit() -> None:
+    """A rank that has entered no collective yet (collectives == 0, no groups) holds the
+    others up; one whose heartbeat has no groups and no count (recorder off, or its groups
+    destroyed at its end) is unknown, never named."""
+    waiting = _beat(0, enq=1, comp=0, pending=_pending(1))
+    not_yet = eventbus.WorkerProgress(worker_id=1, step=0, collectives=0, idle_s=9.0,
+                                      data={"where": "train.py:5 in load"})
+    found = culprit.analyze(_progress(waiting, not_yet))
+    assert found.culprit_ranks == (1,) and found.waiting_ranks == (0,)
+    ended = eventbus.WorkerProgress(worker_id=1, step=60, collectives=None, data={})
+    assert culprit.analyze(_progress(waiting, ended)).culprit_ranks == ()
+
+
+def test_a_rank_whose_process_groups_are_gone_is_ending() -> None:
+    clock = Clock()
+    watch = health.StallWatch(2.0, clock=clock)
+    watch.observe(_beat(1, enq=50, comp=50))
+    watch.observe(eventbus.WorkerProgress(worker_id=1, step=60, collectives=None, data={},
+                                          context=JobContext(rank=1, restart_count=0)))
+    clock.now += 10
+    assert watch.overdue(0, [1]) == []

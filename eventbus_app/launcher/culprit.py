@@ -80,6 +80,9 @@ class RankProgress:
     pending: Mapping[str, Pending] = attrs.field(factory=dict)
     where: str | None = None
     stack: str | None = None
+    #: the heartbeat's ``collectives``: 0 = the flight recorder is on and the rank has
+    #: entered no collective yet; None = unknown (recorder off, or the groups destroyed)
+    collectives: int | None = None
 
 
 @attrs.frozen
@@ -164,9 +167,11 @@ def progress_of(event: Event, *, age_s: float = 0.0) -> RankProgress | None:
                 out_dtypes=info.get("out_dtypes"))
     where = data.get("where")
     stack = data.get("stack")
+    collectives = getattr(event, "collectives", None)
     return RankProgress(rank=rank, silent_s=silent, pgs=pgs, pending=pending,
                         where=where if isinstance(where, str) else None,
-                        stack=stack if isinstance(stack, str) else None)
+                        stack=stack if isinstance(stack, str) else None,
+                        collectives=collectives if isinstance(collectives, int) else None)
 
 
 # -- the match rule ------------------------------------------------------------------------
@@ -252,9 +257,11 @@ def _analyze_group(pg: str, seen: Mapping[int, RankProgress], use_torch: bool
         if state is not None:
             members.add(prog.rank)
             members.update(state.ranks)
-    members = {m for m in members if m in seen} or members
+    # a member that reports the group, or that has entered no collective at all; one
+    # whose heartbeat does not say (recorder off, groups destroyed at its end) is unknown
     enq = {r: (seen[r].pgs[pg].enqueued if pg in seen[r].pgs else 0)
-           for r in members if r in seen}
+           for r in members if r in seen
+           and (pg in seen[r].pgs or (seen[r].collectives == 0 and not seen[r].pgs))}
     if not enq:
         return None
     seq = max(enq.values())

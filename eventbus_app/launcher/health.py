@@ -310,9 +310,13 @@ class StallWatch:
         if self._auto:
             reported = _interval(beat)
             seen.longest = max(seen.longest, reported)
+        ended = bool(beat.data and beat.data.get(EXITING_KEY)) or (
+            # its process groups are gone (it had some): the script is ending
+            beat.collectives is None and bool(seen.marker and seen.marker[2])
+            and not (beat.data and beat.data.get("pgs")))
         seen.marker = marker
         seen.beat, seen.beat_at = beat, now
-        if beat.data and beat.data.get(EXITING_KEY):
+        if ended:
             seen.quiet_until = math.inf  # the script has ended: its exit is no stall
 
     def beats(self, attempt: int) -> dict[int, tuple[WorkerProgress, float]]:
