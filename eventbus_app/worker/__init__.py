@@ -9,7 +9,10 @@ The agent starts every worker as ``python -u -m eventbus.app.worker SCRIPT ARGS.
    runs without the part it configures;
 2. attaches the store forwarder, so that the script's events reach the agent, and
    installs the exit hooks that flush it (:mod:`eventbus.subscribers.worker_exit`);
-3. arms the stall watch's stack dump (:mod:`eventbus.app.worker.stack_dump`);
+3. arms the stall watch's stack dump (:mod:`eventbus.app.worker.stack_dump`) and, with
+   the forwarder or ``EVENTBUS_PROGRESS``, the progress watch
+   (:mod:`eventbus.app.worker.progress`: heartbeats from torch's collectives and optimizer
+   steps, with no call in the script);
 4. runs the script as ``__main__``, as ``python SCRIPT`` would: the same ``sys.argv``,
    the same ``sys.path[0]``, the same exit code, and an uncaught exception printed by
    ``sys.excepthook`` with the script's own frames, exit code 1.
@@ -37,6 +40,11 @@ from typing import TypeVar
 
 import attrs
 
+from eventbus.app.worker.progress import ENV_FR_DUMP_DIR
+from eventbus.app.worker.progress import ENV_PROGRESS
+from eventbus.app.worker.progress import check_dump_dir
+from eventbus.app.worker.progress import parse_progress
+from eventbus.app.worker.progress import start_progress_watch
 from eventbus.app.worker.stack_dump import ENV_STACK_DIR
 from eventbus.app.worker.stack_dump import ENV_STACK_SIGNAL
 from eventbus.app.worker.stack_dump import arm_stack_dump
@@ -75,6 +83,8 @@ class WorkerSide:
     forwarding: bool = False
     #: the path the stack dump writes to, when armed
     stack_file: str | None = None
+    #: the progress watch's sources, when it runs
+    progress: tuple[str, ...] = ()
     #: one line per bad variable, as logged
     warnings: tuple[str, ...] = ()
 
@@ -191,10 +201,29 @@ def _stack_dump(env: Mapping[str, str], notes: list[str]) -> str | None:
     return path
 
 
+def _progress(env: Mapping[str, str], notes: list[str]) -> tuple[str, ...]:
+    sources = _read(env, ENV_PROGRESS, parse_progress,
+                    "The progress watch uses all three.", notes,
+                    fix="use off, or a comma list of collectives, steps, events")
+    if sources is None:
+        sources = parse_progress("")
+    if not sources:
+        return ()
+    dump_dir = None
+    if env.get(ENV_FR_DUMP_DIR):
+        dump_dir = _read(env, ENV_FR_DUMP_DIR, check_dump_dir,
+                         "This worker writes no flight-recorder dump at a stall.", notes)
+    rank_text = env.get(ENV_RANK, "")
+    rank = int(rank_text) if _decimal(rank_text) else None
+    start_progress_watch(sources, dump_dir=dump_dir, rank=rank)
+    return tuple(sorted(sources))
+
+
 def attach(environ: Mapping[str, str] | None = None) -> WorkerSide:
     """Start the worker side that the launcher's environment describes: the forwarder
-    (with ``EVENTBUS_AGENT_STORE``) and the stack dump (with ``EVENTBUS_STACK_DIR``).
-    Where neither is set this does nothing.
+    (with ``EVENTBUS_AGENT_STORE``), the stack dump (with ``EVENTBUS_STACK_DIR``) and the
+    progress watch (with the forwarder or ``EVENTBUS_PROGRESS``, unless that is ``off``).
+    Where none is set this does nothing.
 
     Never raises: a bad variable is one warning on the ``eventbus`` logger (stderr, when
     logging is not configured yet) naming it and the fix; an unexpected failure is one
@@ -205,7 +234,10 @@ def attach(environ: Mapping[str, str] | None = None) -> WorkerSide:
     forwarding = bool(env.get(ENV_STORE)) and bool(_guarded("forwarder", _forward, env, notes))
     stack_file = _guarded("stack dump", _stack_dump, env, notes) if env.get(ENV_STACK_DIR) \
         else None
-    return WorkerSide(forwarding=forwarding, stack_file=stack_file, warnings=tuple(notes))
+    progress = (_guarded("progress watch", _progress, env, notes) or ()) \
+        if forwarding or env.get(ENV_PROGRESS) else ()
+    return WorkerSide(forwarding=forwarding, stack_file=stack_file, progress=progress,
+                      warnings=tuple(notes))
 
 
 def _guarded(part: str, start: Callable[[Mapping[str, str], list[str]], _T],

@@ -4,7 +4,7 @@ gloo, a small model, SGD, and one ``all_reduce`` of the flattened gradients per 
 Environment (all optional):
 
 - ``PLAIN_MODE``: ``healthy`` (default), ``hang`` (rank PLAIN_RANK spins in a Python loop
-  before the step's collective: the line marked ``# the hang`` below), ``mismatch`` (that
+  before the step's collective: the line ending in ``the hang`` below), ``mismatch`` (that
   rank calls ``broadcast`` while its peers call ``all_reduce``: both hang on gloo),
   ``size_mismatch`` (that rank's ``all_reduce`` has one element more: gloo aborts the
   receiving rank), ``straggler`` (that rank sleeps PLAIN_DELAY s more per step, from
@@ -27,8 +27,7 @@ import torch.distributed as dist
 
 def spin() -> None:
     n = 0
-    while True:
-        n += 1  # the hang
+    while True: n += 1  # noqa: E701 - one line, so every sample names it: the hang
 
 
 def main() -> None:

@@ -1,0 +1,529 @@
+"""The worker's progress watch: heartbeats with no call in the training script (#22).
+
+Armed by the bootstrap (:func:`eventbus.app.worker.attach`) under ``eventbus run``, or
+wherever ``EVENTBUS_PROGRESS`` names sources. A daemon thread (``eventbus-progress``) ticks
+about every 0.1 s (jittered, so it does not alias with a steady step rhythm) and reads:
+
+- ``steps``: optimizer steps, counted by torch's global optimizer step post hook
+  (``torch.optim.optimizer.register_optimizer_step_post_hook``), registered once the
+  script has imported torch; the hook adds one and reads the clock, nothing more;
+- ``collectives``: torch's flight recorder, sampled with
+  ``torch._C._distributed_c10d._dump_fr_trace_json(includeCollectives=False)`` (tens of
+  microseconds) once ``torch.distributed`` is initialised: per process group the last
+  enqueued and the last completed collective. A group whose enqueued is above its
+  completed means the rank is inside that collective;
+- ``events``: the count of events the process published on the default bus (its own
+  heartbeats left out).
+
+torch is never imported here: the thread looks into ``sys.modules`` for what the script
+imported. It records ``WORKER_PROGRESS`` (:class:`eventbus.events.WorkerProgress`) on the
+default bus, which the store forwarder carries to the agent: a heartbeat when progress
+changed and at least :data:`BEAT_S` passed since the last one, and an idle beat every
+:data:`IDLE_BEAT_S` while nothing changes, with ``data["where"]`` (the main thread's
+innermost frame in the user's code) and, once idle for :data:`STACK_AFTER_S`,
+``data["stack"]`` (every thread, the main one first, eventbus's own last and marked).
+``data["compute_s"]``/``data["wait_s"]``: the window's time outside/inside collectives
+(from the samples, on the rank's own clock) per collective completed in it.
+``data["pending"]``: the collective each group is inside of, read from one full flight
+recorder dump, only in a beat while a collective has been pending for at least
+:data:`PENDING_AFTER_S` (so healthy training never pays for full dumps).
+
+Flight-recorder dump on request (the agent's side of it):
+
+1. the agent sets ``EVENTBUS_FR_DUMP_DIR`` to an existing absolute folder (per run or
+   per attempt) in each worker's environment;
+2. at a stall it writes a token (a short line, e.g. ``stall-1``; at most 200 characters)
+   to ``<dir>/request`` (write ``request.tmp`` and rename it, so a worker never reads half
+   a token). Each new token is served once by each worker;
+3. within a tick each worker writes its whole trace, in the pickle format torch's
+   ``fr_trace`` tool reads (``torch._C._distributed_c10d._dump_fr_trace(True, True,
+   False)``), to ``<dir>/fr_trace_rank_<global rank>`` (written under a temporary name
+   and renamed), then records a heartbeat with ``data["fr_dump"]`` (the path) and
+   ``data["fr_dump_token"]``; where it cannot (no flight recorder, not initialised, an
+   OS error) the beat carries ``data["fr_dump_error"]`` instead. ``fr_trace <dir>``
+   (``python -m torch.distributed.flight_recorder.fr_trace``) infers the prefix
+   ``fr_trace_rank_``; the ``request`` file does not match it.
+
+A rank blocked in C code while holding the GIL answers nothing: the agent bounds its wait.
+
+``EVENTBUS_PROGRESS``: ``off``, or a comma list of ``collectives``, ``steps``, ``events``
+(default: all three). A bad value is one warning naming the variable; the watch then uses
+all three.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import logging
+import os
+import random
+import sys
+import sysconfig
+import threading
+import time
+import traceback
+import types
+from collections.abc import Callable
+from typing import Any
+
+__all__ = [
+    "BEAT_S",
+    "DUMP_PREFIX",
+    "ENV_FR_DUMP_DIR",
+    "ENV_PROGRESS",
+    "IDLE_BEAT_S",
+    "PENDING_AFTER_S",
+    "REQUEST_FILE",
+    "SOURCES",
+    "STACK_AFTER_S",
+    "THREAD_NAME",
+    "TICK_S",
+    "ProgressWatch",
+    "StepCounter",
+    "check_dump_dir",
+    "format_stacks",
+    "parse_progress",
+    "start_progress_watch",
+    "user_frame",
+]
+
+#: the progress sources: ``off`` or a comma list of these
+ENV_PROGRESS = "EVENTBUS_PROGRESS"
+#: the folder the agent asks for flight-recorder dumps in (see the module docstring)
+ENV_FR_DUMP_DIR = "EVENTBUS_FR_DUMP_DIR"
+SOURCES = ("collectives", "steps", "events")
+#: the request file's name in ``EVENTBUS_FR_DUMP_DIR``
+REQUEST_FILE = "request"
+#: dump file name: ``<prefix><global rank>``, as torch's fr_trace loader reads it
+DUMP_PREFIX = "fr_trace_rank_"
+THREAD_NAME = "eventbus-progress"
+
+TICK_S = 0.1
+BEAT_S = 1.0
+IDLE_BEAT_S = 2.0
+STACK_AFTER_S = 1.0
+PENDING_AFTER_S = 0.2
+#: characters of ``data["stack"]`` kept (the event's string limit is 16,384)
+MAX_STACK_CHARS = 12_000
+MAX_TOKEN_CHARS = 200
+
+
+def parse_progress(text: str) -> frozenset[str]:
+    """The sources ``EVENTBUS_PROGRESS`` names: ``""`` is all three, ``off`` none.
+    Raises ``ValueError`` saying what is accepted."""
+    text = text.strip().lower()
+    if not text:
+        return frozenset(SOURCES)
+    if text == "off":
+        return frozenset()
+    names = [part.strip() for part in text.split(",")]
+    bad = [name for name in names if name not in SOURCES]
+    if bad:
+        raise ValueError(f"names no progress source {bad[0]!r}")
+    return frozenset(names)
+
+
+def check_dump_dir(path: str) -> str:
+    """``path`` if it is an absolute folder this process can write; else ``ValueError``."""
+    if not os.path.isabs(path):
+        raise ValueError("is not an absolute path")
+    if not os.path.isdir(path):
+        raise ValueError("is not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"is not a directory this worker (uid {os.getuid()}) can write")
+    return path
+
+
+class StepCounter:
+    """Optimizer steps of this process, counted by torch's global step post hook."""
+
+    __slots__ = ("count", "handle", "last_t")
+
+    def __init__(self) -> None:
+        self.count = 0
+        #: monotonic time of the last step
+        self.last_t = 0.0
+        self.handle: Any = None
+
+    def __call__(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.count += 1
+        self.last_t = time.monotonic()
+
+    def register(self) -> bool:
+        """Register the hook if the script imported torch.optim; True once registered."""
+        if self.handle is None:
+            module = sys.modules.get("torch.optim.optimizer")
+            register = getattr(module, "register_optimizer_step_post_hook", None)
+            if register is None:
+                return False
+            self.handle = register(self)
+        return True
+
+    def remove(self) -> None:
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+
+
+# -- where the main thread is ------------------------------------------------------------
+
+def _skipped_roots() -> tuple[str, ...]:
+    roots = {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}  # the app
+    for name in ("eventbus", "eventbus.publishers", "eventbus.subscribers"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__file__", None):
+            roots.add(os.path.dirname(os.path.abspath(str(module.__file__))))
+    for key in ("stdlib", "platstdlib"):
+        with contextlib.suppress(KeyError):
+            roots.add(sysconfig.get_paths()[key])
+    roots = {os.path.realpath(r) for r in roots} | roots
+    return tuple(r.rstrip(os.sep) + os.sep for r in roots)
+
+
+_SKIP: tuple[str, ...] | None = None
+_torch_root: str | None = None
+
+
+def _is_library(filename: str) -> bool:
+    global _SKIP, _torch_root
+    if _SKIP is None:
+        _SKIP = _skipped_roots()
+    if _torch_root is None:
+        torch = sys.modules.get("torch")
+        if torch is not None and getattr(torch, "__file__", None):
+            _torch_root = os.path.dirname(os.path.abspath(str(torch.__file__))) + os.sep
+    if filename.startswith("<") or filename.startswith(_SKIP):
+        return True
+    return _torch_root is not None and filename.startswith(_torch_root)
+
+
+def user_frame(frame: types.FrameType | None) -> str | None:
+    """``"train.py:18 in main"``: the innermost frame of ``frame``'s stack outside torch,
+    eventbus and the standard library (the innermost one if every frame is)."""
+    innermost = frame
+    while frame is not None:
+        code = frame.f_code
+        if not _is_library(code.co_filename):
+            return f"{os.path.basename(code.co_filename)}:{frame.f_lineno} in {code.co_name}"
+        frame = frame.f_back
+    if innermost is None:
+        return None
+    code = innermost.f_code
+    return f"{os.path.basename(code.co_filename)}:{innermost.f_lineno} in {code.co_name}"
+
+
+def format_stacks(limit: int = 40) -> str:
+    """Every thread's Python stack, innermost call last: the main thread first, then the
+    others, eventbus's own threads (named ``eventbus-*``) last and marked so."""
+    frames = sys._current_frames()
+    names = {t.ident: t.name for t in threading.enumerate()}
+    main_ident = threading.main_thread().ident
+    me = threading.get_ident()
+
+    def order(ident: int) -> tuple[int, int]:
+        own = names.get(ident, "").startswith("eventbus") or ident == me
+        return (0 if ident == main_ident else 2 if own else 1, ident)
+
+    parts = []
+    for ident in sorted(frames, key=order):
+        name = names.get(ident, "?")
+        mark = " (main)" if ident == main_ident else \
+            " (eventbus's own)" if order(ident)[0] == 2 else ""
+        stack = "".join(traceback.format_stack(frames[ident], limit=limit))
+        parts.append(f'Thread {ident:#x} "{name}"{mark}, most recent call last:\n{stack}')
+    text = "\n".join(parts)
+    if len(text) > MAX_STACK_CHARS:
+        text = text[:MAX_STACK_CHARS] + "\n... (cut)"
+    return text
+
+
+# -- the watch ----------------------------------------------------------------------------
+
+def _fr_sampler() -> Callable[..., bytes] | None:
+    """torch's cheap flight-recorder sample, once the script initialised torch.distributed."""
+    dist = sys.modules.get("torch.distributed")
+    is_initialized = getattr(dist, "is_initialized", None)
+    if is_initialized is None or not is_initialized():
+        return None
+    c10d = sys.modules.get("torch._C._distributed_c10d")
+    sample = getattr(c10d, "_dump_fr_trace_json", None)
+    return sample if callable(sample) else None
+
+
+def _pg_ranks() -> dict[str, list[int]]:
+    """Process group name -> its members' global ranks (torch.distributed's own books)."""
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    world = getattr(c10d, "_world", None)
+    names = getattr(world, "pg_names", None) or {}
+    ranks = getattr(world, "pg_group_ranks", None) or {}
+    return {str(names[pg]): sorted(int(r) for r in members)
+            for pg, members in list(ranks.items()) if pg in names}
+
+
+class ProgressWatch:
+    """The sampling thread (see the module docstring); :meth:`tick` is one sample."""
+
+    def __init__(self, sources: frozenset[str], *, dump_dir: str | None = None,
+                 rank: int | None = None, record: Callable[..., None] | None = None,
+                 bus: Any = None) -> None:
+        self.sources = sources
+        self.dump_dir = dump_dir
+        self._rank = rank
+        if record is None or bus is None:
+            from eventbus.bus import get_default_bus
+
+            bus = bus if bus is not None else get_default_bus()
+            record = record if record is not None else bus.record
+        self._record = record
+        self._bus = bus
+        self.steps = StepCounter()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._sample: Callable[..., bytes] | None = None
+        self._ranks: dict[str, list[int]] = {}
+        self.armed = False
+        self.beats = 0
+        # the state at the last tick and at the last beat
+        now = time.monotonic()
+        self._progress_t = now
+        self._beat_t = -1e9
+        self._changed = False
+        self._key: tuple[Any, ...] = ()
+        self._pgs: dict[str, tuple[int, int]] = {}
+        self._pending_since: dict[str, tuple[int, float]] = {}
+        self._events = 0
+        self._tick_t = now
+        self._inside_s = self._outside_s = 0.0
+        self._beat_completed = 0
+        self._beat_steps = (0, 0.0)
+        self._request: tuple[int, int] | None = None
+        self._failed = False
+
+    # -- lifecycle
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+        self._thread.start()
+        atexit.register(self.stop)
+
+    def stop(self, timeout: float = 1.0) -> None:
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        self.steps.remove()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run(self) -> None:
+        while not self._stop.wait(TICK_S * random.uniform(0.8, 1.2)):
+            try:
+                self.tick()
+            except Exception as exc:  # a sample that fails must not end the watch
+                if not self._failed:
+                    self._failed = True
+                    logging.getLogger("eventbus").warning(
+                        "eventbus: the progress watch failed to sample (%s: %s); it goes on "
+                        "trying", type(exc).__name__, exc)
+                time.sleep(TICK_S)
+
+    # -- one tick
+    def _arm(self) -> None:
+        if "steps" in self.sources:
+            self.steps.register()
+        if "collectives" in self.sources:
+            sample = _fr_sampler()
+            if sample is not None and self._sample is None:
+                self._ranks = _pg_ranks()
+            self._sample = sample
+        live = self.steps.handle is not None or self._sample is not None
+        if live and not self.armed:
+            self.armed = True
+            self._progress_t = self._tick_t = time.monotonic()
+
+    def _worker_id(self) -> int | None:
+        if self._rank is None:
+            dist = sys.modules.get("torch.distributed")
+            if self._sample is not None and dist is not None:
+                self._rank = int(dist.get_rank())
+        return self._rank
+
+    def _read_pgs(self) -> dict[str, tuple[int, int]]:
+        if self._sample is None:
+            return {}
+        status = json.loads(self._sample(includeCollectives=False)).get("pg_status", {})
+        return {str(pg): (int(s.get("last_enqueued_collective", -1)),
+                          int(s.get("last_completed_collective", -1)))
+                for pg, s in status.items()}
+
+    def _published(self) -> int:
+        if "events" not in self.sources or self._bus is None:
+            return 0
+        published: dict[str, int] = self._bus.stats()["published"]
+        return sum(n for name, n in published.items() if name != "WORKER_PROGRESS")
+
+    def tick(self) -> None:
+        """Sample once; record a heartbeat when one is due."""
+        self._arm()
+        if not self.armed:
+            return
+        now = time.monotonic()
+        pgs = self._read_pgs()
+        events = self._published()
+        key = (self.steps.count, tuple(sorted(pgs.items())), events)
+        if key != self._key:
+            if self._key:
+                self._progress_t = now
+                self._changed = True
+            self._key = key
+        inside = False
+        for pg, (enqueued, completed) in pgs.items():
+            if enqueued > completed:
+                inside = True
+                if self._pending_since.get(pg, (None,))[0] != enqueued:
+                    self._pending_since[pg] = (enqueued, now)
+            else:
+                self._pending_since.pop(pg, None)
+        if len(pgs) != len(self._pgs):
+            self._ranks = _pg_ranks()
+        self._pgs = pgs
+        elapsed, self._tick_t = now - self._tick_t, now
+        if inside:
+            self._inside_s += elapsed
+        else:
+            self._outside_s += elapsed
+        served = self._serve_request()
+        since = now - self._beat_t
+        if served is not None or (self._changed and since >= BEAT_S) or since >= IDLE_BEAT_S:
+            self._beat(now, idle=not self._changed, extra=served)
+
+    def _beat(self, now: float, *, idle: bool, extra: dict[str, Any] | None) -> None:
+        worker_id = self._worker_id()
+        if worker_id is None:
+            return
+        idle_s = max(0.0, now - self._progress_t)
+        data: dict[str, Any] = {"sources": [s for s in SOURCES if self._live(s)]}
+        completed = sum(max(0, c) for _, c in self._pgs.values())  # -1: none yet
+        if self._pgs:
+            data["pgs"] = {pg: {"enqueued": e, "completed": c, "ranks": self._ranks.get(pg, []),
+                                "name": pg} for pg, (e, c) in self._pgs.items()}
+            intervals = completed - self._beat_completed
+            if intervals > 0 and self._beat_completed > 0:  # not the start-up's window
+                data["compute_s"] = round(self._outside_s / intervals, 6)
+                data["wait_s"] = round(self._inside_s / intervals, 6)
+            pending = self._pending(now)
+            if pending:
+                data["pending"] = pending
+        steps, step_t = self.steps.count, self.steps.last_t
+        if steps > self._beat_steps[0] > 0:  # steps in this window, and a start to count from
+            data["step_time_s"] = round((step_t - self._beat_steps[1])
+                                        / (steps - self._beat_steps[0]), 6)
+        if idle:
+            main = sys._current_frames().get(threading.main_thread().ident or 0)
+            where = user_frame(main)
+            if where:
+                data["where"] = where
+            if idle_s >= STACK_AFTER_S:
+                data["stack"] = format_stacks()
+        if extra:
+            data.update(extra)
+        self._record("WORKER_PROGRESS", worker_id=worker_id,
+                     step=steps if self.steps.handle is not None else None,
+                     collectives=completed if self._sample is not None else None,
+                     idle_s=round(idle_s, 3), data=data)
+        self.beats += 1
+        self._beat_t = now
+        self._changed = False
+        self._inside_s = self._outside_s = 0.0
+        self._beat_completed = completed
+        if steps != self._beat_steps[0]:
+            self._beat_steps = (steps, step_t)
+
+    def _live(self, source: str) -> bool:
+        if source not in self.sources:
+            return False
+        if source == "steps":
+            return self.steps.handle is not None
+        if source == "collectives":
+            return self._sample is not None
+        return self._bus is not None
+
+    def _pending(self, now: float) -> dict[str, Any]:
+        """The collective each group has been inside of for PENDING_AFTER_S, from one full
+        flight-recorder dump (only the sequence number where the ring is off)."""
+        late = {pg: seq for pg, (seq, since) in self._pending_since.items()
+                if now - since >= PENDING_AFTER_S}
+        if not late or self._sample is None:
+            return {}
+        out: dict[str, Any] = {pg: {"seq": seq} for pg, seq in late.items()}
+        entries = json.loads(self._sample(includeCollectives=True)).get("entries", [])
+        for entry in reversed(entries):
+            pg = str(entry.get("pg_id"))
+            if pg in late and entry.get("collective_seq_id") == late[pg] \
+                    and "op" not in out[pg] and not entry.get("is_p2p"):
+                name = str(entry.get("profiling_name", ""))
+                out[pg].update(op=name.rpartition(":")[2], sizes=entry.get("input_sizes"),
+                               dtypes=entry.get("input_dtypes"), state=entry.get("state"))
+        return out
+
+    # -- the agent's dump requests
+    def _serve_request(self) -> dict[str, Any] | None:
+        if self.dump_dir is None:
+            return None
+        path = os.path.join(self.dump_dir, REQUEST_FILE)
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        stamp = (st.st_mtime_ns, st.st_ino)
+        if stamp == self._request:
+            return None
+        self._request = stamp
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                token = f.read(MAX_TOKEN_CHARS + 1).strip()[:MAX_TOKEN_CHARS]
+        except OSError:
+            return None
+        return {"fr_dump_token": token, **self.write_dump()}
+
+    def write_dump(self) -> dict[str, str]:
+        """Write the whole flight-recorder trace to ``<dump_dir>/fr_trace_rank_<rank>``;
+        ``{"fr_dump": path}``, or ``{"fr_dump_error": why}``."""
+        c10d = sys.modules.get("torch._C._distributed_c10d")
+        dump = getattr(c10d, "_dump_fr_trace", None)
+        rank = self._worker_id()
+        if dump is None or rank is None or self.dump_dir is None:
+            return {"fr_dump_error": "torch.distributed is not initialised in this worker, "
+                                     "or its torch has no flight recorder"}
+        path = os.path.join(self.dump_dir, f"{DUMP_PREFIX}{rank}")
+        partial = os.path.join(self.dump_dir, f"partial.{rank}.tmp")
+        try:
+            blob = dump(True, True, False)
+            with open(partial, "wb") as out:
+                out.write(blob)
+            os.replace(partial, path)
+        except Exception as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(partial)
+            return {"fr_dump_error": f"{type(exc).__name__}: {exc}"}
+        return {"fr_dump": path}
+
+
+_watch: ProgressWatch | None = None
+_lock = threading.Lock()
+
+
+def start_progress_watch(sources: frozenset[str], *, dump_dir: str | None = None,
+                         rank: int | None = None) -> ProgressWatch | None:
+    """Start this process's one watch (None for no sources); again: the running one."""
+    global _watch
+    if not sources:
+        return None
+    with _lock:
+        if _watch is None or not _watch.alive:
+            _watch = ProgressWatch(sources, dump_dir=dump_dir, rank=rank)
+            _watch.start()
+        return _watch

@@ -1,0 +1,274 @@
+"""The worker's progress watch (eventbus_app/worker/progress.py, #22): heartbeats from
+torch's optimizer step hook and flight recorder with no call in the script, idle beats that
+say where the main thread is, flight-recorder dumps on the agent's request, and the
+EVENTBUS_PROGRESS option."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import eventbus
+from eventbus.app.worker import progress
+from eventbus.app.worker.progress import ProgressWatch
+from eventbus.app.worker.progress import StepCounter
+from eventbus.app.worker.progress import parse_progress
+from tests.conftest import ROOT
+from tests.conftest import WORKER
+from tests.conftest import subprocess_env
+
+JOBS = ROOT / "tests" / "jobs"
+PLAIN = JOBS / "plain_train.py"
+PROBE = JOBS / "progress_probe.py"
+
+
+def test_parse_progress_accepts_off_and_source_lists() -> None:
+    """"" is all three sources, "off" none, a comma list those named; anything else is a
+    ValueError naming the bad source."""
+    assert parse_progress("") == {"collectives", "steps", "events"}
+    assert parse_progress(" OFF ") == frozenset()
+    assert parse_progress("steps, events") == {"steps", "events"}
+    with pytest.raises(ValueError, match="'colectives'"):
+        parse_progress("colectives,steps")
+    with pytest.raises(ValueError, match="''"):
+        parse_progress("steps,")
+
+
+def test_the_step_hook_counts_optimizer_steps_in_process() -> None:
+    """torch's global optimizer step post hook counts every step of every optimizer, and
+    the watch's heartbeat carries the count and the mean step time; removed, it counts
+    no more."""
+    torch = pytest.importorskip("torch")
+    beats: list[dict[str, Any]] = []
+    watch = ProgressWatch(frozenset({"steps"}), rank=7, bus=eventbus.Bus("progress-test"),
+                          record=lambda _type, **fields: beats.append(fields))
+    watch.tick()  # arms: registers the hook (torch.optim is imported)
+    assert watch.armed and watch.steps.handle is not None
+    param = torch.nn.Parameter(torch.ones(3))
+    optimizers = [torch.optim.SGD([param], lr=0.1), torch.optim.Adam([param], lr=0.1)]
+    try:
+        for _ in range(3):
+            for opt in optimizers:
+                param.grad = torch.ones(3)
+                opt.step()
+        watch._beat_t -= progress.BEAT_S  # the next beat is due
+        watch.tick()
+        assert beats[-1]["step"] == 6 and beats[-1]["worker_id"] == 7
+        assert beats[-1]["data"]["sources"] == ["steps"]
+        for _ in range(4):
+            time.sleep(0.01)
+            optimizers[0].step()
+        watch._beat_t -= progress.BEAT_S  # the next beat is due
+        watch.tick()
+        assert beats[-1]["step"] == 10 and beats[-1]["idle_s"] < 1.0
+        assert 0.005 < beats[-1]["data"]["step_time_s"] < 1.0
+    finally:
+        watch.stop()
+    optimizers[0].step()
+    assert watch.steps.count == 10
+
+
+def test_a_step_counter_waits_for_the_script_to_import_torch(monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    """Before torch.optim is in sys.modules the counter registers nothing (and imports
+    nothing)."""
+    monkeypatch.delitem(sys.modules, "torch.optim.optimizer", raising=False)
+    counter = StepCounter()
+    assert counter.register() is False and counter.handle is None
+
+
+def _bootstrap(code: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*WORKER, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, env=subprocess_env(**env), timeout=120, check=False)
+
+
+_THREADS = ("import sys, threading, time; time.sleep(0.3); "
+            "print(sorted(t.name for t in threading.enumerate()), 'torch' in sys.modules)")
+
+
+def test_off_starts_no_thread_and_the_watch_never_imports_torch(tmp_path: Path) -> None:
+    """EVENTBUS_PROGRESS=off: no eventbus-progress thread; with sources named, the thread
+    runs and torch stays unimported while the script does not import it."""
+    off = _bootstrap(_THREADS, tmp_path, EVENTBUS_PROGRESS="off")
+    on = _bootstrap(_THREADS, tmp_path, EVENTBUS_PROGRESS="steps,collectives")
+    assert off.returncode == on.returncode == 0, off.stderr + on.stderr
+    assert "eventbus-progress" not in off.stdout
+    assert "'eventbus-progress'" in on.stdout and on.stdout.rstrip().endswith("False")
+    assert off.stderr == on.stderr == ""
+
+
+def test_a_bad_value_is_one_warning_and_the_script_runs(tmp_path: Path) -> None:
+    """A bad EVENTBUS_PROGRESS is one warning naming the variable and the fix; the watch
+    uses all three sources and the script runs. A bad EVENTBUS_FR_DUMP_DIR: one warning."""
+    run = _bootstrap(_THREADS, tmp_path, EVENTBUS_PROGRESS="steps,colectives",
+                     EVENTBUS_FR_DUMP_DIR="relative/dir")
+    assert run.returncode == 0 and "'eventbus-progress'" in run.stdout
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 2, run.stderr
+    assert "EVENTBUS_PROGRESS='steps,colectives'" in lines[0]
+    assert "'colectives'" in lines[0] and "collectives, steps, events" in lines[0]
+    assert "EVENTBUS_FR_DUMP_DIR='relative/dir'" in lines[1]
+    assert "absolute" in lines[1]
+
+
+# -- a real 2-process gloo group ------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Job:
+    """``torchrun --nproc-per-node 2 progress_probe.py plain_train.py`` with PLAIN_* env;
+    each rank's heartbeats land in ``out/rank<R>.jsonl``."""
+
+    def __init__(self, tmp_path: Path, **env: str) -> None:
+        self.out = tmp_path / "beats"
+        self.out.mkdir()
+        torchrun = str(Path(sys.executable).with_name("torchrun"))
+        self.proc = subprocess.Popen(
+            [torchrun, "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+             "--master-port", str(_free_port()), str(PROBE), str(PLAIN)],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,
+            env=subprocess_env(PROBE_OUT=str(self.out), OMP_NUM_THREADS="1",
+                               TORCH_FR_BUFFER_SIZE="64", **env))
+
+    def beats(self, rank: int) -> list[dict[str, Any]]:
+        path = self.out / f"rank{rank}.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines()
+                if line.endswith("}")]
+
+    def wait_for(self, what: Callable[[], Any], timeout: float, why: str) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = what()
+            if found:
+                return found
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        raise AssertionError(f"{why}: not seen in {timeout} s (rc={self.proc.poll()})\n"
+                             + self.output())
+
+    def output(self) -> str:
+        if self.proc.poll() is None:
+            return ""
+        return (self.proc.stdout.read() if self.proc.stdout else "")[-4000:]
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        if self.proc.stdout:
+            self.proc.stdout.close()
+
+
+@pytest.fixture
+def job_factory(tmp_path: Path) -> Iterator[Callable[..., Job]]:
+    jobs: list[Job] = []
+
+    def make(**env: str) -> Job:
+        jobs.append(Job(tmp_path, **env))
+        return jobs[-1]
+
+    yield make
+    for job in jobs:
+        job.kill()
+
+
+@pytest.mark.slow
+def test_a_healthy_gloo_job_sends_heartbeats_with_groups_and_compute_time(
+        job_factory: Callable[..., Job]) -> None:
+    """2 ranks, gloo, no eventbus in the script: each rank's heartbeats carry its steps,
+    its collectives (process group 0 with both ranks), the compute/wait split and the
+    step time, at most about one per second."""
+    pytest.importorskip("torch")
+    job = job_factory(PLAIN_MODE="healthy", PLAIN_STEPS="120", PLAIN_STEP_S="0.03",
+                      EVENTBUS_PROGRESS="collectives,steps,events")
+    assert job.proc.wait(timeout=150) == 0, job.output()
+    for rank in (0, 1):
+        beats = job.beats(rank)
+        assert {b["worker_id"] for b in beats} == {rank}
+        busy = [b for b in beats if b["idle_s"] == 0.0 and b["data"].get("compute_s")]
+        assert busy, beats
+        last = busy[-1]
+        assert last["data"]["sources"] == ["collectives", "steps", "events"]
+        pg = last["data"]["pgs"]["0"]
+        assert pg["ranks"] == [0, 1] and pg["completed"] == last["collectives"] > 0
+        assert 0 < last["step"] <= 120
+        # PLAIN_STEP_S of sleep outside the collective per step
+        assert 0.02 < last["data"]["compute_s"] < 1.0
+        assert last["data"]["wait_s"] >= 0.0 and 0.02 < last["data"]["step_time_s"] < 1.0
+        stamps = [b["timestamp"] for b in busy]
+        assert all(b - a > 0.8 for a, b in itertools.pairwise(stamps)), stamps
+
+
+@pytest.mark.slow
+def test_a_hang_gives_idle_beats_where_the_peer_waits_and_fr_dumps_on_request(
+        job_factory: Callable[..., Job], tmp_path: Path) -> None:
+    """Rank 1 spins in Python before step 5's all_reduce: its idle beats name the spinning
+    line (plain_train.py:<line> in spin) with every thread's stack, the main thread's
+    first; rank 0's beats show all_reduce pending in group 0. A request file makes both
+    ranks write their flight-recorder traces, which torch's own fr_trace loader reads."""
+    pytest.importorskip("torch")
+    loader = pytest.importorskip("torch.distributed.flight_recorder.components.loader")
+    dumps = tmp_path / "fr"
+    dumps.mkdir()
+    line = next(i for i, text in enumerate(PLAIN.read_text().splitlines(), 1)
+                if text.rstrip().endswith("the hang"))
+    job = job_factory(PLAIN_MODE="hang", PLAIN_STEP="5", PLAIN_STEPS="1000",
+                      EVENTBUS_PROGRESS="collectives,steps", EVENTBUS_FR_DUMP_DIR=str(dumps))
+
+    def stuck() -> dict[str, Any] | None:
+        return next((b for b in job.beats(1) if b["idle_s"] >= 1.0 and "stack" in b["data"]
+                     and b["step"] == 5), None)
+
+    beat = job.wait_for(stuck, 120, "rank 1's idle beat with its stack")
+    assert beat["data"]["where"] == f"plain_train.py:{line} in spin"
+    stack = beat["data"]["stack"]
+    assert stack.startswith('Thread ') and '"MainThread" (main)' in stack.splitlines()[0]
+    assert '"eventbus-progress" (eventbus\'s own)' in stack
+    assert stack.index("(main)") < stack.index("(eventbus's own)")
+
+    def waiting() -> dict[str, Any] | None:
+        return next((b for b in job.beats(0) if b["idle_s"] >= 0.5
+                     and "pending" in b["data"]), None)
+
+    beat = job.wait_for(waiting, 30, "rank 0's beat with the pending all_reduce")
+    pending = beat["data"]["pending"]["0"]
+    assert pending["op"] == "all_reduce" and pending["seq"] == beat["data"]["pgs"]["0"][
+        "enqueued"] == beat["data"]["pgs"]["0"]["completed"] + 1
+    assert pending["dtypes"] == ["Float"] and len(pending["sizes"]) == 1
+
+    (dumps / "request.tmp").write_text("stall-1\n")
+    os.replace(dumps / "request.tmp", dumps / progress.REQUEST_FILE)
+
+    def dumped() -> list[dict[str, Any]] | None:
+        found = [b for r in (0, 1) for b in job.beats(r) if "fr_dump_token" in b["data"]]
+        return found if len(found) == 2 else None
+
+    for beat in job.wait_for(dumped, 30, "both ranks' fr_dump beats"):
+        assert beat["data"]["fr_dump_token"] == "stall-1"
+        assert beat["data"]["fr_dump"] == str(dumps / f"fr_trace_rank_{beat['worker_id']}")
+    details, version = loader.read_dir(argparse.Namespace(trace_dir=str(dumps), prefix=None))
+    assert sorted(d["rank"] for d in details.values()) == [0, 1] and version
+    for detail in details.values():
+        ops = {e["profiling_name"] for e in detail["entries"]}
+        assert "gloo:all_reduce" in ops, ops
