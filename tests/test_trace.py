@@ -223,6 +223,22 @@ def test_a_directory_is_read_as_its_events_files(tmp_path: Path,
     assert "is a directory with no *.jsonl file" in err and "no such file" not in err
 
 
+def test_heartbeats_are_counters_and_a_stall_an_instant() -> None:
+    """WORKER_PROGRESS heartbeats become 'progress idle_s' / 'progress step' counter samples
+    on their rank (not one instant a second); the stall is an instant on the stalled rank."""
+    from eventbus.app.readers.jobview import JobView
+    from eventbus.app.readers.trace import chrome_trace
+    from tests.test_timeline import _stalled_job
+
+    events = chrome_trace(JobView.from_records(_stalled_job()))["traceEvents"]
+    progress = [e for e in events if e.get("cat") == "progress"]
+    assert progress and all(e["ph"] == "C" for e in progress)
+    assert {e["name"] for e in progress} == {"progress step"}
+    assert not [e for e in events if e["ph"] == "i" and "WORKER_PROGRESS" in json.dumps(e)]
+    (stall,) = [e for e in events if e.get("cat") == "stall"]
+    assert stall["name"] == "rank 1 stalled (silent 20.0 s)" and stall["tid"] == 2
+
+
 def test_default_output_is_next_to_the_first_input(tmp_path: Path) -> None:
     """Without -o the trace is trace.json beside the events file."""
     events = tmp_path / "events.jsonl"

@@ -91,6 +91,10 @@ _CATEGORY = {
 }
 
 
+#: the fields of a WORKER_PROGRESS heartbeat drawn as counters (``progress idle_s``, ...)
+_PROGRESS_COUNTERS = ("idle_s", "step", "collectives")
+
+
 def _instant_name(record: Record) -> str:
     f = record.fields
     if record.type == "WORKER_EXIT":
@@ -215,6 +219,17 @@ def chrome_trace(view: JobView, *, sources: Sequence[str] = ()) -> dict[str, Any
                                "args": {series: value}})
             if values and len(values) == len(r.data):
                 continue  # fully shown by its counters
+        if r.type == "WORKER_PROGRESS":
+            # a heartbeat a second per rank: counters (how idle, how far), not instants
+            series = f"rank {m.track}" if m.track != AGENT else "agent"
+            for key in _PROGRESS_COUNTERS:
+                value = r.fields.get(key)
+                if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                        and math.isfinite(value):
+                    events.append({"name": f"progress {key}", "cat": "progress", "ph": "C",
+                                   "ts": us(r.timestamp), "pid": pids[m.node],
+                                   "tid": tid(m.track), "args": {series: value}})
+            continue
         category = "stopped" if r.stopped_by_agent else _CATEGORY.get(r.type, "user")
         events.append({"name": _instant_name(r), "cat": category,
                        "ph": "i", "s": _INSTANT_SCOPE.get(r.type, "t"), "ts": us(r.timestamp),
