@@ -12,16 +12,30 @@ without the two watches subscribed; their difference is the per-event cost. The 
 check of 8 workers runs once per ``--monitor-interval``. The share of a core for 8 workers
 at ``EVENTS_PER_WORKER_S`` events/s each is computed from both.
 
+The progress watch of issue #22 adds figures measured on real jobs (``--jobs``):
+steps/s of a plain 2-rank gloo loop with small tensors (benchmarks/health_loop.py, which
+never imports eventbus) under plain torchrun and under ``eventbus run --stall-timeout``
+with the watch on, rounds interleaved and the ratio taken within the run; the flight
+recorder's own cost (plain torchrun, ``TORCH_FR_BUFFER_SIZE`` 64 against 0); the
+stall-to-event latency of a hang (tests/jobs/plain_train.py); and the culprit analysis of
+64 simulated ranks (always).
+
     python -m benchmarks.bench_health            # prints the figures (not in RESULTS.md's
     python -m benchmarks.bench_health --quick    # default run: see the note there)
+    python -m benchmarks.bench_health --jobs     # adds the real-job figures (minutes)
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
+import statistics
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
 from typing import Any
 
 from benchmarks._timing import Case
@@ -31,13 +45,15 @@ from eventbus import Bus
 from eventbus import EventType
 from eventbus import JobContext
 from eventbus import Metric
+from eventbus import WorkerProgress
+from eventbus.app.launcher import culprit
 from eventbus.app.launcher.health import StallWatch
 from eventbus.app.launcher.health import StragglerWatch
 from eventbus.app.launcher.health import observer
 from eventbus.app.worker.stack_dump import arm_stack_dump
 from eventbus.app.worker.stack_dump import default_stack_signal
 
-__all__ = ["EVENTS_PER_WORKER_S", "WORKERS", "run"]
+__all__ = ["EVENTS_PER_WORKER_S", "WORKERS", "culprit_cost", "job_figures", "run"]
 
 #: the load the core share is computed for: 8 workers, each recording this many events/s
 WORKERS = 8
@@ -107,13 +123,146 @@ def run(*, quick: bool = False) -> dict[str, Any]:
         "load": f"{WORKERS} workers x {EVENTS_PER_WORKER_S:,} events/s, monitor every "
                 f"{MONITOR_INTERVAL_S:g} s",
         "pid": os.getpid(),
+        "culprit_ms": culprit_cost(repeats=repeats),
+    }
+
+
+#: the simulated job of the culprit-analysis figure
+CULPRIT_RANKS = 64
+ROOT = Path(__file__).resolve().parents[1]
+LOOP = ROOT / "benchmarks" / "health_loop.py"
+PLAIN_TRAIN = ROOT / "tests" / "jobs" / "plain_train.py"
+
+
+def _simulated_beats(ranks: int) -> list[culprit.RankProgress]:
+    """``ranks`` ranks' latest heartbeats: every rank waits in all_reduce #100 of group 0
+    and in #40 of a second group, except rank 17, still at #99 (a hang in Python)."""
+    beats = []
+    for rank in range(ranks):
+        late = rank == 17
+        data: dict[str, Any] = {
+            "pgs": {"0": {"enqueued": 99 if late else 100, "completed": 99,
+                          "ranks": list(range(ranks)), "name": "0"},
+                    "1": {"enqueued": 40, "completed": 40,
+                          "ranks": list(range(0, ranks, 2)), "name": "1"}},
+            "where": "train.py:18 in main"}
+        if not late:
+            data["pending"] = {"0": {"seq": 100, "op": "all_reduce", "sizes": [[1024]],
+                                     "dtypes": ["Float"], "state": "scheduled"}}
+        beat = WorkerProgress(worker_id=rank, step=99, collectives=139, idle_s=5.0,
+                              data=data)
+        progress = culprit.progress_of(beat, age_s=0.2)
+        assert progress is not None
+        beats.append(progress)
+    return beats
+
+
+def culprit_cost(*, repeats: int, ranks: int = CULPRIT_RANKS) -> dict[str, float]:
+    """ms per :func:`culprit.analyze` of ``ranks`` simulated ranks: one culprit; and a
+    mismatch (rank 17 in broadcast) decided by torch's analyzer where it is there."""
+    beats = _simulated_beats(ranks)
+    mismatch = [culprit.RankProgress(
+        rank=p.rank, silent_s=p.silent_s, pgs={**p.pgs, "0": culprit.PgState(
+            100, 99, p.pgs["0"].ranks, "0")},
+        pending={"0": culprit.Pending(100, "broadcast" if p.rank == 17 else "all_reduce",
+                                      [[1024]], ["Float"])}, where=p.where)
+        for p in beats]
+    assert culprit.analyze(beats).culprit_ranks == (17,)
+    assert culprit.analyze(mismatch).mismatch
+    found = measure([
+        Case("analyze, one culprit", "analyze(beats)",
+             {"analyze": culprit.analyze, "beats": beats}),
+        Case("analyze, a mismatch", "analyze(beats)",
+             {"analyze": culprit.analyze, "beats": mismatch}),
+        Case("progress_of x ranks (the agent's input)",
+             "[progress_of(b, age_s=0.2) for b in raw]",
+             {"progress_of": culprit.progress_of,
+              "raw": [WorkerProgress(worker_id=p.rank, idle_s=5.0, data={
+                  "pgs": {pg: {"enqueued": st.enqueued, "completed": st.completed,
+                               "ranks": list(st.ranks)} for pg, st in p.pgs.items()}})
+                  for p in beats]}),
+    ], repeats=repeats)
+    return {name: ns / 1e6 for name, ns in found.items()}
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(
+        os.pathsep)
+    env["OMP_NUM_THREADS"] = "1"
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "EVENTBUS_PROGRESS"):
+        env.pop(name, None)
+    env.update(extra)
+    return env
+
+
+def _loop_rate(launcher: list[str], env: dict[str, str]) -> float:
+    cmd = [*launcher, "--standalone", "--nproc-per-node", "2", "--monitor-interval", "0.1",
+           str(LOOP)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600,
+                          cwd=tempfile.gettempdir(), check=False)
+    for line in done.stdout.splitlines():
+        if line.startswith("{"):
+            return float(json.loads(line)["steps_per_s"])
+    raise RuntimeError(f"{cmd} printed no rate (rc {done.returncode}): "
+                       f"{done.stderr[-2000:]}")
+
+
+def _stall_latency(timeout_s: float = 4.0) -> float:
+    """Seconds from a rank's hang (plain_train.py) to WORKER_STALLED, less the timeout."""
+    with tempfile.TemporaryDirectory() as tmp:
+        events = Path(tmp) / "events.jsonl"
+        cmd = [sys.executable, "-m", "eventbus", "run", "--events-jsonl", str(events),
+               "--stall-timeout", str(timeout_s), "--standalone", "--nproc-per-node", "2",
+               "--monitor-interval", "0.1", "--max-restarts", "0", str(PLAIN_TRAIN)]
+        subprocess.run(cmd, env=_env(PLAIN_MODE="hang", PLAIN_STEP="5", PLAIN_STEPS="10",
+                                     PLAIN_OUT=tmp), capture_output=True, timeout=300,
+                       cwd=tmp, check=False)
+        hung_at = float((Path(tmp) / "attempt0_rank1.bad").read_text())
+        for line in events.read_text().splitlines():
+            event = json.loads(line)
+            if event["type"] == "WORKER_STALLED":
+                return float(event["timestamp"]) - hung_at - timeout_s
+    raise RuntimeError("the hang was never reported")
+
+
+def job_figures(*, rounds: int = 3, steps: int = 3000) -> dict[str, Any]:
+    """Real jobs: steps/s under torchrun and under ``eventbus run`` with the watch on (and
+    with the flight recorder off and on under torchrun), rounds interleaved; medians and
+    ratios of one run; and the stall-to-event latency."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]
+    eventbus_run = [sys.executable, "-m", "eventbus", "run", "--stall-timeout", "60"]
+    cases = {
+        "torchrun (flight recorder off)": (torchrun, _env(TORCH_FR_BUFFER_SIZE="0")),
+        "torchrun, TORCH_FR_BUFFER_SIZE=64": (torchrun, _env(TORCH_FR_BUFFER_SIZE="64")),
+        "eventbus run --stall-timeout 60 (watch on)": (eventbus_run, _env()),
+    }
+    rates: dict[str, list[float]] = {name: [] for name in cases}
+    for r in range(rounds):
+        names = list(cases)
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            launcher, env = cases[name]
+            env["BENCH_STEPS"] = str(steps)
+            rates[name].append(_loop_rate(launcher, env))
+    median = {name: statistics.median(v) for name, v in rates.items()}
+    plain = median["torchrun (flight recorder off)"]
+    return {
+        "steps_per_s": median,
+        "all_rounds": rates,
+        "flight_recorder_ratio": median["torchrun, TORCH_FR_BUFFER_SIZE=64"] / plain,
+        "watch_ratio": median["eventbus run --stall-timeout 60 (watch on)"] / plain,
+        "stall_latency_over_timeout_s": _stall_latency(),
+        "steps": steps, "rounds": rounds,
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_health")
     parser.add_argument("--quick", action="store_true")
-    result = run(quick=parser.parse_args(argv).quick)
+    parser.add_argument("--jobs", action="store_true",
+                        help="also the real-job figures (steps/s, flight recorder, latency)")
+    args = parser.parse_args(argv)
+    result = run(quick=args.quick)
     w = result["worker_record_ns"]
     print(f"worker record(): {w['before']:.0f} ns before, "
           f"{w['after arming the stack dump']:.0f} ns after arming the stack dump "
@@ -123,6 +272,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"agent cost per event: {result['per_event_ns']:.0f} ns; share of a core for "
           f"{result['load']}: {result['core_share_8_workers'] * 100:.2f} % "
           f"(at 100 events/s each: {result['core_share_8_workers_100_per_s'] * 100:.2f} %)")
+    for name, ms in result["culprit_ms"].items():
+        print(f"culprit analysis, {CULPRIT_RANKS} simulated ranks, {name}: {ms:.3f} ms "
+              "(target < 100 ms)")
+    if args.jobs:
+        jobs = job_figures(rounds=2 if args.quick else 3, steps=1000 if args.quick else 3000)
+        for name, rate in jobs["steps_per_s"].items():
+            print(f"{name}: {rate:.0f} steps/s (rounds: "
+                  f"{', '.join(f'{v:.0f}' for v in jobs['all_rounds'][name])})")
+        print(f"flight recorder on / off: {jobs['flight_recorder_ratio']:.3f}")
+        print(f"eventbus run with the watch / torchrun: {jobs['watch_ratio']:.3f} "
+              "(target >= 0.99)")
+        print(f"stall-to-event latency: timeout + {jobs['stall_latency_over_timeout_s']:.2f} s "
+              "(target <= timeout + 2 s)")
     return 0
 
 

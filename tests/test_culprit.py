@@ -286,3 +286,14 @@ def test_a_rank_whose_process_groups_are_gone_is_ending() -> None:
                                           context=JobContext(rank=1, restart_count=0)))
     clock.now += 10
     assert watch.overdue(0, [1]) == []
+
+
+def test_the_health_benchmark_times_the_culprit_analysis_of_64_ranks() -> None:
+    """benchmarks/bench_health.py's culprit figure runs (its 64 simulated ranks name rank
+    17, and a mismatch); no time is asserted here."""
+    from benchmarks import bench_health
+
+    figures = bench_health.culprit_cost(repeats=1)
+    assert set(figures) == {"analyze, one culprit", "analyze, a mismatch",
+                            "progress_of x ranks (the agent's input)"}
+    assert all(ms > 0 for ms in figures.values())
