@@ -40,6 +40,8 @@ Current thread 0x00007f0000000001 (most recent call first):
   File "/venv/lib/python3.11/site-packages/torch/distributed/c10d.py", line 2501 in all_reduce
   File "/job/train.py", line 18 in main
   File "/job/train.py", line 30 in <module>
+  File "{SUBSCRIBERS_DIR}worker/__init__.py", line 335 in _run_path
+  File "<frozen runpy>", line 88 in _run_code
 '''
 
 
@@ -183,7 +185,12 @@ def test_stall_line_then_its_stack_main_thread_first(
                      f"{console.EVENTBUS_MARK}")
     assert main < loader < own
     assert 'File "/job/train.py", line 18 in main' in body
-    assert "queued.py\", line 210 in _run" not in body.split(console.EVENTBUS_MARK)[1]
+    # eventbus's thread: the frame that tells which one it is, not threading's wait
+    marked = body.split(console.EVENTBUS_MARK)[1]
+    assert 'queued.py", line 210 in _run' in marked and "in wait" not in marked
+    assert "... 4 more frames" in marked
+    # the main thread ends at the script's <module>: the bootstrap's frames are left out
+    assert "_run_path" not in body and "frozen runpy" not in body
     assert all(line.startswith("    ") or not line for line in lines[1:])
 
 
@@ -219,6 +226,6 @@ def test_where_of_skips_torch_and_the_standard_library() -> None:
 
 def test_full_stack_keeps_every_frame() -> None:
     full = console.stack_lines(STACK, full=True)
-    assert sum(1 for line in full if line.strip().startswith("File ")) == 11
+    assert sum(1 for line in full if line.strip().startswith("File ")) == 13
     short = console.stack_lines(STACK)
     assert "  ... 4 more frames" in short

@@ -273,3 +273,59 @@ def test_eventbus_run_starts_plain_scripts_and_modules_through_the_bootstrap(
         assert done.returncode == 0, done.stderr[-3000:]
         seen = sorted(p.read_text() for p in out.glob("rank*.txt"))
         assert seen == ["True __main__ train.py"] * 2, (form, seen)
+
+
+@pytest.mark.parametrize("how", [["raise"], ["hook"], ["exit", "3"], ["ok"]])
+def test_an_uncaught_exception_is_written_to_torchs_error_file(
+        tmp_path: Path, script: Path, how: list[str]) -> None:
+    """Under torch's agent (TORCHELASTIC_ERROR_FILE set) an uncaught exception is written
+    to the error file as torch's @record writes it, and torch's own reader takes its
+    message; stderr and the exit code stay plain python's. No exception, no file."""
+    pytest.importorskip("torch")
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    plain_file, booted_file = tmp_path / "plain.json", tmp_path / "booted.json"
+    plain = subprocess.run(
+        [sys.executable, "pkg/sub/train.py", *how], cwd=tmp_path, capture_output=True,
+        text=True, timeout=60, check=False,
+        env={**subprocess_env(), "TORCHELASTIC_ERROR_FILE": str(plain_file)})
+    booted = subprocess.run(
+        [*WORKER, "pkg/sub/train.py", *how], cwd=tmp_path, capture_output=True, text=True,
+        timeout=60, check=False,
+        env={**subprocess_env(), "TORCHELASTIC_ERROR_FILE": str(booted_file)})
+    assert (booted.stdout, booted.stderr, booted.returncode) == \
+        (plain.stdout, plain.stderr, plain.returncode)
+    assert not plain_file.exists()
+    if how[0] not in ("raise", "hook"):
+        assert not booted_file.exists()
+        return
+    from eventbus.app.launcher.agent import _failure_message
+
+    failure = ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file=str(booted_file))
+    assert _failure_message(failure) == "ValueError: boom from the script"  # WORKER_EXIT's
+    assert failure.timestamp > 0
+    data = json.loads(booted_file.read_text())
+    callstack = data["message"]["extraInfo"]["py_callstack"]
+    assert "train.py" in callstack and 'in fail' in callstack
+    assert "eventbus" not in callstack  # the script's frames only, as printed
+    assert list(tmp_path.glob("booted.json.*")) == []  # nothing left aside
+
+
+def test_a_scripts_own_record_keeps_its_error_file(tmp_path: Path) -> None:
+    """A script whose @record wrote the error file keeps that file as it wrote it."""
+    pytest.importorskip("torch")
+    (tmp_path / "rec.py").write_text(textwrap.dedent("""
+        from torch.distributed.elastic.multiprocessing.errors import record
+        @record
+        def main():
+            raise RuntimeError("from the script's own record")
+        main()
+    """))
+    error_file = tmp_path / "error.json"
+    done = subprocess.run([*WORKER, "rec.py"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, check=False,
+                          env={**subprocess_env(), "TORCHELASTIC_ERROR_FILE": str(error_file)})
+    assert done.returncode == 1
+    data = json.loads(error_file.read_text())
+    assert data["message"]["message"] == "RuntimeError: from the script's own record"
+    assert "record" in data["message"]["extraInfo"]["py_callstack"]  # torch's wrapper frame

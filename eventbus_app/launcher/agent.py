@@ -1047,9 +1047,10 @@ class EventAgent(LocalElasticAgent):
         try:
             text = f"{console.culprits_text(failures)}; {outcome}"
             details: list[str] = []
+            seen: set[str] = set()
             for event in failures:
                 if isinstance(event, WorkerStalled):
-                    details.extend(console.stall_detail_lines(event))
+                    details.extend(console.stall_detail_lines(event, seen))
             if details:
                 text += "\n" + console.indented(details)
             console.write(text)

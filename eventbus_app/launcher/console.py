@@ -163,7 +163,8 @@ def stack_lines(text: str, *, full: bool = False,
     ``full`` (the last one says how many were left out). Text that is not a faulthandler
     dump (a note why there is no stack) comes back as its own lines."""
     preamble, _ = parse_stack(text)
-    threads = format_stack(text)
+    own = _own_roots()
+    threads = format_stack(text, roots=own)
     lines = list(preamble)
     for thread in threads:
         if lines:
@@ -171,13 +172,36 @@ def stack_lines(text: str, *, full: bool = False,
         lines.append(thread.header)
         frames = thread.frames
         if not full and EVENTBUS_MARK in thread.header and len(frames) > 1:
-            frames = [*frames[:1], f"  ... {len(thread.frames) - 1} more frames"]
+            # the frame that says which of eventbus's threads it is (its queue, ...)
+            mine = [f for f in frames if _is_own_frame(f, own)] or frames
+            frames = [mine[0], f"  ... {len(thread.frames) - 1} more frames"]
+        elif not full and thread.is_main:
+            frames = _without_bootstrap(frames, own)
         lines.extend(frames)
     if not full and len(lines) > max_lines:
         left = len(lines) - (max_lines - 1)
         lines = [*lines[:max_lines - 1],
                  f"... {left} more lines (the event's data[\"stack\"] has them all)"]
     return lines
+
+
+def _is_own_frame(frame: str, roots: Sequence[str]) -> bool:
+    match = _FRAME.match(frame)
+    return match is not None and _is_own_file(match.group("file"), roots)
+
+
+def _without_bootstrap(frames: list[str], roots: Sequence[str]) -> list[str]:
+    """The main thread's frames less the outermost ones that are the worker bootstrap's
+    and runpy's (everything outside the script's ``<module>`` frame)."""
+    end = len(frames)
+    while end > 1:
+        match = _FRAME.match(frames[end - 1])
+        if match is None or not (_is_own_file(match.group("file"), roots)
+                                 or match.group("file").startswith("<frozen runpy")
+                                 or os.path.basename(match.group("file")) == "runpy.py"):
+            break
+        end -= 1
+    return frames[:end]
 
 
 def where_of(text: str, *, roots: Sequence[str] | None = None) -> str | None:
@@ -255,11 +279,14 @@ def slow_line(event: WorkerSlow) -> str:
             "(reported only; no restart)")
 
 
-def stall_detail_lines(event: WorkerStalled) -> list[str]:
-    """The lines under a stall's line: the diagnosis, then the culprit's stack."""
+def stall_detail_lines(event: WorkerStalled, seen: set[str] | None = None) -> list[str]:
+    """The lines under a stall's line: the diagnosis (unless in ``seen``), then the
+    culprit's stack."""
+    seen = set() if seen is None else seen
     lines: list[str] = []
     diagnosis = event.data.get("diagnosis")
-    if isinstance(diagnosis, str) and diagnosis:
+    if isinstance(diagnosis, str) and diagnosis and diagnosis not in seen:
+        seen.add(diagnosis)  # one diagnosis may name several stalled ranks
         lines.append(diagnosis)
     stack = event.data.get("stack")
     if isinstance(stack, str) and stack.strip():

@@ -15,7 +15,9 @@ The agent starts every worker as ``python -u -m eventbus.app.worker SCRIPT ARGS.
    steps, with no call in the script);
 4. runs the script as ``__main__``, as ``python SCRIPT`` would: the same ``sys.argv``,
    the same ``sys.path[0]``, the same exit code, and an uncaught exception printed by
-   ``sys.excepthook`` with the script's own frames, exit code 1.
+   ``sys.excepthook`` with the script's own frames, exit code 1; under torch's agent the
+   exception is also written to the worker's error file, as torch's ``@record`` writes it
+   (:mod:`eventbus.app.worker.error_file`), so ``WORKER_EXIT.message`` carries it.
 
 So a script that never imports eventbus gets the worker side too, and ``import eventbus``
 itself stays inert. A program torchrun starts with ``--no-python`` is not run through the
@@ -40,6 +42,8 @@ from typing import TypeVar
 
 import attrs
 
+from eventbus.app.worker.error_file import record_uncaught
+from eventbus.app.worker.process_groups import install as end_process_groups_at_exit
 from eventbus.app.worker.progress import ENV_FR_DUMP_DIR
 from eventbus.app.worker.progress import ENV_PROGRESS
 from eventbus.app.worker.progress import check_dump_dir
@@ -387,6 +391,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               "[Errno 2] No such file or directory", file=sys.stderr)
         return 2
     attach()
+    # the script's process groups end before the interpreter does (a failing script leaves
+    # gloo's threads running into finalization, where they abort the worker)
+    end_process_groups_at_exit()
     try:
         if args[0] == "-m":
             _run_module(args[1], args[1:])
@@ -401,6 +408,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # sys.excepthook prints it (a script's own hook included), exit code 1.
         tb = _script_traceback(exc.__traceback__)
         exc = exc.with_traceback(tb)
+        # for torch's agent, as its @record would: WORKER_EXIT.message with no script change
+        record_uncaught(exc, tb)
         sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
         if sys.version_info >= (3, 12):
             sys.last_exc = exc

@@ -31,3 +31,15 @@ def stop_on_stall(event: object) -> Decision | None:
     if getattr(event, "type", None) == "WORKER_STALLED":
         return Decision.STOP
     return None
+
+
+def oom_is_fatal(event: object) -> Decision | None:
+    """The README's reactor: stop on out-of-memory errors, no opinion otherwise."""
+    if "out of memory" in (getattr(event, "message", None) or ""):
+        return Decision.STOP
+    return None
+
+
+def answers_stop_as_text(event: object) -> object:
+    """A reactor that returns the string "stop": not an answer (no decision)."""
+    return "stop"

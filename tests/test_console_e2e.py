@@ -1,0 +1,100 @@
+"""End-to-end: what a person at the terminal of a real `eventbus run` job sees on stderr,
+without --log-events: one `eventbus:` line per decision, naming the rank that caused it
+(never a collateral one); and an ordinary script's uncaught exception reaching
+WORKER_EXIT.message and a reactor, with no @record in the script."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.launcher_helpers import JobRun
+from tests.launcher_helpers import run_job
+
+REACTORS = "tests.jobs.reactors"
+
+
+def _console(run: JobRun) -> list[str]:
+    return [line for line in run.stderr.splitlines() if line.startswith("eventbus: ")]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_restart_prints_its_line_without_log_events(tmp_path: Path) -> None:
+    """Rank 1 exits 3 on attempt 0, no reactor: one line says so and what happens next;
+    rank 0, stopped with the group, is never named."""
+    run = run_job(tmp_path, torchrun_args=["--max-restarts", "1"])
+    assert run.returncode == 0, run.describe()
+    lines = _console(run)
+    assert lines == ["eventbus: rank 1 failed (exit code 3); restarting the group as "
+                     "attempt 1 (0 restarts left)"], run.stderr[-4000:]
+    assert "WORKER_EXIT worker_id" not in run.stderr  # no --log-events: no event lines
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_an_unchanged_scripts_oom_reaches_the_readme_reactor(tmp_path: Path) -> None:
+    """A plain script (no @record, no eventbus import) raises torch.OutOfMemoryError on
+    rank 1: the bootstrap writes torch's error file, WORKER_EXIT.message carries it, the
+    README's oom_is_fatal STOPs the job with restarts left (exit 3), and the STOP's line
+    names rank 1 and its error. The worker's own traceback still reaches stderr."""
+    run = run_job(tmp_path, job="plain_oom.py",
+                  eventbus_args=["--reactor", f"{REACTORS}:oom_is_fatal"],
+                  torchrun_args=["--max-restarts", "2"])
+    assert run.returncode == 3, run.describe()
+    (failure,) = [e for e in run.of("WORKER_EXIT", worker_id=1) if e["exit_code"] == 1]
+    assert failure["message"].startswith("OutOfMemoryError: CUDA out of memory."), failure
+    assert failure["data"]["error_file"].endswith("error.json")
+    assert run.of("WORKER_RESTART") == []
+    (agent_exit,) = run.of("AGENT_EXIT")
+    assert "STOP from tests.jobs.reactors.oom_is_fatal" in agent_exit["reason"]
+    lines = _console(run)
+    assert len(lines) == 1, run.stderr[-4000:]
+    assert lines[0].startswith("eventbus: rank 1 failed (exit code 1: OutOfMemoryError: "
+                               "CUDA out of memory."), lines
+    assert "STOP from tests.jobs.reactors.oom_is_fatal: stopping the job (exit code 3; " \
+        in lines[0], lines
+    assert "rank 0" not in lines[0]
+    assert "in allocate_activations" in run.stderr  # python's traceback, as without eventbus
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_reactor_answering_a_string_is_one_error_and_no_stop(tmp_path: Path) -> None:
+    """A reactor that returns "stop" does not stop the job: one reactor-error line naming
+    what it returned and what is accepted, no traceback; the group restarts."""
+    run = run_job(tmp_path, eventbus_args=["--reactor", f"{REACTORS}:answers_stop_as_text"],
+                  torchrun_args=["--max-restarts", "1"])
+    assert run.returncode == 0, run.describe()
+    assert len(run.of("WORKER_RESTART")) == 1
+    errors = [line for line in _console(run) if "reactor error" in line]
+    assert len(errors) == 1, run.stderr[-4000:]
+    assert "answers_stop_as_text returned 'stop' (str)" in errors[0]
+    assert "eventbus.Decision.STOP, eventbus.Decision.RESTART or None" in errors[0]
+    assert "Traceback" not in run.stderr.split("reactor error")[1].split("\n\n")[0]
+    assert " raised " not in run.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_stall_prints_its_line_and_the_stack(tmp_path: Path) -> None:
+    """Rank 1 spins in spin_forever(): one line names it, how long and where, then its
+    stack on several lines with spin_forever near the top; the group restarts."""
+    run = run_job(tmp_path, job="health_job.py", job_args=["--hang", "loop"],
+                  eventbus_args=["--stall-timeout", "3"],
+                  torchrun_args=["--max-restarts", "1"], timeout=180)
+    lines = run.stderr.splitlines()
+    stalls = [i for i, line in enumerate(lines) if line.startswith("eventbus: rank 1 "
+                                                                    "stalled for ")]
+    assert stalls, run.describe()
+    index = stalls[0]
+    line = lines[index]
+    assert "(health_job.py:" in line, line
+    assert line.endswith("restarting the group as attempt 1 (0 restarts left)"), line
+    block = lines[index + 1:index + 30]
+    assert any("in spin_forever" in frame for frame in block[:8]), "\n".join(block)
+    main = next(b for b in block if "(most recent call first)" in b)
+    assert "[eventbus's own thread]" not in main  # the main thread comes first
+    assert "_run_path" not in "\n".join(block)  # the bootstrap's frames are left out
+    assert all(b.startswith("    ") or not b for b in block[:5]), "\n".join(block)
