@@ -231,7 +231,15 @@ def describe(event: Event, *, decision: str | None = None) -> str:
     """One readable sentence: which rank, what happened, which attempt, what was decided."""
     kind = str(event.type)
     attempt = attempt_of(event)
-    if kind == "WORKER_EXIT":
+    if kind == "WORKER_EXIT" and event.data.get("stopped_by_agent"):
+        # collateral: the agent stopped it because another rank failed or stalled; the
+        # decision is that rank's, and this sentence must not blame this one
+        signal = getattr(event, "signal", None)
+        text = (f"Rank {rank_of(event)} was stopped by the agent"
+                + (f" ({signal})" if signal else "")
+                + f" on attempt {attempt} because another rank failed or stalled")
+        decision = None
+    elif kind == "WORKER_EXIT":
         code = getattr(event, "exit_code", None)
         signal = getattr(event, "signal", None)
         how = f"was killed by {signal}" if signal else f"exited with code {code}"
