@@ -122,7 +122,10 @@ def test_the_wheel_installs_one_import_name(tmp_path: Path) -> None:
     assert top_level == {"eventbus"}
     for module in ("eventbus/publishers/__init__.py", "eventbus/subscribers/queued.py",
                    "eventbus/app/cli.py", "eventbus/app/worker/__main__.py",
-                   "eventbus/app/plugins.py", "eventbus/publishers/py.typed"):
+                   "eventbus/app/plugins.py", "eventbus/publishers/py.typed",
+                   # the job view's page ships in the package (no CDN)
+                   "eventbus/app/ui/static/index.html", "eventbus/app/ui/static/app.js",
+                   "eventbus/app/ui/static/app.css"):
         assert module in names, module
     (entry_points,) = (n for n in names if n.endswith("entry_points.txt"))
     with zipfile.ZipFile(wheel) as zf:
