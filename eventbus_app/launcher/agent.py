@@ -620,6 +620,46 @@ class EventAgent(LocalElasticAgent):
                 + (f"; {places}" if places else "")))
         return analysis, stalled
 
+    def _abort_diagnosis(self, rank: int) -> dict[str, Any]:
+        """A worker ended by SIGABRT: where its heartbeats last saw it, what its peers wait
+        in, and gloo's way of ending a size mismatch; with the survivors' flight-recorder
+        dumps, which hold their side of that collective (docs/run.md, "Job health")."""
+        watch = self.stall_watch
+        if watch is None:
+            return {}
+        try:
+            beats = watch.beats(self.attempt)
+            progress = {p.rank: p for b, age in beats.values()
+                        for p in [culprit.progress_of(b, age_s=age)] if p is not None}
+            dead = progress.get(rank)
+            if dead is None or not dead.pgs:
+                return {}
+            analysis = culprit.analyze(progress.values())
+            pg, state = min(dead.pgs.items(), key=lambda kv: culprit.pg_order(kv[0]))
+            text = (f"rank {rank} ended by SIGABRT after collective #{state.completed} of "
+                    f"process group {pg} (its last heartbeat)")
+            if analysis.collective is not None:
+                text += f"; {analysis.diagnosis}"
+            text += ("; on gloo a collective whose sizes differ between ranks aborts the "
+                     "receiving rank this way (\"Received data size doesn't match expected "
+                     "size\"): compare the ranks' next collective in the flight-recorder "
+                     "dumps")
+            out: dict[str, Any] = {"diagnosis": text}
+            if analysis.collective is not None:
+                out["collective"] = analysis.collective.as_data()
+            pcontext = getattr(self, "_pcontext", None)
+            if pcontext is not None:
+                live = {self._worker_group.workers[local].global_rank: (local, pid)
+                        for local, pid in pcontext.pids().items()
+                        if isinstance(pid, int) and _peek_exit(pid) is None}
+                folder = self._dump_flight_recorders(self.attempt, live) if live else None
+                if folder is not None:
+                    out["fr_dump_dir"] = folder
+            return out
+        except Exception:  # a diagnosis must never cost the failure's handling
+            logger.exception("eventbus: no diagnosis for rank %d's SIGABRT", rank)
+            return {}
+
     def _dump_flight_recorders(self, attempt: int,
                                live: Mapping[int, tuple[int, int]]) -> str | None:
         """Ask this node's live workers for their flight-recorder traces (once per attempt)
@@ -984,6 +1024,8 @@ class EventAgent(LocalElasticAgent):
             data["stopped_by_agent"] = True
         if failure.error_file not in ("<N/A>", os.devnull):
             data["error_file"] = failure.error_file
+        if not stopped_by_agent and int(failure.exitcode) == -int(signal.SIGABRT):
+            data.update(self._abort_diagnosis(global_rank))
         return WorkerExit(
             worker_id=global_rank, exit_code=int(failure.exitcode),
             worker_local_rank=int(failure.local_rank), worker_pid=int(failure.pid),

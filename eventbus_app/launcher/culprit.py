@@ -33,7 +33,7 @@ import attrs
 from eventbus.events import Event
 
 __all__ = ["Analysis", "Collective", "PgState", "Pending", "RankProgress", "analyze",
-           "format_ranks", "matcher", "progress_of"]
+           "format_ranks", "matcher", "pg_order", "progress_of"]
 
 
 @attrs.frozen
@@ -325,7 +325,7 @@ def analyze(progress: Iterable[RankProgress] | Mapping[int, RankProgress], *,
     mismatch is to be decided.
     """
     seen = dict(progress) if isinstance(progress, Mapping) else {p.rank: p for p in progress}
-    groups = sorted({pg for p in seen.values() for pg in p.pgs}, key=_pg_order)
+    groups = sorted({pg for p in seen.values() for pg in p.pgs}, key=pg_order)
     findings = [f for f in (_analyze_group(pg, seen, use_torch) for pg in groups)
                 if f is not None]
     used = "torch" if any(f.torch_decided for f in findings) else "builtin"
@@ -344,7 +344,8 @@ def analyze(progress: Iterable[RankProgress] | Mapping[int, RankProgress], *,
                     _sentence(main, roots, seen), used)
 
 
-def _pg_order(pg: str) -> tuple[int, str]:
+def pg_order(pg: str) -> tuple[int, str]:
+    """Process groups in their ids' order (``"0"``, ``"1"``, ..., then names)."""
     return (_int(pg, 1 << 30), pg)
 
 
