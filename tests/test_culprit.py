@@ -286,6 +286,7 @@ def test_a_rank_whose_process_groups_are_gone_is_ending() -> None:
                                           context=JobContext(rank=1, restart_count=0)))
     clock.now += 10
     assert watch.overdue(0, [1]) == []
+    assert watch.ended(0) == [1]
 
 
 def test_the_health_benchmark_times_the_culprit_analysis_of_64_ranks() -> None:

@@ -604,6 +604,8 @@ class EventAgent(LocalElasticAgent):
         if local_only:
             return (analysis, stalled) if stalled else None  # never a waiting rank
         if not stalled:
+            if watch.ended(attempt):
+                return None  # they wait for a rank whose script ended: the job's end
             stalled = silent
             if analysis.collective is None and waiting:
                 analysis = attrs.evolve(analysis, diagnosis=(

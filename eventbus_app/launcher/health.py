@@ -326,6 +326,12 @@ class StallWatch:
                 for (a, rank), seen in list(self._seen.items())
                 if a == attempt and seen.beat is not None}
 
+    def ended(self, attempt: int) -> list[int]:
+        """The ranks of ``attempt`` whose scripts have ended (their last heartbeat said so,
+        or their process groups are gone)."""
+        return sorted(rank for (a, rank), seen in list(self._seen.items())
+                      if a == attempt and seen.quiet_until == math.inf)
+
     def ranks(self, attempt: int) -> list[int]:
         """The ranks of ``attempt`` whose clocks have started."""
         return sorted(rank for a, rank in list(self._seen) if a == attempt)
