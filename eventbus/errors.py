@@ -39,9 +39,11 @@ class UnknownEventTypeError(EventBusError, ValueError):
 
     def __init__(self, event_type: object, known: list[str]) -> None:
         self.event_type = event_type
+        hint = did_you_mean(event_type.upper(), known) if isinstance(event_type, str) else ""
         super().__init__(
-            f"unknown event type {event_type!r}: use an EventType member, the name of one "
-            f"({', '.join(known)}), or declare it first with @eventbus.event_type({event_type!r})"
+            f"unknown event type {event_type!r}{hint}: use an EventType member, the name of "
+            f"one ({', '.join(known)}), or declare it first with "
+            f"@eventbus.event_type({event_type!r})"
         )
 
 

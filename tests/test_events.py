@@ -138,6 +138,12 @@ def test_unknown_type_raises_value_error_naming_it(bus: eventbus.Bus, listening:
         bus.record(42)  # type: ignore[arg-type]
 
 
+def test_a_misspelt_event_type_gets_a_did_you_mean(bus: eventbus.Bus) -> None:
+    """record("METRC") names the closest type, the way a misspelt field does."""
+    with pytest.raises(ValueError, match=r"'METRC' \(did you mean 'METRIC'\?\)"):
+        bus.record("METRC")
+
+
 def test_data_must_be_a_mapping(bus: eventbus.Bus) -> None:
     """data that is not a mapping raises TypeError naming data; a Mapping is copied to a dict."""
     with pytest.raises(TypeError, match=r"EPOCH_END\.data must be"):
