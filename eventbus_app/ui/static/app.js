@@ -70,7 +70,9 @@
     $("world").textContent = s.world_size !== null && s.world_size !== undefined ?
       s.world_size : s.ranks.length;
     $("run-id").textContent = s.run_id ? "run " + s.run_id : "";
-    $("source").textContent = s.source && s.source !== "live" ? s.source : "";
+    const src = $("source");
+    src.textContent = s.source && s.source !== "live" ? s.source.split("/").pop() : "";
+    src.title = s.source || "";
     document.title = "[" + s.status + "] eventbus job view" + (s.run_id ? " - " + s.run_id : "");
     const reason = $("exit-reason");
     if (s.exit && s.status !== "succeeded" && s.exit.reason) {
@@ -174,7 +176,7 @@
   }
 
   // -- the attempts -----------------------------------------------------------------------------
-  const ICONS = { failure: "\u2716", stall: "\u23f8", slow: "\u25d4", restart: "\u21bb",
+  const ICONS = { failure: "\u2716", stall: "\u2016", slow: "\u25d4", restart: "\u21bb",
                   stop: "\u25a0", stopped: "\u00b7", end: "\u2716", node: "\u00b7" };
 
   function renderTimeline() {
