@@ -191,7 +191,7 @@ def close_sinks(sinks: Sequence[Any], *, timeout: float = SINKS_CLOSE_TIMEOUT_S)
     late = [index for index, _ in threads if index not in results]
     if late:
         logger.warning("%d sink(s) did not close within %.1f s: %s", len(late), timeout,
-                       ", ".join(repr(sinks[i]) for i in late))
+                       redact_text(", ".join(repr(sinks[i]) for i in late)))
     return not late and all(results.values())
 
 
@@ -245,8 +245,9 @@ class SinksPlugin:
             if dropped:
                 why = "; ".join(f"{n} {reason}" for reason, n in sorted(
                     dropped.items(), key=lambda item: -item[1]))
-                print(f"eventbus: sink {getattr(sink, 'name', sink)!s} dropped "
-                      f"{sum(dropped.values())} events: {redact_text(why)}", file=sys.stderr)
+                name = redact_text(str(getattr(sink, "name", sink)))
+                print(f"eventbus: sink {name} dropped {sum(dropped.values())} events: "
+                      f"{redact_text(why)}", file=sys.stderr)
         logger.info("sinks closed in %.2f s (budget %.1f s)", time.monotonic() - started,
                     budget)
         return ok
