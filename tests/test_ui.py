@@ -339,6 +339,74 @@ def test_fifty_clients_that_read_nothing_cost_the_publisher_nothing() -> None:
         sub.cancel()
 
 
+# -- the agent plugin -----------------------------------------------------------------------------
+
+
+def _info(bus: Bus, group_rank: int) -> Any:
+    from eventbus.app.plugins import RendezvousInfo
+
+    return RendezvousInfo(store_host="127.0.0.1", store_port=1, run_id="r",
+                          group_rank=group_rank, group_world_size=2, restart_count=0,
+                          local_world_size=1, world_size=2, global_ranks=(group_rank,),
+                          bus=bus)
+
+
+def test_plugin_serves_on_group_rank_0_only() -> None:
+    """Group rank 0 serves and prints its address once (a user's token stays out of the
+    line); another node's agent serves nothing and stops listening to its bus."""
+    import io
+
+    from eventbus.app.ui import UIPlugin
+
+    bus = Bus("ui-plugin-0")
+    out = io.StringIO()
+    plugin = UIPlugin(bus, parse_address("127.0.0.1:0"), "users-own-token", show_token=False,
+                      stream=out)
+    bus.record("AGENT_START", nproc_per_node=1)
+    try:
+        plugin.after_rendezvous(_info(bus, 0))
+        plugin.after_rendezvous(_info(bus, 0))  # a restart: nothing new
+        assert plugin.server is not None
+        lines = out.getvalue().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(
+            f"eventbus: job view at http://127.0.0.1:{plugin.server.port}/")
+        assert "users-own-token" not in lines[0]
+        bus.record("WORKER_START", worker_id=0)
+        status, body, _ = _get(f"http://127.0.0.1:{plugin.server.port}/api/state",
+                               {"X-Eventbus-Token": "users-own-token"})
+        assert status == 200 and json.loads(body)["events"] == 2
+    finally:
+        plugin.close()
+    other_bus = Bus("ui-plugin-1")
+    out = io.StringIO()
+    other = UIPlugin(other_bus, parse_address("127.0.0.1:0"), None, stream=out)
+    other.after_rendezvous(_info(other_bus, 1))
+    other_bus.record("AGENT_START", nproc_per_node=1)
+    assert other.server is None and out.getvalue() == ""
+    assert other.state.events == 0
+    other.close()
+
+
+def test_plugin_on_a_taken_port_costs_the_page_not_the_job() -> None:
+    """A port in use: one line says so; after_rendezvous returns as usual."""
+    import io
+
+    from eventbus.app.ui import UIPlugin
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        bus = Bus("ui-plugin-taken")
+        out = io.StringIO()
+        plugin = UIPlugin(bus, parse_address(f"127.0.0.1:{port}"), None, stream=out)
+        assert plugin.after_rendezvous(_info(bus, 0)) == {}
+        assert plugin.server is None
+        assert "cannot serve the job view" in out.getvalue()
+        assert "the job runs without it" in out.getvalue()
+        plugin.close()
+
+
 # -- eventbus view ------------------------------------------------------------------------------
 
 

@@ -214,10 +214,10 @@ def _ui_plugin(parser: argparse.ArgumentParser, args: argparse.Namespace, bus: A
 
     try:
         address = parse_address(args.ui)
-        token, _ = resolve_token(address.host, args.ui_token)
+        token, generated = resolve_token(address.host, args.ui_token)
     except ValueError as exc:
         parser.error(str(exc))
-    return UIPlugin(bus, address, token)
+    return UIPlugin(bus, address, token, show_token=generated)
 
 
 def main(argv: Sequence[str] | None = None, *,

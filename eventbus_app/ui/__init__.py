@@ -124,13 +124,19 @@ def _shown_host(host: str) -> str:
 
 
 def serve(state: JobState, address: UIAddress, token: str | None, *,
-          stream: IO[str] | None = None, **options: Any) -> UIServer:
-    """Bind, start serving ``state`` and print the address once on ``stream`` (stderr)."""
+          show_token: bool = True, stream: IO[str] | None = None,
+          **options: Any) -> UIServer:
+    """Bind, start serving ``state`` and print the address once on ``stream`` (stderr):
+    with the token when ``show_token`` (a generated one), else saying where it came from
+    (the user's own stays out of the job's log)."""
     server = UIServer(state, address.host, address.port, token=token,
                       loopback=is_loopback(address.host), **options).start()
     out = sys.stderr if stream is None else stream
-    print(f"eventbus: job view at {server.url(_shown_host(address.host))}", file=out,
-          flush=True)
+    url = server.url(_shown_host(address.host))
+    if token is not None and not show_token:
+        url = url.split("?", 1)[0] + " (add ?token= with the token --ui-token or " \
+            f"${TOKEN_ENV} gave)"
+    print(f"eventbus: job view at {url}", file=out, flush=True)
     return server
 
 
@@ -177,10 +183,11 @@ class UIPlugin:
     """
 
     def __init__(self, bus: Bus, address: UIAddress, token: str | None, *,
-                 plugins: Sequence[Any] = (), stream: IO[str] | None = None,
-                 **server_options: Any) -> None:
+                 show_token: bool = True, plugins: Sequence[Any] = (),
+                 stream: IO[str] | None = None, **server_options: Any) -> None:
         self.address = address
         self.token = token
+        self.show_token = show_token
         self.stream = stream
         self.server_options = server_options
         self.state = JobState(counters=lambda: _counters(bus, self.plugins))
@@ -199,7 +206,8 @@ class UIPlugin:
             self._unsubscribe()
             return {}
         try:
-            self.server = serve(self.state, self.address, self.token, stream=self.stream,
+            self.server = serve(self.state, self.address, self.token,
+                                show_token=self.show_token, stream=self.stream,
                                 **self.server_options)
         except OSError as exc:
             out = sys.stderr if self.stream is None else self.stream

@@ -68,7 +68,7 @@ def main(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
     try:
         address = parse_address(args.ui)
-        token, _ = resolve_token(address.host, args.ui_token)
+        token, generated = resolve_token(address.host, args.ui_token)
     except ValueError as exc:
         parser.error(str(exc))
     if args.events < 1:
@@ -83,7 +83,7 @@ def main(argv: Sequence[str]) -> int:
     reader = EventFileReader(path)
     feed(reader, state)
     try:
-        server = serve(state, address, token)
+        server = serve(state, address, token, show_token=generated)
     except OSError as exc:
         print(f"eventbus view: --ui {args.ui}: cannot listen on {address.host}:"
               f"{address.port} ({exc}); pick another port (--ui 0: a free one)",
