@@ -265,3 +265,76 @@ def test_links_between_pages_resolve() -> None:
             if "://" in target:
                 continue
             assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
+
+
+# -- the README's demo transcript against a real run -----------------------------------------
+
+#: the job's own events (lifecycle, epochs, checkpoints, metrics) may differ from the
+#: README's by this many: a METRIC or two is logged, or not, before rank 1's crash stops
+#: the group
+OWN_EVENTS_TOLERANCE = 4
+#: torch's keep-alive records and the workers' heartbeats grow with the run's length: the
+#: README's count of them, scaled by the two runs' durations, within this fraction (+10)
+PERIODIC_TOLERANCE = 0.5
+#: the types whose number grows with the run's length
+PERIODIC_TYPES = ("TORCHELASTIC", "WORKER_PROGRESS")
+
+_FIGURES = re.compile(
+    r"Of\s+those\s+(?P<total>\d+)\s+events,\s+(?P<own>\d+)\s+are\s+the\s+job's\s+own.*?"
+    r"(?P<torch>\d+)\s+are\s+torch's\s+own\s+`TORCHELASTIC`\s+records.*?"
+    r"(?P<beats>\d+)\s+are\s+the\s+workers'\s+`WORKER_PROGRESS`\s+heartbeats", re.S)
+
+
+def _readme_demo() -> dict[str, int]:
+    """The figures of the README's demo transcript: its event count and duration (from the
+    transcript's own lines) and the breakdown stated under it."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### What `make demo` does", 1)[1].split("\n## ", 1)[0]
+    transcript = next(b.body for b in _blocks(ROOT / "README.md")
+                      if b.lang == "text" and "$ make demo" in b.body)
+    total = re.search(r"^  events\.jsonl +(\d+) events", transcript, re.M)
+    took = re.search(r"^demo: finished in (\d+) s", transcript, re.M)
+    figures = _FIGURES.search(section)
+    assert total and took and figures, "the README's demo transcript lost its figures"
+    out = {k: int(v) for k, v in figures.groupdict().items()}
+    assert out["total"] == int(total.group(1)), "the breakdown's total is not the transcript's"
+    assert out["own"] + out["torch"] + out["beats"] == out["total"], out
+    assert "--sink tensorboard:demo-out/tb" in transcript
+    assert re.search(r"^  tb +TensorBoard: tensorboard --logdir demo-out/tb", transcript, re.M)
+    return {**out, "seconds": int(took.group(1))}
+
+
+def test_readme_demo_figures_add_up() -> None:
+    """The transcript's event count is the sum of the breakdown stated under it, and the
+    transcript shows the TensorBoard sink and its line (a fast check of the page alone)."""
+    _readme_demo()
+
+
+@pytest.mark.slow
+def test_readme_demo_transcript_matches_a_real_run(tmp_path: Path) -> None:
+    """A real `make demo` run (examples/demo.py) against the README's figures: the job's own
+    events within OWN_EVENTS_TOLERANCE, the periodic ones (torch's keep-alives, heartbeats)
+    within PERIODIC_TOLERANCE of the README's scaled by the runs' durations, and the same
+    lines (the command with --sink tensorboard, the tb line)."""
+    from eventbus.subscribers.jsonl import read_jsonl
+
+    readme = _readme_demo()
+    out = tmp_path / "demo-out"
+    proc = _run([sys.executable, str(ROOT / "examples" / "demo.py"), "--out", str(out)],
+                tmp_path, SLOW_TIMEOUT_S)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    printed = proc.stdout + proc.stderr
+    took = re.search(r"^demo: finished in (\d+) s", printed, re.M)
+    total = re.search(r"^  events\.jsonl +(\d+) events", printed, re.M)
+    assert took and total, printed[-3000:]
+    assert "--sink tensorboard:" in printed and re.search(r"^  tb +TensorBoard:", printed, re.M)
+    events = list(read_jsonl(out / "events.jsonl"))
+    assert len(events) == int(total.group(1))
+    periodic = sum(1 for e in events if e.get("type") in PERIODIC_TYPES)
+    own = len(events) - periodic
+    print(f"demo: {len(events)} events in {took.group(1)} s ({own} own, {periodic} periodic); "
+          f"README: {readme['total']} in {readme['seconds']} s ({readme['own']} own)")
+    assert abs(own - readme["own"]) <= OWN_EVENTS_TOLERANCE, (own, readme)
+    scale = max(int(took.group(1)), 1) / max(readme["seconds"], 1)
+    expected = (readme["torch"] + readme["beats"]) * scale
+    assert abs(periodic - expected) <= PERIODIC_TOLERANCE * expected + 10, (periodic, expected)
