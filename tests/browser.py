@@ -140,9 +140,13 @@ class Chromium:
         deadline = time.monotonic() + timeout
         value: Any = None
         while time.monotonic() < deadline:
-            value = self.evaluate(expression)
-            if value:
-                return value
+            try:
+                value = self.evaluate(expression)
+            except RuntimeError as exc:  # the page is not there yet (still navigating)
+                value = exc
+            else:
+                if value:
+                    return value
             time.sleep(0.2)
         raise TimeoutError(f"{expression!r} still {value!r} after {timeout:g} s")
 

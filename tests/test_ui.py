@@ -522,7 +522,7 @@ def test_browser_shows_a_real_job_that_fails_once_and_restarts(tmp_path: Path) -
     cmd = [sys.executable, "-m", "eventbus", "run", "--ui", "0", "--standalone",
            "--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.1",
            str(ROOT / "tests" / "jobs" / "gloo_fail_once.py"), "--out", str(out),
-           "--fail-on", "0", "--hold", "6"]
+           "--fail-on", "0", "--hold", "8"]
     job = subprocess.Popen(cmd, cwd=tmp_path, env=subprocess_env(), stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     lines: list[str] = []
@@ -541,11 +541,12 @@ def test_browser_shows_a_real_job_that_fails_once_and_restarts(tmp_path: Path) -
     reader = threading.Thread(target=read_stderr, daemon=True)
     reader.start()
     try:
-        assert got_url.wait(60), "".join(lines)
-        base = url[0]
-        _wait_state(base, lambda s: s["attempt"] == 1 and [r["state"] for r in s["ranks"]]
-                    == ["running", "running"], timeout=60)
+        # the browser starts while the job does: attempt 1 holds for a few seconds only
         with Chromium(browser_path, width=1400, height=900) as browser:
+            assert got_url.wait(60), "".join(lines)
+            base = url[0]
+            _wait_state(base, lambda s: s["attempt"] == 1 and [
+                r["state"] for r in s["ranks"]] == ["running", "running"], timeout=60)
             browser.goto(base)
             browser.wait_for("document.getElementById('conn').dataset.conn === 'live'")
             assert json.loads(browser.evaluate(RANKS_JS)) == [["0", "running"],
