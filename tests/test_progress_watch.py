@@ -81,6 +81,31 @@ def test_the_step_hook_counts_optimizer_steps_in_process() -> None:
     assert watch.steps.count == 10
 
 
+def test_recorded_events_count_as_progress() -> None:
+    """An event the script records resets idle_s (the beat is not an idle one); with no
+    step and no event the beat is idle and says where the main thread is."""
+    pytest.importorskip("torch")
+    bus = eventbus.Bus("progress-events")
+    beats: list[dict[str, Any]] = []
+    watch = ProgressWatch(frozenset({"steps", "events"}), rank=0, bus=bus,
+                          record=lambda _type, **fields: beats.append(fields))
+    try:
+        watch.tick()
+        time.sleep(0.3)
+        bus.record(eventbus.EventType.METRIC, step=1, data={"loss": 1.0})
+        watch._beat_t -= progress.IDLE_BEAT_S
+        watch.tick()
+        assert beats[-1]["idle_s"] < 0.3 and "where" not in beats[-1]["data"]
+        time.sleep(0.3)
+        watch._beat_t -= progress.IDLE_BEAT_S
+        watch.tick()
+        assert beats[-1]["idle_s"] >= 0.3
+        assert beats[-1]["data"]["where"].startswith("test_progress_watch.py:")
+    finally:
+        watch.stop()
+    assert progress.start_progress_watch(frozenset({"events"})) is None
+
+
 def test_a_step_counter_waits_for_the_script_to_import_torch(monkeypatch: pytest.MonkeyPatch
                                                              ) -> None:
     """Before torch.optim is in sys.modules the counter registers nothing (and imports

@@ -12,8 +12,9 @@ about every 0.1 s (jittered, so it does not alias with a steady step rhythm) and
   microseconds) once ``torch.distributed`` is initialised: per process group the last
   enqueued and the last completed collective. A group whose enqueued is above its
   completed means the rank is inside that collective;
-- ``events``: the count of events the process published on the default bus (its own
-  heartbeats left out).
+- ``events``: events the script records on the default bus (counted by a subscriber,
+  the heartbeats left out) keep ``idle_s`` at zero. Alone it starts no thread: the agent
+  counts those events itself.
 
 torch is never imported here: the thread looks into ``sys.modules`` for what the script
 imported. It records ``WORKER_PROGRESS`` (:class:`eventbus.events.WorkerProgress`) on the
@@ -55,6 +56,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -271,6 +273,8 @@ class ProgressWatch:
         self.sources = sources
         self.dump_dir = dump_dir
         self._rank = rank
+        #: whether the beats go to the bus whose events are counted
+        self._beats_on_bus = record is None
         if record is None or bus is None:
             from eventbus.bus import get_default_bus
 
@@ -300,6 +304,10 @@ class ProgressWatch:
         self._beat_steps = (0, 0.0)
         self._request: tuple[int, int] | None = None
         self._failed = False
+        self._counter = itertools.count()
+        self._subscription: Any = None
+        #: heartbeats recorded on the counted bus
+        self._own = 0
 
     # -- lifecycle
     def start(self) -> None:
@@ -313,6 +321,8 @@ class ProgressWatch:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
         self.steps.remove()
+        if self._subscription is not None:
+            self._subscription.cancel()
 
     @property
     def alive(self) -> bool:
@@ -360,10 +370,20 @@ class ProgressWatch:
                 for pg, s in status.items()}
 
     def _published(self) -> int:
+        """Events recorded in this process since the watch armed, its own beats left out:
+        counted by a subscriber (one call per event), read as the counter's value."""
         if "events" not in self.sources or self._bus is None:
             return 0
-        published: dict[str, int] = self._bus.stats()["published"]
-        return sum(n for name, n in published.items() if name != "WORKER_PROGRESS")
+        if self._subscription is None:
+            from eventbus.bus import ALL
+
+            counter = self._counter
+
+            def count(event: Any) -> None:
+                next(counter)
+
+            self._subscription = self._bus.subscribe(ALL, on_event=count)
+        return int(repr(self._counter)[6:-1]) - self._own
 
     def tick(self) -> None:
         """Sample once; record a heartbeat when one is due."""
@@ -435,6 +455,8 @@ class ProgressWatch:
                      collectives=completed if self._sample is not None else None,
                      idle_s=round(idle_s, 3), data=data)
         self.beats += 1
+        if self._subscription is not None and self._beats_on_bus:
+            self._own += 1
         self._beat_t = now
         self._changed = False
         self._inside_s = self._outside_s = 0.0
@@ -520,8 +542,8 @@ def start_progress_watch(sources: frozenset[str], *, dump_dir: str | None = None
                          rank: int | None = None) -> ProgressWatch | None:
     """Start this process's one watch (None for no sources); again: the running one."""
     global _watch
-    if not sources:
-        return None
+    if not sources - {"events"}:
+        return None  # events alone: nothing to sample (the agent counts them itself)
     with _lock:
         if _watch is None or not _watch.alive:
             _watch = ProgressWatch(sources, dump_dir=dump_dir, rank=rank)
