@@ -106,6 +106,32 @@ def test_recorded_events_count_as_progress() -> None:
     assert progress.start_progress_watch(frozenset({"events"})) is None
 
 
+def test_a_dump_request_is_served_once_and_an_older_one_never(tmp_path: Path) -> None:
+    """A request file that predates the watch (a former attempt's) is not served; a new
+    token is served at the next tick, once: a beat with fr_dump_token and the dump's path
+    (or why there is none)."""
+    pytest.importorskip("torch")
+    (tmp_path / progress.REQUEST_FILE).write_text("old\n")
+    beats: list[dict[str, Any]] = []
+    watch = ProgressWatch(frozenset({"steps"}), rank=3, dump_dir=str(tmp_path),
+                          bus=eventbus.Bus("progress-dump"),
+                          record=lambda _type, **fields: beats.append(fields))
+    try:
+        watch.tick()
+        watch.tick()
+        assert not any("fr_dump_token" in b["data"] for b in beats)
+        (tmp_path / "request.tmp").write_text("stall-2\n")
+        os.replace(tmp_path / "request.tmp", tmp_path / progress.REQUEST_FILE)
+        watch.tick()
+        watch.tick()
+    finally:
+        watch.stop()
+    served = [b["data"] for b in beats if "fr_dump_token" in b["data"]]
+    assert len(served) == 1 and served[0]["fr_dump_token"] == "stall-2"
+    assert served[0].get("fr_dump") == str(tmp_path / "fr_trace_rank_3") \
+        or served[0]["fr_dump_error"]
+
+
 def test_a_step_counter_waits_for_the_script_to_import_torch(monkeypatch: pytest.MonkeyPatch
                                                              ) -> None:
     """Before torch.optim is in sys.modules the counter registers nothing (and imports

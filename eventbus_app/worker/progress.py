@@ -304,6 +304,8 @@ class ProgressWatch:
         self._beat_steps = (0, 0.0)
         self._request: tuple[int, int] | None = None
         self._failed = False
+        # a request older than this worker is not for it (a former attempt's)
+        self._request = self._request_stamp()
         self._counter = itertools.count()
         self._subscription: Any = None
         #: heartbeats recorded on the counted bus
@@ -493,23 +495,26 @@ class ProgressWatch:
 
     # -- the agent's dump requests
     def _serve_request(self) -> dict[str, Any] | None:
-        if self.dump_dir is None:
-            return None
-        path = os.path.join(self.dump_dir, REQUEST_FILE)
-        try:
-            st = os.stat(path)
-        except OSError:
-            return None
-        stamp = (st.st_mtime_ns, st.st_ino)
-        if stamp == self._request:
+        stamp = self._request_stamp()
+        if stamp is None or stamp == self._request:
             return None
         self._request = stamp
+        path = os.path.join(str(self.dump_dir), REQUEST_FILE)
         try:
             with open(path, encoding="utf-8", errors="replace") as f:
                 token = f.read(MAX_TOKEN_CHARS + 1).strip()[:MAX_TOKEN_CHARS]
         except OSError:
             return None
         return {"fr_dump_token": token, **self.write_dump()}
+
+    def _request_stamp(self) -> tuple[int, int] | None:
+        if self.dump_dir is None:
+            return None
+        try:
+            st = os.stat(os.path.join(self.dump_dir, REQUEST_FILE))
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_ino)
 
     def write_dump(self) -> dict[str, str]:
         """Write the whole flight-recorder trace to ``<dump_dir>/fr_trace_rank_<rank>``;
