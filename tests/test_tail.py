@@ -383,3 +383,25 @@ def test_a_directory_is_named_as_one(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert cli_main(["tail", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "is a directory, not an events file; give one of its events files: events.jsonl" in err
+
+
+def test_a_stall_with_the_agents_analysis_keeps_where_and_why_on_its_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The agent's WORKER_STALLED carries a diagnosis, the collective and more: the stack's
+    top frame and the diagnosis come first, so the 240-character cut never hides them."""
+    path = tmp_path / "events.jsonl"
+    path.write_text(json.dumps({
+        "type": "WORKER_STALLED", "timestamp": 1_764_410_005.0, "worker_id": 1,
+        "silent_s": 65.2, "timeout_s": 60.0,
+        "data": {"attempt": 0, "culprit_ranks": [1], "waiting_ranks": [0],
+                 "collective": {"pg": "0", "op": "all_reduce", "seq": 12,
+                                "sizes": [[1024]] * 20, "dtypes": ["Float"]},
+                 "diagnosis": "rank 1 never entered all_reduce #12 that rank 0 waits in",
+                 "mismatch": None, "stack": STACK, "peer_stacks": {"0": STACK}},
+        "context": {"rank": None, "hostname": "h", "pid": 9}}) + "\n")
+    assert cli_main(["tail", str(path)]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    data = line.split(" | ", 1)[1]
+    assert data.startswith("stack='distributed_c10d.py:2800 in all_reduce, from train.py:18")
+    assert "diagnosis='rank 1 never entered all_reduce #12" in data
+    assert "mismatch" not in data and "--full)" in data

@@ -108,6 +108,9 @@ _TORCH_KEYS = ("state", "node_state", "global_rank", "group_rank", "rank", "brid
 #: a torch record's texts (a rendezvous message, an error) are cut after this many chars
 _TORCH_TEXT_CHARS = 60
 
+#: the keys an event with a stack shows first (its line is cut after DATA_CHARS)
+_FIRST_KEYS = ("stack", "diagnosis", "culprit_ranks", "waiting_ranks")
+
 #: the indent of the lines printed under an event's line (``--full``)
 _INDENT = "    "
 
@@ -168,6 +171,9 @@ def _short_data(record: Record) -> dict[str, Any]:
     if isinstance(stack, str) and stack:
         top = _top_frame(stack)
         data["stack"] = top if top is not None else stack.strip().splitlines()[0]
+        # where the worker is, and why, before the rest: the line is cut after DATA_CHARS
+        first = {k: data.pop(k) for k in _FIRST_KEYS if k in data}
+        data = {**first, **{k: v for k, v in data.items() if v is not None}}
     peers = data.get("peer_stacks")
     if isinstance(peers, dict) and peers:
         data["peer_stacks"] = f"{len(peers)} rank(s), --full"
