@@ -154,6 +154,18 @@ def test_state_statuses_and_exits() -> None:
     assert _fed([other]).snapshot()["status"] == "running"
 
 
+def test_every_nodes_restart_is_one_mark() -> None:
+    """Each node's agent reports the same restart (forwarded to group rank 0): the
+    timeline shows it once, and the restarts count once."""
+    node1 = Event.from_dict({"type": "WORKER_RESTART", "timestamp": 4.1, "attempt": 1,
+                             "data": {}, "context": {"group_rank": 1, "restart_count": 1}})
+    state = _fed([_event("AGENT_START", 1), _event("WORKER_START", 2, worker_id=0),
+                  _event("WORKER_RESTART", 4, restart=1, attempt=1), node1])
+    snap = state.snapshot()
+    assert snap["restarts"] == 1
+    assert [m["kind"] for a in snap["timeline"] for m in a["marks"]] == ["restart"]
+
+
 def test_state_is_bounded() -> None:
     """Recent events, types and ranks stay within their bounds whatever arrives."""
     state = JobState(live=False, max_events=50, max_ranks=10)

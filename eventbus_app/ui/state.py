@@ -487,11 +487,14 @@ class JobState:
             if current.outcome in ("running", "failed"):
                 current.outcome = "restarted"
         self._open_attempt(attempt, arrived, reason)
+        target = attempt - 1 if attempt - 1 in self._attempts else attempt
+        if any(m["kind"] == "restart" for m in self._attempts[target].marks):
+            return  # every node's agent reports the same restart: one mark
         left = _int(getattr(ev, "restarts_left", None))
         text = f"restart as attempt {attempt}" + (
             f" ({left} left)" if left is not None else "")
         self._mark(ev, "restart", arrived, None, text + (f": {reason}" if reason else ""),
-                   attempt=attempt - 1 if attempt - 1 in self._attempts else attempt)
+                   attempt=target)
 
     def _on_agent_start(self, ev: Any, name: str, arrived: float, seq: int) -> None:
         if self._started_at is None:
