@@ -216,7 +216,10 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
             point("checkpoint", t, row - 0.32)
         elif r.type == "WORKER_STALLED":  # job health
             point("stall", t, row - 0.3)  # above the row: the stop mark follows it
-            labelled.append((t, row - 0.3, f"stalled {r.fields.get('silent_s')} s", _FAILURE))
+            silent = r.fields.get("silent_s")
+            label = (f"stalled {silent:.1f} s" if isinstance(silent, (int, float))
+                     and not isinstance(silent, bool) else "stalled")
+            labelled.append((t, row - 0.3, label, _FAILURE))
         elif r.type == "WORKER_SLOW":
             point("slow", t, row + 0.3)
         elif r.type in ("METRIC", "WORKER_PROGRESS"):
