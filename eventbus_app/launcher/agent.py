@@ -1103,6 +1103,10 @@ class EventAgent(LocalElasticAgent):
 
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
         reason = self._restart_reason or "membership change: new nodes are waiting"
+        if self._restart_reason is None:  # torch's decision, not a failure's: its line here
+            console.write("new nodes are waiting: restarting the group with them (a "
+                          "membership change uses no restart; "
+                          f"{console.restarts_text(self.remaining_restarts)})")
         self._restart_reason = None
         attempt = self._next_attempt()
         for watch in (self.stall_watch, self.straggler_watch):
