@@ -399,6 +399,35 @@ def test_plugin_serves_on_group_rank_0_only() -> None:
     other.close()
 
 
+def test_plugin_counts_the_sinks_and_the_transports_drops() -> None:
+    """The live drop counters: a sink whose backend is stuck drops (its queue holds 5),
+    and the store transport's receivers are read (none started here)."""
+    from eventbus.app.launcher.store_transport import StoreTransport
+    from eventbus.app.ui import UIPlugin
+    from eventbus.subscribers.queued import QueuedSink
+    from eventbus.subscribers.queued import QueueSettings
+
+    release = threading.Event()
+    bus = Bus("ui-plugin-drops")
+    sink = QueuedSink(lambda batch: release.wait(10), name="stuck-sink",
+                      settings=QueueSettings(max_events=5, max_batch=1))
+    sub = bus.subscribe(ALL, on_event=sink)
+    plugin = UIPlugin(bus, parse_address("0"), None, plugins=[StoreTransport()])
+    try:
+        for i in range(50):
+            bus.record("METRIC", step=i)
+        drops = plugin.state.snapshot()["drops"]
+        (row,) = [s for s in drops["sinks"] if s["name"] == "stuck-sink"]
+        assert sum(row["dropped"].values()) >= 40
+        assert drops["transport"] == {}
+        assert "counters_error" not in drops
+    finally:
+        release.set()
+        sub.cancel()
+        sink.close(timeout=5)
+        plugin.close()
+
+
 def test_plugin_on_a_taken_port_costs_the_page_not_the_job() -> None:
     """A port in use: one line says so; after_rendezvous returns as usual."""
     import io
