@@ -167,14 +167,15 @@ def test_sink_usage_errors_suggest_and_hide(spec: str, words: list[str]) -> None
 @pytest.mark.slow
 def test_a_job_never_prints_the_webhook_secret(tmp_path: Path) -> None:
     """A real job whose webhook URL holds a secret, against a receiver answering 501: the
-    secret is in no output (stdout, stderr, the JSONL), and the failure's why is on stderr."""
+    secret is in no output (stdout, stderr with every event logged, the JSONL, the sink's
+    stats in the end-of-job line), and the failure's why is on stderr."""
     out = tmp_path / "out"
     out.mkdir()
     events = tmp_path / "events.jsonl"
     with receiver(status=501) as r:
         url = f"{r.url}/services/T000/B000/{SECRET}?token={SECRET}"
         cmd = [sys.executable, "-m", "eventbus", "run", "--events-jsonl", str(events),
-               "--sink", f"webhook:{url}", "--standalone", "--nproc-per-node", "2",
+               "--log-events", "--sink", f"webhook:{url}", "--standalone", "--nproc-per-node", "2",
                "--monitor-interval", "0.1", "--max-restarts", "1",
                str(JOBS / "sinks_job.py"), "--out", str(out)]
         proc = subprocess.run(cmd, cwd=tmp_path, env=job_env(), capture_output=True,
@@ -183,6 +184,7 @@ def test_a_job_never_prints_the_webhook_secret(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert tried >= 1  # the webhook did post (and was refused)
     assert "HTTP 501 Not Implemented" in proc.stderr, proc.stderr[-4000:]
+    assert "eventbus: sink webhook:http://127.0.0.1:" in proc.stderr  # the stats line
     for name, text in (("stdout", proc.stdout), ("stderr", proc.stderr),
                        ("events.jsonl", events.read_text())):
         assert SECRET not in text, f"the secret is in {name}"
