@@ -98,3 +98,22 @@ def test_a_stall_prints_its_line_and_the_stack(tmp_path: Path) -> None:
     assert "[eventbus's own thread]" not in main  # the main thread comes first
     assert "_run_path" not in "\n".join(block)  # the bootstrap's frames are left out
     assert all(b.startswith("    ") or not b for b in block[:5]), "\n".join(block)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_rank_that_failed_first_is_named_though_it_exits_last(tmp_path: Path) -> None:
+    """Rank 1 raises first but exits ~3 s later (a slow teardown); rank 0 fails because of
+    it and exits first. The decision names rank 1, whose WORKER_EXIT is its own failure
+    (not "stopped by the agent"), and the restart's reason names it too."""
+    run = run_job(tmp_path, job="first_error.py", torchrun_args=["--max-restarts", "1"])
+    assert run.returncode == 0, run.describe()
+    lines = _console(run)
+    assert len(lines) == 1, run.stderr[-4000:]
+    assert lines[0].startswith("eventbus: rank 1 failed (exit code 1: RuntimeError: "
+                               "injected failure: rank 1 lost its data loader); rank 0 "
+                               "failed (exit code 1: RuntimeError: rank 0 lost its peer"), lines
+    (own,) = [e for e in run.of("WORKER_EXIT", worker_id=1) if e["exit_code"] != 0]
+    assert own["exit_code"] == 1 and not own["data"].get("stopped_by_agent"), own
+    (restart,) = run.of("WORKER_RESTART")
+    assert restart["reason"].startswith("rank 1 failed"), restart

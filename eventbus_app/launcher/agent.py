@@ -180,6 +180,23 @@ def _failure_message(failure: ProcessFailure) -> str | None:
     return str(message) if message else None
 
 
+#: how long the monitor waits for a worker that failed first (its error file written)
+#: but is still in its interpreter's teardown to exit by itself (see
+#: EventAgent._with_earlier_failures)
+DYING_GRACE_S = 5.0
+
+
+def _error_time(path: object) -> int | None:
+    """When an error file was written (ns), None without one (or an empty one)."""
+    if not isinstance(path, str) or path in ("<N/A>", os.devnull):
+        return None
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_mtime_ns if stat.st_size > 0 else None
+
+
 def _find_tcp_store(store: Any) -> Any:
     """The TCPStore under a chain of PrefixStores, or None."""
     seen = 0
@@ -911,7 +928,8 @@ class EventAgent(LocalElasticAgent):
         remote = self._stop_for_remote(worker_group)
         if remote is not None:
             return remote
-        spontaneous = self._peek_failures(worker_group)
+        spontaneous = self._with_earlier_failures(worker_group,
+                                                  self._peek_failures(worker_group))
         if spontaneous:
             self._decide(spontaneous)
         else:
@@ -1018,6 +1036,48 @@ class EventAgent(LocalElasticAgent):
             found.append(self._exit_event(worker_group, worker.global_rank, failure,
                                           stopped_by_agent=False))
         return found
+
+    def _with_earlier_failures(self, worker_group: WorkerGroup,
+                               found: list[WorkerExit]) -> list[WorkerExit]:
+        """``found`` (failed workers the peek saw), with the workers that failed *before*
+        them and are still exiting, in the order they failed: the first one caused it.
+
+        A worker whose script raised writes its error file at once (the bootstrap, or
+        torch's ``@record``) and then spends seconds in the interpreter's teardown; its
+        peers meanwhile fail on the lost connection ("Connection closed by peer") and can
+        exit first. Judged by exits alone, a peer would be blamed and the worker that
+        raised first counted as stopped by the agent. So when every failure seen has an
+        error file, a live worker whose error file is older than all of theirs is given
+        up to :data:`DYING_GRACE_S` to exit by itself, and the failures are ordered by
+        their error files' times. A failure without an error file (a signal, ``os._exit``)
+        leaves the order as seen: nothing says when it happened."""
+        pcontext = getattr(self, "_pcontext", None)
+        if not found or pcontext is None:
+            return found
+        times = [_error_time(e.data.get("error_file")) for e in found]
+        if any(t is None for t in times):
+            return found
+        first = min(t for t in times if t is not None)
+        seen = {e.worker_id for e in found}
+        error_files: Mapping[int, str] = getattr(pcontext, "error_files", {}) or {}
+        dying = []
+        for local_rank, pid in sorted(pcontext.pids().items()):
+            rank = worker_group.workers[local_rank].global_rank
+            if rank in seen or (self.attempt, rank) in self._reported or \
+                    not isinstance(pid, int):
+                continue
+            written = _error_time(error_files.get(local_rank))
+            if written is not None and written < first and _peek_exit(pid) is None:
+                dying.append(pid)
+        if dying:
+            deadline = time.monotonic() + DYING_GRACE_S
+            while time.monotonic() < deadline and \
+                    any(_peek_exit(pid) is None for pid in dying):
+                time.sleep(0.05)
+            found = [*found, *(e for e in self._peek_failures(worker_group)
+                               if e.worker_id not in seen)]
+        # stable: a failure without an error file (a signal after the wait) goes last
+        return sorted(found, key=lambda e: _error_time(e.data.get("error_file")) or sys.maxsize)
 
     def _exit_event(self, worker_group: WorkerGroup, global_rank: int,
                     failure: ProcessFailure, *, stopped_by_agent: bool) -> WorkerExit:
