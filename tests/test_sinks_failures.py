@@ -132,10 +132,12 @@ def test_otlp_and_mlflow_read_their_librarys_variables(monkeypatch: pytest.Monke
     mlflow.close(timeout=5.0)
 
 
-def test_otlp_export_failure_says_the_status() -> None:
-    """An OTLP collector answering 501: the spans are dropped as 'export failed: HTTP 501 ...'."""
+def test_otlp_export_failure_says_the_status(caplog: pytest.LogCaptureFixture) -> None:
+    """An OTLP collector answering 501: the spans are dropped as 'export failed: HTTP 501 ...',
+    said once by eventbus; the exporter's own line per failed export is not printed."""
     from eventbus.app.sinks.otlp import OtlpSink
 
+    caplog.set_level(logging.WARNING)
     with receiver(status=501) as r:
         sink = OtlpSink(r.url, export_timeout=1.0, export_interval=60.0)
         for kind, fields in (("AGENT_START", {}), ("WORKER_START", {"worker_id": 0}),
@@ -145,6 +147,9 @@ def test_otlp_export_failure_says_the_status() -> None:
         sink.close(timeout=5.0)
     dropped = sink.stats()["dropped"]
     assert any(key.startswith("export failed: HTTP 501") for key in dropped), dropped
+    assert [rec for rec in caplog.records if rec.name == "eventbus"
+            and "export failed (HTTP 501" in rec.getMessage()]
+    assert not [rec for rec in caplog.records if rec.name.startswith("opentelemetry.exporter")]
 
 
 @pytest.mark.parametrize(("spec", "words"), [

@@ -31,7 +31,10 @@ its budget (default :data:`OTLP_CLOSE_TIMEOUT_S`); each HTTP export gives up aft
 from __future__ import annotations
 
 import contextlib
+import logging
+import threading
 import urllib.parse
+from collections.abc import Iterator
 from collections.abc import Sequence
 from typing import Any
 
@@ -74,6 +77,45 @@ def check_url(sink: str, url: str, *, example: str = "http://127.0.0.1:4318",
 
 def _ns(timestamp: float) -> int:
     return int(timestamp * 1e9)
+
+
+#: the loggers the OTLP/HTTP exporters report a failed export on, once per export
+_EXPORTER_LOGGERS = ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
+                     "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+                     "opentelemetry.exporter.otlp.common.http")
+
+
+class _Quiet(logging.Filter):
+    """Drops what the exporters log while one of this module's sinks exports on the
+    current thread: the sink reports the reason itself, once per reason
+    (:meth:`~eventbus.app.sinks.base.EventSink.delivery_failed`), where the library would
+    log every failed export. Anything logged outside such an export passes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.local = threading.local()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(self.local, "exporting", False)
+
+    @contextlib.contextmanager
+    def exporting(self) -> Iterator[None]:
+        before = getattr(self.local, "exporting", False)
+        self.local.exporting = True
+        try:
+            yield
+        finally:
+            self.local.exporting = before
+
+
+_QUIET = _Quiet()
+
+
+def _quiet_exporter_loggers() -> None:
+    for name in _EXPORTER_LOGGERS:
+        found = logging.getLogger(name)
+        if _QUIET not in found.filters:
+            found.addFilter(_QUIET)
 
 
 class _LastResult:
@@ -120,7 +162,8 @@ def _counting(exporter: Any, sink: OtlpSink) -> Any:
     class Counting(SpanExporter):
         def export(self, spans: Any) -> SpanExportResult:
             try:
-                result: SpanExportResult = exporter.export(spans)
+                with _QUIET.exporting():
+                    result: SpanExportResult = exporter.export(spans)
             except Exception as exc:
                 result = SpanExportResult.FAILURE
                 last.reason = failure_reason(exc)
@@ -147,7 +190,8 @@ def _noting(exporter: Any, sink: OtlpSink) -> Any:
         from opentelemetry.sdk.metrics.export import MetricExportResult
 
         try:
-            result = export(metrics_data, *args, **kwargs)
+            with _QUIET.exporting():
+                result = export(metrics_data, *args, **kwargs)
         except Exception as exc:
             last.reason = failure_reason(exc)
             result = MetricExportResult.FAILURE
@@ -180,6 +224,7 @@ class OtlpSink(EventSink):
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+        _quiet_exporter_loggers()
         resource = Resource.create({"service.name": service_name})
         self._tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
         self._tracer_provider.add_span_processor(BatchSpanProcessor(
