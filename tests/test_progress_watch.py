@@ -323,3 +323,43 @@ def test_a_hang_gives_idle_beats_where_the_peer_waits_and_fr_dumps_on_request(
     for detail in details.values():
         ops = {e["profiling_name"] for e in detail["entries"]}
         assert "gloo:all_reduce" in ops, ops
+
+
+@pytest.mark.slow
+def test_a_straggler_has_the_compute_time_its_peer_waits(job_factory: Callable[..., Job]
+                                                         ) -> None:
+    """Lock-step training, rank 1 0.25 s slower per step: both ranks step at the same
+    rate, but rank 1's compute_s (outside collectives) is the larger and rank 0's wait_s
+    (inside them) the larger: the split a straggler is named by."""
+    pytest.importorskip("torch")
+    job = job_factory(PLAIN_MODE="straggler", PLAIN_STEP="0", PLAIN_STEPS="25",
+                      PLAIN_STEP_S="0.02", EVENTBUS_PROGRESS="collectives,steps")
+    assert job.proc.wait(timeout=150) == 0, job.output()
+
+    def mean(rank: int, key: str) -> float:
+        values = [b["data"][key] for b in job.beats(rank) if key in b["data"]]
+        assert values, job.beats(rank)
+        return sum(values) / len(values)
+
+    assert mean(1, "compute_s") > mean(0, "compute_s") + 0.1
+    assert mean(0, "wait_s") > mean(1, "wait_s") + 0.1
+
+
+@pytest.mark.slow
+def test_a_collective_mismatch_shows_in_both_ranks_pending_collective(
+        job_factory: Callable[..., Job]) -> None:
+    """Rank 1 calls broadcast where rank 0 calls all_reduce (gloo hangs both): each
+    rank's beat names its own pending collective, same group and sequence number,
+    different op."""
+    pytest.importorskip("torch")
+    job = job_factory(PLAIN_MODE="mismatch", PLAIN_STEP="3", PLAIN_STEPS="1000",
+                      EVENTBUS_PROGRESS="collectives,steps")
+
+    def pending(rank: int) -> Callable[[], dict[str, Any] | None]:
+        return lambda: next((b["data"]["pending"]["0"] for b in job.beats(rank)
+                             if "op" in b["data"].get("pending", {}).get("0", {})), None)
+
+    mine, peer = job.wait_for(pending(0), 120, "rank 0's pending"), \
+        job.wait_for(pending(1), 30, "rank 1's pending")
+    assert (mine["op"], peer["op"]) == ("all_reduce", "broadcast")
+    assert mine["seq"] == peer["seq"] and mine["sizes"] == peer["sizes"]
