@@ -11,6 +11,7 @@ import difflib
 from collections.abc import Iterable
 
 __all__ = [
+    "TYPE_CUTOFF",
     "EventBusError",
     "EventDecodeError",
     "FieldTypeError",
@@ -22,11 +23,16 @@ __all__ = [
 ]
 
 
-def did_you_mean(word: str, choices: Iterable[str]) -> str:
+#: how close an event type name must be to a misspelt one to be suggested: the names share
+#: long prefixes (``WORKER_``), so the default 0.6 would offer WORKER_SLOW for WORKER_EXPLODED
+TYPE_CUTOFF = 0.8
+
+
+def did_you_mean(word: str, choices: Iterable[str], *, cutoff: float = 0.6) -> str:
     """`` (did you mean 'x'?)`` for the choice closest to a misspelt ``word`` (difflib's
-    ratio of at least 0.6), else ``""``: the one suggestion rule of every "unknown name"
-    message (fields, event types, sinks, reactor attributes)."""
-    close = difflib.get_close_matches(word, list(choices), n=1)
+    ratio of at least ``cutoff``), else ``""``: the one suggestion rule of every "unknown
+    name" message (fields, event types, sinks, reactor attributes)."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=cutoff)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
@@ -39,7 +45,8 @@ class UnknownEventTypeError(EventBusError, ValueError):
 
     def __init__(self, event_type: object, known: list[str]) -> None:
         self.event_type = event_type
-        hint = did_you_mean(event_type.upper(), known) if isinstance(event_type, str) else ""
+        hint = (did_you_mean(event_type.upper(), known, cutoff=TYPE_CUTOFF)
+                if isinstance(event_type, str) else "")
         super().__init__(
             f"unknown event type {event_type!r}{hint}: use an EventType member, the name of "
             f"one ({', '.join(known)}), or declare it first with "

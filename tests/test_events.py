@@ -142,6 +142,8 @@ def test_a_misspelt_event_type_gets_a_did_you_mean(bus: eventbus.Bus) -> None:
     """record("METRC") names the closest type, the way a misspelt field does."""
     with pytest.raises(ValueError, match=r"'METRC' \(did you mean 'METRIC'\?\)"):
         bus.record("METRC")
+    with pytest.raises(ValueError, match=r"'WORKER_EXPLODED': use"):  # nothing close enough
+        bus.record("WORKER_EXPLODED")
 
 
 def test_data_must_be_a_mapping(bus: eventbus.Bus) -> None:

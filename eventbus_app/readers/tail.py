@@ -54,6 +54,7 @@ from eventbus.app.launcher.console import where_of
 from eventbus.app.readers.records import Problem
 from eventbus.app.readers.records import Record
 from eventbus.app.readers.records import decode_line
+from eventbus.errors import TYPE_CUTOFF
 from eventbus.errors import did_you_mean
 from eventbus.events import EventType
 
@@ -405,7 +406,7 @@ def parse_types(values: Sequence[str], excluded: Sequence[str] = (), *,
                                              "e.g. --type WORKER_EXIT or --type -TORCHELASTIC")
         upper = name.upper()
         if upper not in valid:
-            hint = did_you_mean(upper, valid)
+            hint = did_you_mean(upper, valid, cutoff=TYPE_CUTOFF)
             if strict or hint:
                 raise argparse.ArgumentTypeError(
                     f"{option} {token!r}: no such event type{hint}; the types are "
