@@ -191,6 +191,7 @@ def test_idle_beats_before_any_progress_start_no_clock() -> None:
         watch.observe(_beat(0, enq=0, comp=0, idle_s=2.0 * i))
         clock.now += 2
     assert watch.overdue(0, [0]) == [] and watch.ranks(0) == []
+    assert watch.beats(0)[0][0].idle_s == 8.0  # the analysis still sees it
     watch.observe(_beat(0, enq=1, comp=0, idle_s=0.1))
     assert watch.ranks(0) == [0]
 

@@ -611,6 +611,16 @@ class EventAgent(LocalElasticAgent):
             analysis = culprit.Analysis((), (), None, False,
                                         "the culprit analysis failed (see the agent's log)")
         started = set(watch.ranks(attempt))
+        # A rank whose heartbeats stopped (its progress thread ends when the script does;
+        # the interpreter's exit may take seconds) is likelier ending than hung: not judged
+        # on a view that old until JUDGE_GRACE_S past the timeout (a rank hung in C code
+        # that holds the GIL sends no heartbeats either).
+        beats = watch.beats(attempt)
+        grace = health.JUDGE_GRACE_S + max(s.timeout_s for s in overdue)
+        patient = max(s.silent_s for s in overdue) < grace
+        gone = {r for r, (_, age) in beats.items() if age > health.BEATS_STOPPED_S}
+        if patient and gone:
+            return None
         if analysis.culprit_ranks and not local_only:
             named = [r for r in analysis.culprit_ranks if r in started]
             return (analysis, named) if named else None

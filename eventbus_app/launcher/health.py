@@ -111,6 +111,9 @@ FR_DUMP_PREFIX = "fr_trace_rank_"
 #: a node other than group rank 0 acts on its own stalled ranks only this many seconds
 #: after their timeout (group rank 0 judges the job; its restart normally comes first)
 JUDGE_GRACE_S = 15.0
+#: a rank whose latest heartbeat is older than this has stopped sending them (its progress
+#: thread sends an idle beat every 2 s while it lives): its script is likely ending
+BEATS_STOPPED_S = 6.0
 
 
 # -- the command line ----------------------------------------------------------------------
@@ -258,6 +261,8 @@ class StallWatch:
         self.auto_factor = float(auto_factor)
         self._clock = clock
         self._seen: dict[tuple[int, int], _Seen] = {}
+        #: the latest heartbeat of each rank that has made no progress yet, and its arrival
+        self._early: dict[tuple[int, int], tuple[WorkerProgress, float]] = {}
         self._reported: set[tuple[int, int]] = set()
         self._lock = threading.Lock()
         self._auto = timeout == "auto"
@@ -301,7 +306,11 @@ class StallWatch:
         progressed_at = now - max(0.0, float(idle))
         if seen is None:
             if not _started(marker):
-                return  # nothing done yet: the rank's clock has not started
+                # nothing done yet: the rank's clock has not started; its beat still tells
+                # the culprit analysis that it has entered no collective (a slow start)
+                self._early[key] = (beat, now)
+                return
+            self._early.pop(key, None)
             self._seen[key] = seen = _Seen(progressed_at)
         elif (self._auto and marker != seen.marker
               and progressed_at - seen.last > seen.longest):
@@ -322,9 +331,12 @@ class StallWatch:
     def beats(self, attempt: int) -> dict[int, tuple[WorkerProgress, float]]:
         """rank -> (its latest heartbeat of ``attempt``, seconds since it arrived)."""
         now = self._clock()
-        return {rank: (seen.beat, now - seen.beat_at)
-                for (a, rank), seen in list(self._seen.items())
-                if a == attempt and seen.beat is not None}
+        found = {rank: (beat, now - at) for (a, rank), (beat, at)
+                 in list(self._early.items()) if a == attempt}
+        found.update({rank: (seen.beat, now - seen.beat_at)
+                      for (a, rank), seen in list(self._seen.items())
+                      if a == attempt and seen.beat is not None})
+        return found
 
     def ended(self, attempt: int) -> list[int]:
         """The ranks of ``attempt`` whose scripts have ended (their last heartbeat said so,
@@ -382,6 +394,8 @@ class StallWatch:
         with self._lock:
             for key in [k for k in self._seen if k[0] < attempt]:
                 del self._seen[key]
+            for key in [k for k in self._early if k[0] < attempt]:
+                del self._early[key]
 
 
 # -- stragglers ----------------------------------------------------------------------------
