@@ -39,7 +39,9 @@ KEY = worker_key(PREFIX, RANK)
 
 # The child: records `n` EPOCH_END events with data {"i": i}, then ends as `mode` says.
 CHILD = textwrap.dedent("""
-    import os, signal, sys, time
+    import faulthandler, os, signal, sys, time
+    # every thread's stack on stderr when a test finds the child stuck (_communicate)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     mode, n, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     if mode == "sigterm-chained":
         def mine(signum, frame):
@@ -131,6 +133,21 @@ def _indices(events: list[eventbus.Event]) -> list[int]:
     return [e.data["i"] for e in events if e.type == EventType.EPOCH_END]
 
 
+def _communicate(proc: subprocess.Popen[str], timeout: float) -> tuple[str, str]:
+    """``proc.communicate(timeout)``; a child still running after it fails the test with
+    every thread's stack (the child's faulthandler, on SIGUSR1) and what it wrote, and is
+    killed: a hang explains itself instead of ending the test with nothing on stderr."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(2.0)
+        proc.kill()
+        out, err = proc.communicate(timeout=30)
+        raise AssertionError(f"the child did not exit within {timeout:g} s; its threads and "
+                             f"output:\n{err[-12_000:]}\n{out[-2_000:]}") from None
+
+
 def _wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
@@ -182,7 +199,7 @@ def test_sigterm_flushes_and_chains_the_scripts_handler(store: Any, tmp_path: Pa
     _wait_for(tmp_path / "out.ready", proc)
     time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    _, err = _communicate(proc, timeout=60)
     if mode == "sigterm":
         assert proc.returncode == -signal.SIGTERM, err
     else:
