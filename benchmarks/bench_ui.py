@@ -9,7 +9,9 @@ rounds:
 
 * ``--ui off``: the bus with one no-op subscriber (the agent always has some: the health
   watch, the JSONL recorder);
-* ``--ui on``: the same plus the job state;
+* ``--ui on``: the same plus the job state, its folder thread running (the bus only
+  appends the event to the state's pending deque; the folding into the summaries happens
+  on the folder's thread, which competes for the interpreter but is not this thread);
 * ``--ui on, 50 open pages``: the same with the server running and 50 stream clients
   connected and reading (their threads compete with the publisher for the interpreter);
 * for scale, ``one --sink (queue enqueue)``: the no-op subscriber plus a
@@ -20,8 +22,9 @@ rounds:
 machine the time other processes take lands on no case); ``wall ns/event`` is wall time,
 which for the 50-pages case includes the pages' threads holding the interpreter.
 
-The reader's side, on the server's threads: one ``snapshot()`` of the 64-rank state as
-JSON (built at most once per 0.25 s whatever the number of pages).
+The view's side, on its own threads: folding the events into the summaries (``fold()`` of a
+batch, CPU time per event), and one ``snapshot()`` of the 64-rank state as JSON (built at
+most once per 0.25 s whatever the number of pages).
 """
 
 from __future__ import annotations
@@ -97,7 +100,8 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     off.subscribe(ALL, on_event=noop)
     on = Bus("bench-ui-on")
     on.subscribe(ALL, on_event=noop)
-    on.subscribe(ALL, on_event=JobState())
+    on_state = JobState().start()
+    on.subscribe(ALL, on_event=on_state)
     sink_bus = Bus("bench-ui-sink")
     sink_bus.subscribe(ALL, on_event=noop)
     sink = QueuedSink(lambda batch: None, name="bench-ui-sink")
@@ -128,12 +132,21 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     finally:
         stop.set()
         server.close(timeout=1.0)
+        on_state.stop()
         sink.close(timeout=5.0)
     cpu = {name: statistics.median(v[0] for v in values) for name, values in samples.items()}
     wall = {name: statistics.median(v[1] for v in values) for name, values in samples.items()}
     base = cpu["--ui off"]
     rows = [{"case": name, "ns/event": ns, "added ns/event": ns - base,
              "wall ns/event": wall[name]} for name, ns in cpu.items()]
+    folds = []
+    for _ in range(rounds):
+        state = JobState()
+        for event in events:
+            state(event)
+        c0 = time.thread_time()
+        state.fold()
+        folds.append((time.thread_time() - c0) / batch * 1e9)
     snaps = []
     for _ in range(rounds):
         t0 = time.perf_counter()
@@ -141,4 +154,5 @@ def run(*, quick: bool = False) -> dict[str, Any]:
         snaps.append((time.perf_counter() - t0) * 1e3)
     return {"rows": rows, "events per round": batch, "rounds": rounds,
             "streams open": streams, "pushes to the pages": pushes,
+            "fold on the view's thread (ns/event)": statistics.median(folds),
             "snapshot of 64 ranks as JSON (ms, reader thread)": statistics.median(snaps)}

@@ -188,9 +188,11 @@ def _ui(result: dict[str, Any]) -> list[str]:
            f"`benchmarks/bench_ui.py`: median of {result['rounds']} interleaved rounds of "
            f"{result['events per round']:,} pre-built events of a 64-rank job published on a "
            "private bus: a no-op subscriber alone (`--ui off`), plus the job view's state "
-           "(`--ui on`), plus 50 pages reading the stream, and plus a queued sink for "
+           "(`--ui on`: the bus appends each event to its pending deque, its folder thread "
+           "folds them), plus 50 pages reading the stream, and plus a queued sink for "
            "scale. `ns/event` is the publishing thread's CPU time, `wall ns/event` its wall "
-           "time (with 50 pages, their threads hold the interpreter part of it).", ""]
+           "time (the folder's and the pages' threads hold the interpreter part of it). The "
+           "fold's own cost per event, on the view's thread, is stated below.", ""]
     return out + _generic(result)
 
 

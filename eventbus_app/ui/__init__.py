@@ -204,6 +204,7 @@ class UIPlugin:
             logger.info("the job view is served by the agent of group rank 0; this node "
                         "(group rank %d) serves none", info.group_rank)
             self._unsubscribe()
+            self.state.discard_pending()
             return {}
         try:
             self.server = serve(self.state, self.address, self.token,
@@ -214,6 +215,7 @@ class UIPlugin:
             print(f"eventbus: --ui {self.address.host}:{self.address.port}: cannot serve the "
                   f"job view ({exc}); the job runs without it", file=out, flush=True)
             self._unsubscribe()
+            self.state.discard_pending()
         return {}
 
     def before_exit(self, *, timeout: float) -> None:

@@ -311,7 +311,8 @@ class UIServer:
         return f"http://{name}:{self.port}/{query}"
 
     def start(self) -> UIServer:
-        """Serve on a daemon thread; returns self."""
+        """Serve on a daemon thread, and start the state's folder thread; returns self."""
+        self.state.start()
         self._thread = threading.Thread(target=self._httpd.serve_forever,
                                         kwargs={"poll_interval": 0.2}, daemon=True,
                                         name=f"eventbus-ui:{self.port}")
@@ -364,3 +365,4 @@ class UIServer:
         if self._thread is not None:
             self._httpd.shutdown()
         self._httpd.server_close()
+        self.state.stop(timeout)

@@ -16,16 +16,27 @@ What it keeps, all bounded whatever the job does:
 * counts per event type and the losses ``EVENTS_LOST`` reported.
 
 Cost on the publishing thread (the agent's monitor thread, the store receiver's thread):
-one short lock, a ring append, a dict lookup for the handler and a few attribute stores
-(benchmarks/bench_ui.py measures it). Everything a reader wants (JSON, sentences, ages)
-is built on the reader's thread by :meth:`snapshot` and :meth:`events_since`, which hold
-the lock only to copy.
+one ``deque.append`` of the event, nothing else (a bus calls the deque's own ``append``:
+see ``_eventbus_direct``; benchmarks/bench_ui.py measures it). The events are folded into
+the summaries on the view's own threads: the folder thread :meth:`JobState.start` starts
+(every :data:`FOLD_INTERVAL_S`), and any reader (:meth:`snapshot`, :meth:`events_since`,
+:attr:`version`, :attr:`events`) first folds what is pending, so a reader always sees
+every event published before it asked. A live event is timed by its arrival: its own
+timestamp held within the window in which it arrived (after the previous fold began,
+before this one), so a worker's clock that differs from the agent's moves it by at most
+one fold interval. Pending events are bounded by :attr:`JobState.max_pending`: beyond it
+the oldest are folded light (their ranks' lifecycle, failures, stalls and the end still
+count, their steps and list rows do not) and counted as the view's own drops, shown with
+the drop counters. Everything a reader wants (JSON, sentences, ages) is built on the
+reader's thread by :meth:`snapshot` and :meth:`events_since`, which hold the lock only to
+fold and copy.
 """
 
 from __future__ import annotations
 
 import collections
 import json
+import logging
 import math
 import re
 import threading
@@ -39,6 +50,8 @@ from eventbus.events import Event
 
 __all__ = [
     "DEFAULT_MAX_EVENTS",
+    "DEFAULT_MAX_PENDING",
+    "FOLD_INTERVAL_S",
     "MAX_ATTEMPTS",
     "MAX_MARKS",
     "RANK_STATES",
@@ -54,6 +67,13 @@ STATUSES = ("running", "succeeded", "failed", "stopped")
 
 #: events kept for the page's list of recent events
 DEFAULT_MAX_EVENTS = 1000
+#: events published but not yet folded, at most (beyond: the oldest are folded light and
+#: counted as the view's drops)
+DEFAULT_MAX_PENDING = 50_000
+#: how often the folder thread folds the pending events into the summaries
+FOLD_INTERVAL_S = 0.05
+#: events folded per hold of the lock (a reader waits at most this many)
+FOLD_CHUNK = 256
 #: ranks summarised at most (a record naming a rank beyond this many is counted only)
 DEFAULT_MAX_RANKS = 65536
 #: attempts kept on the timeline (the oldest go first)
@@ -71,6 +91,8 @@ MAX_LOSS_KEYS = 256
 MAX_TEXT = 64 * 1024
 #: characters of one event's line in the recent-events list
 LINE_CHARS = 300
+
+logger = logging.getLogger("eventbus")
 
 _STOP = re.compile(r"; STOP from |^STOP on another node|STOP on another node:")
 
@@ -209,29 +231,49 @@ class JobState:
     ``clock``: what an event's arrival is timed with (``time.time``). ``live``: events
     are timed by their arrival (``eventbus run --ui``); otherwise by their own timestamp
     (a file read back). ``counters``: called by :meth:`snapshot` (on the reader's
-    thread) for the live drop counters of the sinks and the transport.
+    thread) for the live drop counters of the sinks and the transport. ``max_pending``:
+    events published and not yet folded, at most (see the module docstring).
+
+    Fed by a bus, it is folded by its readers; :meth:`start` adds the folder thread that
+    keeps the pending events bounded when nobody reads (``eventbus run --ui`` starts it
+    with the server), :meth:`stop` ends it.
     """
 
     def __init__(self, *, max_events: int = DEFAULT_MAX_EVENTS,
                  max_ranks: int = DEFAULT_MAX_RANKS, live: bool = True,
                  clock: Callable[[], float] = time.time,
                  counters: Callable[[], Mapping[str, Any]] | None = None,
-                 source: str = "live") -> None:
+                 source: str = "live", max_pending: int = DEFAULT_MAX_PENDING) -> None:
         if max_events < 1:
             raise ValueError(f"max_events must be >= 1, got {max_events!r}")
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be >= 1, got {max_pending!r}")
+        #: the events published and not yet folded: the bus's only work is its append
+        self._pending: collections.deque[Any] = collections.deque()
+        self.max_pending = max_pending
+        #: events folded light because more than max_pending waited (the view's drops)
+        self._overflowed = 0
+        #: events taken from the pending deque so far (under the lock)
+        self._popped = 0
+        #: events whose folding raised (a bug: logged once, counted)
+        self._fold_failed = 0
+        self._folder: threading.Thread | None = None
+        self._stop_folding = threading.Event()
         self.max_events = max_events
         self.max_ranks = max_ranks
         self.live = live
         self.source = source
         self.counters = counters
         self._clock = clock
+        #: the end of the previous fold's window: a live event arrived after it
+        self._folded_to = clock() if live else -math.inf
         self._lock = threading.Lock()
         #: (seq, arrived, type name, event) of the last max_events events
         self._recent: collections.deque[tuple[int, float, str, Any]] = collections.deque(
             maxlen=max_events)
         self._seq = 0
-        #: changes whenever anything a reader sees may have changed (read without lock)
-        self.version = 0
+        #: changes whenever anything a reader sees may have changed (see version)
+        self._version = 0
         self._ranks: dict[int, _Rank] = {}
         self._ranks_refused = 0
         self._types: dict[str, int] = {}
@@ -258,49 +300,172 @@ class JobState:
 
     # -- feeding --------------------------------------------------------------------------
     def __call__(self, event: Event) -> None:
-        """The bus subscriber: note ``event`` (arrived now)."""
-        cls = event.__class__
-        entry = self._handlers.get(cls)
-        if entry is None:
-            name = str(cls.type)
-            entry = self._handlers[cls] = (name, _HANDLERS.get(name, JobState._on_other))
-        self._observe(event, entry[0], self._clock() if self.live else event.timestamp,
-                      entry[1])
+        """The bus subscriber: note ``event``; it is folded on a reader's or the folder's
+        thread. A bus calls the pending deque's ``append`` itself (``_eventbus_direct``)."""
+        self._pending.append(event)
+
+    def _eventbus_direct(self) -> Callable[[Event], object]:
+        """What a bus calls per event for this state (eventbus.bus._direct_callable): the
+        pending deque's own ``append``, a C call, no Python frame."""
+        return self._pending.append
 
     def add_record(self, record: Record) -> None:
         """Note an event read back from a JSONL file (timed by its own timestamp)."""
-        self._observe(_FromRecord(record), record.type, record.timestamp,
-                      _HANDLERS.get(record.type, JobState._on_other))
+        if self._pending:
+            self.fold()
+        with self._lock:
+            self._fold_one(_FromRecord(record), record.type, record.timestamp,
+                           _HANDLERS.get(record.type, JobState._on_other), True)
+            self._version += 1
 
     def add_unreadable(self, count: int = 1) -> None:
         """Count lines of the file that were not events (shown with the drop counters)."""
         with self._lock:
             self._unreadable += count
-            self.version += 1
+            self._version += 1
 
-    def _observe(self, ev: Any, name: str, arrived: float, handler: Handler) -> None:
-        lock = self._lock
-        lock.acquire()  # not `with`: the context manager protocol costs more, per event
-        try:
-            self._seq = seq = self._seq + 1
+    def fold(self) -> int:
+        """Fold the events pending when called into the summaries, in the order they were
+        published; returns how many this call folded. Any thread (the readers call it,
+        the folder thread every :data:`FOLD_INTERVAL_S`): a reader so sees every event
+        published before it asked, and never folds on behind a publisher that outruns
+        it. The lock is held for :data:`FOLD_CHUNK` events at most."""
+        pending = self._pending
+        target = self._popped + len(pending)  # folded by anyone: this call is done
+        done = 0
+        while self._popped < target:
+            with self._lock:
+                # only appended to meanwhile: these pops cannot fail
+                waiting = len(pending)
+                n = min(waiting, target - self._popped, FOLD_CHUNK)
+                if n <= 0:
+                    break
+                now = self._clock()
+                low = min(self._folded_to, now)
+                excess = min(waiting - self.max_pending, n)
+                if excess > 0:
+                    # more waited than the view keeps: the oldest are folded light
+                    self._fold_many(excess, low, now, False)
+                    self._overflowed += excess
+                else:
+                    self._fold_many(n, low, now, True)
+                    excess = n
+                self._popped += excess
+                done += excess
+                if self.live:
+                    self._folded_to = now
+                self._version += 1
+            # a reader waiting for the lock gets it now, not after the whole backlog (a
+            # lock is not fair: released and taken again in one breath, it starves its
+            # waiters)
+            time.sleep(0)
+        return done
+
+    def _fold_many(self, n: int, low: float, now: float, full: bool) -> None:
+        # under the lock: the n oldest pending events, a live one timed within the window
+        # it arrived in, (low, now] (a file's event: its own time)
+        popleft = self._pending.popleft
+        handlers = self._handlers
+        live = self.live
+        recent = self._recent.append
+        types = self._types
+        for _ in range(n):
+            ev = popleft()
+            cls = ev.__class__
+            try:
+                entry = handlers.get(cls)
+                if entry is None:
+                    name = str(cls.type)
+                    entry = handlers[cls] = (name, _HANDLERS.get(name, JobState._on_other))
+                name, handler = entry
+                stamp = ev.timestamp
+                arrived = stamp if not live or low <= stamp <= now else min(max(stamp, low),
+                                                                            now)
+                if not full:
+                    self._fold_one(ev, name, arrived, handler, False)
+                    continue
+                # _fold_one written out: the per-event path
+                self._seq = seq = self._seq + 1
+                recent((seq, arrived, name, ev))
+                count = types.get(name)
+                if count is not None:
+                    types[name] = count + 1
+                elif len(types) < MAX_TYPES:
+                    types[name] = 1
+                else:
+                    types["(other)"] = types.get("(other)", 0) + 1
+                if arrived > self._last_at:  # noqa: PLR1730 - cheaper than max()
+                    self._last_at = arrived
+                if self._first_at is None:
+                    self._first_at = arrived
+                    self._open_attempt(ev.restart_count or 0, arrived, None)
+                handler(self, ev, name, arrived, seq)
+            except Exception:
+                self._fold_failed += 1
+                if self._fold_failed == 1:
+                    logger.exception("the job view could not fold a %s event; it is counted "
+                                     "with the view's drops", getattr(cls, "type", cls))
+
+    def _fold_one(self, ev: Any, name: str, arrived: float, handler: Handler,
+                  full: bool) -> None:
+        # under the lock. ``full`` False (an overflowed event): its lifecycle only, no row
+        # in the recent list, no step nor age
+        self._seq = seq = self._seq + 1
+        if full:
             self._recent.append((seq, arrived, name, ev))
-            types = self._types
-            count = types.get(name)
-            if count is not None:
-                types[name] = count + 1
-            elif len(types) < MAX_TYPES:
-                types[name] = 1
-            else:
-                types["(other)"] = types.get("(other)", 0) + 1
-            if arrived > self._last_at:  # noqa: PLR1730 - cheaper than max() per event
-                self._last_at = arrived
-            if self._first_at is None:
-                self._first_at = arrived
-                self._open_attempt(ev.restart_count or 0, arrived, None)
+        types = self._types
+        count = types.get(name)
+        if count is not None:
+            types[name] = count + 1
+        elif len(types) < MAX_TYPES:
+            types[name] = 1
+        else:
+            types["(other)"] = types.get("(other)", 0) + 1
+        if arrived > self._last_at:  # noqa: PLR1730 - cheaper than max() per event
+            self._last_at = arrived
+        if self._first_at is None:
+            self._first_at = arrived
+            self._open_attempt(ev.restart_count or 0, arrived, None)
+        if full or handler not in _LIGHT_SKIPS:
             handler(self, ev, name, arrived, seq)
-            self.version += 1
-        finally:
-            lock.release()
+
+    def discard_pending(self) -> int:
+        """Forget the events not folded yet (a state no longer fed); returns how many."""
+        with self._lock:
+            n = len(self._pending)
+            for _ in range(n):
+                self._pending.popleft()
+            self._popped += n
+        return n
+
+    def start(self, interval: float = FOLD_INTERVAL_S) -> JobState:
+        """Fold on a daemon thread every ``interval`` seconds until :meth:`stop` (so the
+        pending events stay few when no page reads). Idempotent; returns self."""
+        with self._lock:
+            if self._folder is not None:
+                return self
+            self._stop_folding = stop = threading.Event()
+            self._folder = folder = threading.Thread(
+                target=self._fold_loop, args=(stop, interval), daemon=True,
+                name="eventbus-ui-fold")
+        folder.start()
+        return self
+
+    def stop(self, timeout: float = 1.0) -> None:
+        """End the folder thread (within ``timeout``) and fold what is pending."""
+        with self._lock:
+            folder, self._folder = self._folder, None
+            self._stop_folding.set()
+        if folder is not None and folder is not threading.current_thread():
+            folder.join(timeout)
+        self.fold()
+
+    def _fold_loop(self, stop: threading.Event, interval: float) -> None:
+        while not stop.wait(interval):
+            try:
+                self.fold()
+            except Exception:  # the folder must outlive a bad clock or a bug
+                logger.exception("the job view's folder thread failed to fold")
 
     # -- the handlers (called under the lock) ---------------------------------------------
     def _rank(self, rank: int) -> _Rank | None:
@@ -544,12 +709,29 @@ class JobState:
     # -- reading (any thread) -------------------------------------------------------------
     @property
     def events(self) -> int:
-        """Events seen in all."""
+        """Events seen in all (those pending are folded first)."""
+        if self._pending:
+            self.fold()
         return self._seq
+
+    @property
+    def version(self) -> int:
+        """Changes whenever anything a reader sees may have changed (those pending are
+        folded first, unless the folder thread runs: the streams poll this)."""
+        if self._pending and self._folder is None:
+            self.fold()
+        return self._version
+
+    @property
+    def pending(self) -> int:
+        """Events published and not folded yet."""
+        return len(self._pending)
 
     def snapshot(self, *, recent: int = 0) -> dict[str, Any]:
         """The job as JSON-ready data: ``status``, ``attempt``, ``restarts``, ``events``,
         ``ranks`` (docs/seeing-the-job.md has every key), plus the last ``recent`` events."""
+        if self._pending:
+            self.fold()
         with self._lock:
             ranks = [r.copy() for r in self._ranks.values()]
             attempts = [(a.attempt, a.start, a.end, a.outcome, a.reason, list(a.marks), a.more,
@@ -558,7 +740,8 @@ class JobState:
             problem = self._problem
             types = dict(self._types)
             lost = dict(self._lost)
-            seq, version = self._seq, self.version
+            seq, version = self._seq, self._version
+            overflowed, fold_failed = self._overflowed, self._fold_failed
             attempt = self._attempt
             refused, unreadable = self._ranks_refused, self._unreadable
             tail = list(self._recent)[-recent:] if recent > 0 else []
@@ -601,7 +784,7 @@ class JobState:
                 for a, start, end, outcome, reason, marks, more, stopped in attempts],
             "problem": None if problem is None else _problem_json(*problem),
             "types": dict(sorted(types.items(), key=lambda kv: (-kv[1], kv[0]))),
-            "drops": self._drops(lost, refused, unreadable),
+            "drops": self._drops(lost, refused, unreadable, overflowed, fold_failed),
         }
         if recent > 0:
             out["recent"] = self._render(tail)
@@ -610,13 +793,19 @@ class JobState:
     def events_since(self, seq: int, limit: int) -> tuple[list[dict[str, Any]], int, int]:
         """Up to ``limit`` of the kept events after ``seq`` (oldest first), how many after
         ``seq`` are no longer kept (a gap) and the newest seq."""
+        if self._pending:
+            self.fold()
         with self._lock:
             newest = self._seq
             if newest <= seq:
                 return [], 0, newest
-            recent = self._recent
-            count = min(newest - seq, len(recent))
-            items = [recent[i] for i in range(len(recent) - count, len(recent))]
+            items = []
+            # newest first; an overflowed event has a seq but no row
+            for item in reversed(self._recent):
+                if item[0] <= seq:
+                    break
+                items.append(item)
+            items.reverse()
         gap = newest - seq - len(items)
         if len(items) > limit:
             gap += len(items) - limit
@@ -653,7 +842,7 @@ class JobState:
         }
 
     def _drops(self, lost: dict[tuple[str, str], int], refused: int,
-               unreadable: int) -> dict[str, Any]:
+               unreadable: int, overflowed: int, fold_failed: int) -> dict[str, Any]:
         out: dict[str, Any] = {
             "lost": [{"source": s, "reason": r, "count": c}
                      for (s, r), c in sorted(lost.items())],
@@ -663,6 +852,10 @@ class JobState:
             out["ranks_not_shown"] = refused
         if unreadable:
             out["unreadable_lines"] = unreadable
+        if overflowed:
+            out["view_overflowed"] = overflowed
+        if fold_failed:
+            out["view_failed"] = fold_failed
         if self.counters is not None:
             try:
                 out.update(self.counters())
@@ -836,3 +1029,6 @@ _HANDLERS: dict[str, Handler] = {
     "EPOCH_START": JobState._on_epoch,
     "EPOCH_END": JobState._on_epoch,
 }
+
+#: what an overflowed event skips: the handlers that only note a step and an age
+_LIGHT_SKIPS = frozenset({JobState._on_other, JobState._on_progress, JobState._on_epoch})

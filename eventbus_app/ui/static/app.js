@@ -316,6 +316,8 @@
     }
     if (d.unreadable_lines) add("file", "unreadable lines", d.unreadable_lines);
     if (d.ranks_not_shown) add("view", "events of ranks not shown", d.ranks_not_shown);
+    if (d.view_overflowed) add("view", "events beyond its backlog (lifecycle kept, steps and rows skipped)", d.view_overflowed);
+    if (d.view_failed) add("view", "events it failed to fold (logged)", d.view_failed);
     if (d.counters_error) add("counters", d.counters_error, 0);
     if (!rows.length) { box.appendChild(el("p", "dim", "nothing dropped or lost")); return; }
     const table = el("table");
