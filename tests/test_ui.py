@@ -181,6 +181,83 @@ def test_state_is_bounded() -> None:
     assert newest == 2000 and len(events) == 20 and gap == 1980
 
 
+def test_the_bus_only_appends_and_a_reader_folds() -> None:
+    """The publishing thread only appends: nothing is folded until a reader asks (or the
+    folder thread runs), and a reader then sees every event published before it asked."""
+    bus = Bus("ui-append-only")
+    state = JobState(live=False)
+    sub = bus.subscribe(ALL, on_event=state)
+    try:
+        for event in _job_events():
+            bus.publish(event)
+        assert state.pending == len(_job_events())
+        assert state._seq == 0 and not state._ranks  # nothing folded on the bus's thread
+        snap = state.snapshot()
+        assert state.pending == 0
+        assert snap["events"] == len(_job_events()) and snap["status"] == "stopped"
+        assert snap == _fed(_job_events()).snapshot() | {"now": snap["now"]}
+    finally:
+        sub.cancel()
+
+
+def test_the_folder_thread_folds_without_readers() -> None:
+    """state.start(): pending events are folded every interval with nobody reading;
+    stop() ends the thread and folds the rest."""
+    state = JobState(live=False).start(interval=0.01)
+    try:
+        for event in _job_events():
+            state(event)
+        deadline = time.monotonic() + 30
+        while state.pending and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert state.pending == 0
+        assert state._seq == len(_job_events())
+    finally:
+        state.stop()
+    assert state._folder is None
+    state(_event("METRIC", 1010.0, rank=0, step=11))
+    state.stop()  # no thread: folds what is pending
+    assert state.pending == 0 and state._ranks[0].step == 11
+
+
+def test_a_backlog_beyond_max_pending_keeps_the_lifecycle_and_counts_the_rest() -> None:
+    """More pending than max_pending: the oldest are folded light (no row, no step) but a
+    failure among them still counts; the light ones are the view's drops; the stream's
+    events_since reports them as a gap, never as a repeated row."""
+    state = JobState(live=False, max_pending=5)
+    state(_event("WORKER_START", 1.0, worker_id=1))
+    state(_event("WORKER_EXIT", 2.0, worker_id=1, exit_code=3, message="boom"))
+    for step in range(20):
+        state(_event("METRIC", 3.0 + step, rank=0, step=step))
+    assert state.events_since(0, 100)[2] == 22
+    snap = state.snapshot(recent=100)
+    assert snap["events"] == 22
+    assert snap["drops"]["view_overflowed"] == 17
+    assert [(r["rank"], r["state"]) for r in snap["ranks"]] == [(0, "running"), (1, "failed")]
+    assert snap["ranks"][0]["step"] == 19
+    assert [e["seq"] for e in snap["recent"]] == [18, 19, 20, 21, 22]
+    assert snap["problem"]["rank"] == 1
+    events, gap, newest = state.events_since(10, 100)
+    assert [e["seq"] for e in events] == [18, 19, 20, 21, 22] and gap == 7 and newest == 22
+    assert state.events_since(20, 100)[0][0]["seq"] == 21
+
+
+def test_a_live_event_is_timed_within_the_window_it_arrived_in() -> None:
+    """A live event's arrival is its own timestamp held between the previous fold and
+    this one: a worker clock far behind or ahead moves it by one fold interval at most."""
+    now = [1000.0]
+    state = JobState(clock=lambda: now[0])
+    now[0] = 1010.0
+    state(_event("METRIC", 1004.0, rank=0, step=1))  # the clocks agree
+    state(_event("METRIC", 5.0, rank=1, step=1))  # a clock far behind
+    state(_event("METRIC", 9e9, rank=2, step=1))  # a clock far ahead
+    ages = {r["rank"]: r["last_event_age_s"] for r in state.snapshot()["ranks"]}
+    assert ages == {0: 6.0, 1: 10.0, 2: 0.0}
+    now[0] = 1020.0
+    state(_event("METRIC", 5.0, rank=1, step=2))
+    assert state.snapshot()["ranks"][1]["last_event_age_s"] == 10.0  # held at 1010
+
+
 def test_address_and_token_rules() -> None:
     """[HOST:]PORT parsing; loopback needs no token, another host gets a generated one."""
     assert parse_address("8265") == ("127.0.0.1", 8265)
