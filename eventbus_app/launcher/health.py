@@ -113,7 +113,7 @@ FR_DUMP_PREFIX = "fr_trace_rank_"
 JUDGE_GRACE_S = 15.0
 #: a rank whose latest heartbeat is older than this has stopped sending them (its progress
 #: thread sends an idle beat every 2 s while it lives): its script is likely ending
-BEATS_STOPPED_S = 6.0
+BEATS_STOPPED_S = 3.5
 
 
 # -- the command line ----------------------------------------------------------------------
