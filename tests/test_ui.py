@@ -637,10 +637,12 @@ def test_browser_shows_a_real_job_that_fails_once_and_restarts(tmp_path: Path) -
     browser_path = chromium_or_skip()
     out = tmp_path / "out"
     out.mkdir()
+    # attempt 0 fails at once; attempt 1 runs until the page was checked (no fixed hold)
+    release = tmp_path / "release"
     cmd = [sys.executable, "-m", "eventbus", "run", "--ui", "0", "--standalone",
            "--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.1",
            str(ROOT / "tests" / "jobs" / "gloo_fail_once.py"), "--out", str(out),
-           "--fail-on", "0", "--hold", "8"]
+           "--fail-on", "0", "--hold-until", str(release)]
     job = subprocess.Popen(cmd, cwd=tmp_path, env=subprocess_env(), stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     lines: list[str] = []
@@ -659,7 +661,7 @@ def test_browser_shows_a_real_job_that_fails_once_and_restarts(tmp_path: Path) -
     reader = threading.Thread(target=read_stderr, daemon=True)
     reader.start()
     try:
-        # the browser starts while the job does: attempt 1 holds for a few seconds only
+        # the browser starts while the job does
         with Chromium(browser_path, width=1400, height=900) as browser:
             assert got_url.wait(60), "".join(lines)
             base = url[0]
@@ -684,6 +686,7 @@ def test_browser_shows_a_real_job_that_fails_once_and_restarts(tmp_path: Path) -
             if os.environ.get("EVENTBUS_UI_SCREENSHOT"):
                 shutil.copy(shot, os.environ["EVENTBUS_UI_SCREENSHOT"])
             # the job ends while the page is open: the last state reaches it
+            release.touch()
             assert job.wait(timeout=60) == 0, "".join(lines)
             browser.wait_for("document.body.dataset.status === 'succeeded'", timeout=10)
             assert json.loads(browser.evaluate(RANKS_JS)) == [["0", "exited"],

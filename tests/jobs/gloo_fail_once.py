@@ -33,6 +33,9 @@ def main() -> int:
     parser.add_argument("--env-var", default=None, help="write this env var to <out>")
     parser.add_argument("--hold", type=float, default=0.0,
                         help="seconds every rank sleeps once its process group is up")
+    parser.add_argument("--hold-until", default=None,
+                        help="on an attempt not in --fail-on, every rank then waits until "
+                             "this file exists (at most 120 s): the test says when")
     parser.add_argument("--nan-loss", action="store_true",
                         help="the failing rank reports a NaN loss (METRIC) before it fails")
     parser.add_argument("--fail-how", choices=["exit", "raise", "sigkill"], default="exit",
@@ -58,6 +61,10 @@ def main() -> int:
         (out / f"attempt{attempt}_rank{rank}.env").write_text(value)
     eventbus.record(eventbus.EventType.EPOCH_START, epoch=0)
     time.sleep(args.hold)
+    if args.hold_until and attempt not in fail_on:
+        deadline = time.monotonic() + 120
+        while not os.path.exists(args.hold_until) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     if attempt in fail_on and rank == args.fail_rank:
         if args.nan_loss:
