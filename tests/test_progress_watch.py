@@ -161,6 +161,25 @@ def test_off_starts_no_thread_and_the_watch_never_imports_torch(tmp_path: Path) 
     assert off.stderr == on.stderr == ""
 
 
+def test_the_last_beat_says_the_process_is_exiting(tmp_path: Path) -> None:
+    """At the interpreter's exit the watch records one last beat with data["exiting"]
+    (after the script's last step), so the agent tells an ending rank from a stalled one."""
+    pytest.importorskip("torch")
+    code = ("import eventbus, torch\n"
+            "eventbus.get_default_bus().subscribe('WORKER_PROGRESS', on_event=lambda e: "
+            "print(e.to_json(), flush=True))\n"
+            "import time; time.sleep(0.3)\n"
+            "p = torch.nn.Parameter(torch.ones(2)); p.grad = torch.ones(2)\n"
+            "opt = torch.optim.SGD([p], lr=0.1)\n"
+            "for _ in range(3): opt.step()\n")
+    run = _bootstrap(code, tmp_path, EVENTBUS_PROGRESS="steps", RANK="2")
+    assert run.returncode == 0, run.stderr
+    beats = [json.loads(line) for line in run.stdout.splitlines()]
+    assert beats and all(b["worker_id"] == 2 for b in beats)
+    assert beats[-1]["data"].get("exiting") is True and beats[-1]["step"] == 3
+    assert not any(b["data"].get("exiting") for b in beats[:-1])
+
+
 def test_a_bad_value_is_one_warning_and_the_script_runs(tmp_path: Path) -> None:
     """A bad EVENTBUS_PROGRESS is one warning naming the variable and the fix; the watch
     uses all three sources and the script runs. A bad EVENTBUS_FR_DUMP_DIR: one warning."""

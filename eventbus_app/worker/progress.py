@@ -28,6 +28,10 @@ innermost frame in the user's code) and, once idle for :data:`STACK_AFTER_S`,
 ``data["pending"]``: the collective each group is inside of, read from one full flight
 recorder dump, only in a beat while a collective has been pending for at least
 :data:`PENDING_AFTER_S` (so healthy training never pays for full dumps).
+A beat is sent at once when the process groups go away (``destroy_process_group``: the
+beat has no ``pgs`` and ``collectives`` is None), and a last one with
+``data["exiting"] = True`` at the interpreter's exit (before the forwarder's flush): the
+silence after it is the process ending (torch's teardown can take seconds), not a stall.
 
 Flight-recorder dump on request (the agent's side of it):
 
@@ -315,13 +319,19 @@ class ProgressWatch:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
-        atexit.register(self.stop)
+        atexit.register(self.stop, final=True)
 
-    def stop(self, timeout: float = 1.0) -> None:
+    def stop(self, timeout: float = 1.0, *, final: bool = False) -> None:
+        """End the thread; ``final`` (at the interpreter's exit, before the forwarder's
+        flush): one last beat with ``data["exiting"]``, so that the agent knows the silence
+        that follows is the process ending, not a stall."""
         self._stop.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+        if final and self.armed and not (thread is not None and thread.is_alive()):
+            with contextlib.suppress(Exception):
+                self._beat(time.monotonic(), idle=False, extra={"exiting": True}, final=True)
         self.steps.remove()
         if self._subscription is not None:
             self._subscription.cancel()
@@ -389,9 +399,11 @@ class ProgressWatch:
 
     def tick(self) -> None:
         """Sample once; record a heartbeat when one is due."""
+        had_sample = self._sample is not None
         self._arm()
         if not self.armed:
             return
+        gone = had_sample and self._sample is None  # the process groups were destroyed
         now = time.monotonic()
         pgs = self._read_pgs()
         events = self._published()
@@ -419,10 +431,12 @@ class ProgressWatch:
             self._outside_s += elapsed
         served = self._serve_request()
         since = now - self._beat_t
-        if served is not None or (self._changed and since >= BEAT_S) or since >= IDLE_BEAT_S:
+        if served is not None or gone or (self._changed and since >= BEAT_S) \
+                or since >= IDLE_BEAT_S:
             self._beat(now, idle=not self._changed, extra=served)
 
-    def _beat(self, now: float, *, idle: bool, extra: dict[str, Any] | None) -> None:
+    def _beat(self, now: float, *, idle: bool, extra: dict[str, Any] | None,
+              final: bool = False) -> None:
         worker_id = self._worker_id()
         if worker_id is None:
             return
@@ -436,7 +450,7 @@ class ProgressWatch:
             if intervals > 0 and self._beat_completed > 0:  # not the start-up's window
                 data["compute_s"] = round(self._outside_s / intervals, 6)
                 data["wait_s"] = round(self._inside_s / intervals, 6)
-            pending = self._pending(now)
+            pending = {} if final else self._pending(now)
             if pending:
                 data["pending"] = pending
         steps, step_t = self.steps.count, self.steps.last_t

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 def spin() -> None:
     n = 0
-    while True: n += 1  # noqa: E701 - one line, so every sample names it: the hang
+    while True: n += 1  # noqa: E701 (one line: every sample names it)  # the hang
 
 
 def main() -> None:
