@@ -350,6 +350,28 @@ def test_stream_pushes_new_events_and_the_final_state() -> None:
         server.close()
 
 
+def test_close_sends_the_events_the_folder_has_not_folded_yet() -> None:
+    """Events published just before close() (AGENT_EXIT, then the plugin closes) reach
+    the open pages' final state even though the folder thread has not run since."""
+    state = JobState().start(interval=600.0)  # the folder never gets to them
+    server = UIServer(state, "127.0.0.1", 0, poll_interval=0.05).start()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        conn.request("GET", "/api/stream?since=0")
+        answer = conn.getresponse()
+        seen = b""
+        while b"event: state" not in seen:
+            seen += answer.read1(65536)
+        for event in _job_events():
+            state(event)
+        server.close(timeout=5.0)
+        rest = answer.read()
+        assert b'"status":"stopped"' in rest and b"event: end" in rest
+        conn.close()
+    finally:
+        server.close()
+
+
 def test_token_rule() -> None:
     """With a token every route answers 401 without it; ?token= (which sets the page's
     cookie), the cookie and the header are accepted; a wrong one is refused."""

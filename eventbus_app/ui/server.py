@@ -322,6 +322,8 @@ class UIServer:
     def snapshot_bytes(self, *, force: bool = False) -> tuple[bytes, int]:
         """The state as JSON and the state version it shows: built at most once per
         ``poll_interval`` whatever the number of streams (``force``: now, if it changed)."""
+        if force:
+            self.state.fold()
         with self._snap_lock:
             now = time.monotonic()
             version = self.state.version
@@ -354,6 +356,7 @@ class UIServer:
         serving. Idempotent."""
         if self._closing.is_set():
             return
+        self.state.fold()  # the last events (AGENT_EXIT) are in the final state
         self._closing.set()
         deadline = time.monotonic() + timeout
         with self._streams_lock:
