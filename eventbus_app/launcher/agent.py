@@ -1179,9 +1179,14 @@ class EventAgent(LocalElasticAgent):
                           f"{console.restarts_text(self.remaining_restarts)})")
         self._restart_reason = None
         attempt = self._next_attempt()
+        # up to the new attempt's number included: a membership change keeps the number,
+        # and the stopped workers' state must not stall the new ones
         for watch in (self.stall_watch, self.straggler_watch):
             if watch is not None:
-                watch.forget_before(attempt)
+                watch.forget_before(attempt + 1)
+        if self._observing_steps is not None:  # a fresh observer: its cache held the old
+            steps, self._observing_steps = self._observing_steps, None
+            self._observe_health(steps=steps)
         set_context(restart_count=attempt)
         self.bus.record(EventType.WORKER_RESTART, attempt=attempt,
                         restarts_left=self.remaining_restarts, reason=reason)
