@@ -112,11 +112,9 @@ def test_a_counter_survives_its_writer_and_hostile_files_are_refused(tmp_path: P
     assert counter_path(str(tmp_path), "w0:host:1:ab") == counter.path
 
 
-torch_dist = pytest.importorskip("torch.distributed")
-
-
 @pytest.fixture
 def store() -> Iterator[Any]:
+    torch_dist = pytest.importorskip("torch.distributed")
     yield torch_dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                               timeout=datetime.timedelta(seconds=10))
 
