@@ -73,7 +73,7 @@ DEFAULT_MAX_PENDING = 50_000
 #: how often the folder thread folds the pending events into the summaries
 FOLD_INTERVAL_S = 0.05
 #: events folded per hold of the lock (a reader waits at most this many)
-FOLD_CHUNK = 256
+FOLD_CHUNK = 1024
 #: ranks summarised at most (a record naming a rank beyond this many is counted only)
 DEFAULT_MAX_RANKS = 65536
 #: attempts kept on the timeline (the oldest go first)
