@@ -192,8 +192,12 @@ def test_two_nodes_the_culprit_on_node_1_is_named_by_group_rank_0(tmp_path: Path
     """Two agents on this machine (--nnodes 2, one rank each, c10d rendezvous). Rank 1, on
     node 1, hangs in Python; rank 0 waits for it on node 0. Group rank 0 (node 0) runs
     the analysis over both nodes' heartbeats: WORKER_STALLED for rank 1 only, published
-    by node 0, with rank 1's stack from its idle heartbeats; node 1 publishes no stall;
-    both nodes restart (node 1 through the rendezvous) and attempt 1 finishes."""
+    by node 0, with rank 1's stack from its idle heartbeats; node 1 publishes no stall.
+    The reactor STOPs: node 1 learns it through the job-wide STOP key and both agents end
+    with --stop-exit-code, neither starting a second attempt. (A RESTART instead reaches
+    node 1 through the rendezvous: torch's agent there sees node 0 waiting and restarts
+    its workers, "membership change"; not asserted here, as the hang would repeat on
+    node 1, whose restart count a membership change leaves at 0.)"""
     out = tmp_path / "out"
     out.mkdir()
     port = _free_port()
@@ -203,6 +207,7 @@ def test_two_nodes_the_culprit_on_node_1_is_named_by_group_rank_0(tmp_path: Path
         cmd = [sys.executable, "-m", "eventbus", "run",
                "--events-jsonl", str(tmp_path / f"node{node}.jsonl"),
                "--stall-timeout", str(STALL_TIMEOUT_S),
+               "--reactor", "tests.jobs.reactors:stop_on_stall", "--stop-exit-code", "42",
                "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1",
                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
                "--rdzv-id", f"plain-two-nodes-{port}", "--max-restarts", "1",
@@ -226,7 +231,7 @@ def test_two_nodes_the_culprit_on_node_1_is_named_by_group_rank_0(tmp_path: Path
     def of(node: int, kind: str) -> list[dict[str, Any]]:
         return [e for e in events[node] if e["type"] == kind]
 
-    assert [p.returncode for p in procs] == [0, 0], errors
+    assert [p.returncode for p in procs] == [42, 42], errors
     # node 0 sees rank 1's stall as the judge; node 1 published none of its own
     own_stalls = [e for e in of(0, "WORKER_STALLED") if e["context"].get("group_rank") == 0]
     assert [e["worker_id"] for e in own_stalls] == [1], errors
@@ -238,4 +243,6 @@ def test_two_nodes_the_culprit_on_node_1_is_named_by_group_rank_0(tmp_path: Path
     assert own_stalls[0]["worker_pid"] is None  # not a process of node 0
     assert not of(1, "WORKER_STALLED")
     for node in (0, 1):
-        assert of(node, "WORKER_RESTART"), (node, errors[node])
+        assert not of(node, "WORKER_RESTART"), (node, errors[node])
+        (agent_exit,) = of(node, "AGENT_EXIT")
+        assert agent_exit["exit_code"] == 42 and "STOP" in agent_exit["reason"], agent_exit
