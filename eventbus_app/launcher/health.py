@@ -4,20 +4,28 @@ Torch-free and clock-injectable, so that the rules are unit-tested without a job
 (:mod:`eventbus.app.launcher.agent`) feeds the watches the events that reach its bus and
 asks them once per monitor interval. The rules (docs/run.md, "Job health"):
 
-* **stall**: after a worker's first event in an attempt, no event for longer than the
-  timeout while its process lives. Any event type counts. Before the first event a worker
-  is never stalled. An event whose ``data["expect_silence_s"]`` is a number announces a
-  quiet period (a long checkpoint write): the worker is not stalled before that many
-  seconds after it, even past the timeout;
+* **stall**: after a worker's first progress in an attempt, none for longer than the
+  timeout while its process lives. Any event type counts, and a ``WORKER_PROGRESS``
+  heartbeat (the worker's progress watch, no call in the script) counts when its step,
+  collective count or a group's enqueued count advanced, dated ``idle_s`` before its
+  arrival. Before the first progress a worker is never stalled; nor once its last
+  heartbeat says its script ended (or its process groups are gone). Who holds a stall up
+  is decided by :mod:`eventbus.app.launcher.culprit` on the agent. An event whose
+  ``data["expect_silence_s"]`` is a number announces a quiet period (a long checkpoint
+  write): the worker is not stalled before that many seconds after it, even past the
+  timeout;
 * ``--stall-timeout auto``: per worker, ``max(AUTO_FLOOR_S, AUTO_FACTOR x`` the longest
   interval seen between two of its events in the attempt``)``: 60 s at least, and five
-  times the longest quiet period the worker already came back from;
+  times the longest quiet period the worker already came back from (the heartbeats'
+  reported step and collective intervals included);
 * **straggler** (``WORKER_SLOW``): a rank's recent step time (over its last ``window``
   ``METRIC`` events with a ``step``: elapsed time / steps; or the median of its
   ``data["step_time_s"]`` when the events carry it, which lock-step training needs, since
   there every rank waits for the slowest) is at least ``factor`` times the median of its
   peers' and at least ``min_step_time_s``; reported at most once per rank per
-  ``report_interval_s``.
+  ``report_interval_s``. Without such steps, the heartbeats' ``compute_s`` (each rank's
+  time outside collectives, on its own clock) is compared the same way: in lock-step
+  training the late rank's is long, its peers' short.
 
 The agent pays for the watch per event it receives, never the worker's ``record()``: one
 dict lookup and store (stall), and for ``METRIC`` events one deque append (straggler).
