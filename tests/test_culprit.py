@@ -299,3 +299,34 @@ def test_the_health_benchmark_times_the_culprit_analysis_of_64_ranks() -> None:
     assert set(figures) == {"analyze, one culprit", "analyze, a mismatch",
                             "progress_of x ranks (the agent's input)"}
     assert all(ms > 0 for ms in figures.values())
+
+
+def test_the_progress_option_parses_and_refuses_bad_sources() -> None:
+    """--progress: off, all, or a comma list of the three sources (canonical order); any
+    other word is a usage error naming the option and the valid values."""
+    import argparse
+
+    from eventbus.app.launcher.command import build_parser
+
+    assert health.parse_progress("off") == ()
+    assert health.parse_progress("all") == health.PROGRESS_SOURCES
+    assert health.parse_progress("steps, collectives") == ("collectives", "steps")
+    with pytest.raises(argparse.ArgumentTypeError, match="'gpu' is not a source"):
+        health.parse_progress("steps,gpu")
+    parser = build_parser()
+    assert parser.parse_args(["x.py"]).progress == health.PROGRESS_SOURCES
+    assert parser.parse_args(["--progress", "events", "x.py"]).progress == ("events",)
+
+
+def test_a_bad_progress_value_stops_eventbus_run_naming_the_option() -> None:
+    import subprocess
+    import sys
+
+    from tests.launcher_helpers import ROOT
+    from tests.launcher_helpers import job_env
+
+    done = subprocess.run([sys.executable, "-m", "eventbus", "run", "--progress", "gpus",
+                           "x.py"], capture_output=True, text=True, env=job_env(), cwd=ROOT,
+                          timeout=120, check=False)
+    assert done.returncode == 2
+    assert "--progress" in done.stderr and "collectives, steps, events" in done.stderr
