@@ -401,6 +401,18 @@ def test_loopback_without_token_answers_only_loopback_names(served: UIServer) ->
     base = f"http://127.0.0.1:{served.port}/api/state"
     assert _get(base, {"Host": f"localhost:{served.port}"})[0] == 200
     assert _get(base, {"Host": f"evil.example:{served.port}"})[0] == 403
+    # DNS rebinding through names that merely start like a loopback address
+    assert _get(base, {"Host": f"127.0.0.1.evil.example:{served.port}"})[0] == 403
+    assert _get(base, {"Host": "127.attacker.com"})[0] == 403
+    assert _get(base, {"Host": f"127.0.0.2:{served.port}"})[0] == 200
+    assert _get(base, {"Host": f"[::1]:{served.port}"})[0] == 200
+
+
+def test_non_loopback_host_without_token_is_refused() -> None:
+    """Binding a host reachable from elsewhere with no token is a usage error, not an open
+    job view."""
+    with pytest.raises(ValueError, match="requires a token"):
+        UIServer(JobState(), "0.0.0.0", 0)
 
 
 def test_fifty_clients_that_read_nothing_cost_the_publisher_nothing() -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hmac
 import http.server
 import importlib.resources
+import ipaddress
 import json
 import logging
 import math
@@ -38,7 +39,7 @@ from typing import Any
 
 from eventbus.app.ui.state import JobState
 
-__all__ = ["STATIC_FILES", "UIServer", "dumps"]
+__all__ = ["STATIC_FILES", "UIServer", "dumps", "loopback_name"]
 
 logger = logging.getLogger("eventbus")
 
@@ -51,7 +52,23 @@ STATIC_FILES = {
 
 _CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
         "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
-_LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
+
+
+def loopback_name(host: str) -> bool:
+    """Whether ``host`` (a bind address, or a ``Host`` header's value with or without its
+    port and IPv6 brackets) names this machine only: exactly ``localhost``, or an IP
+    address in 127.0.0.0/8 or ``::1``. ``127.0.0.1.evil.example`` is not one."""
+    name = host.strip()
+    if name.startswith("["):
+        name = name[1:].partition("]")[0]
+    elif name.count(":") == 1:
+        name = name.partition(":")[0]
+    if name.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def _finite(value: Any) -> Any:
@@ -130,8 +147,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         host = self.headers.get("Host")
         if not host:
             return True
-        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
-        return name.lower() in _LOOPBACK_NAMES or name.startswith("127.")
+        return loopback_name(host)
 
     def _given_token(self, query: dict[str, list[str]]) -> tuple[str | None, bool]:
         """The token the request carries, and whether it came in the query."""
@@ -268,6 +284,9 @@ class UIServer:
                  poll_interval: float = 0.25, io_timeout: float = 10.0,
                  max_streams: int = 128, keepalive_s: float = 5.0,
                  batch_events: int = 500) -> None:
+        if token is None and not loopback_name(host):
+            raise ValueError(f"job view host {host!r}: a host other than loopback (127.0.0.1, "
+                             "::1, localhost) requires a token; pass token= (--ui-token)")
         self.state = state
         self.token = token
         self.loopback = loopback
