@@ -258,6 +258,31 @@ def test_a_live_event_is_timed_within_the_window_it_arrived_in() -> None:
     assert state.snapshot()["ranks"][1]["last_event_age_s"] == 10.0  # held at 1010
 
 
+def test_a_reader_folds_what_another_thread_has_popped_but_not_counted() -> None:
+    """fold() while the folder thread is mid-chunk (events popped, not yet counted)
+    returns only once every event pending when it was called is folded: close() and the
+    final snapshot cannot miss AGENT_EXIT."""
+    events = _job_events()
+    state = _fed(events)
+    popped = threading.Event()
+    fold_many = state._fold_many
+
+    def slow_fold_many(n: int, low: float, now: float, full: bool) -> None:
+        fold_many(n, low, now, full)
+        if threading.current_thread().name == "folder":
+            popped.set()
+            time.sleep(0.3)  # the window a reader used to read a short target in
+
+    state._fold_many = slow_fold_many  # type: ignore[method-assign]
+    folder = threading.Thread(target=state.fold, name="folder", daemon=True)
+    folder.start()
+    assert popped.wait(10.0)
+    state.fold()
+    assert not state._pending and state._popped == len(events)
+    assert state.snapshot()["events"] == len(events)
+    folder.join(10.0)
+
+
 def test_address_and_token_rules() -> None:
     """[HOST:]PORT parsing; loopback needs no token, another host gets a generated one."""
     assert parse_address("8265") == ("127.0.0.1", 8265)

@@ -331,7 +331,10 @@ class JobState:
         published before it asked, and never folds on behind a publisher that outruns
         it. The lock is held for :data:`FOLD_CHUNK` events at most."""
         pending = self._pending
-        target = self._popped + len(pending)  # folded by anyone: this call is done
+        with self._lock:
+            # under the lock: another thread mid-chunk has popped events it has not
+            # counted in _popped yet, and a target read then would fall short of them
+            target = self._popped + len(pending)  # folded by anyone: this call is done
         done = 0
         while self._popped < target:
             with self._lock:
