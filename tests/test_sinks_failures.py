@@ -46,6 +46,48 @@ def test_redact_text_hides_userinfo_inside_a_message() -> None:
     assert redact_text(text) == "could not reach postgresql://admin:***@db:5432/mlflow (refused)"
 
 
+def test_redact_text_hides_a_password_holding_an_at_sign() -> None:
+    """The userinfo runs to the last @ before the host: no tail of the password is left."""
+    assert redact_text("https://user:p@ss@host/x") == "https://user:***@host/x"
+    assert redact_text(f"go to https://user:{SECRET}@a@b@host:1/x?q=a@b now") == \
+        "go to https://user:***@host:1/x?q=a@b now"
+    assert redact_text("https://tok@en@host/") == "https://***@host/"
+
+
+def test_a_failure_quoting_the_webhook_url_never_shows_its_path(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """An exception that quotes the sink's own URL or its path (http.client.InvalidURL,
+    requests' 'Max retries exceeded with url: /services/...') leaves the credential out of
+    the warning, the dropped and failures keys."""
+    import http.client
+
+    from eventbus.app.sinks.webhook import WebhookSink
+
+    caplog.set_level(logging.WARNING, logger="eventbus")
+    url = f"https://hooks.example.com/services/T/B/{SECRET}"
+    sink = WebhookSink(url + "?key=" + SECRET + "Q")
+    try:
+        errors = [
+            http.client.InvalidURL(f"URL can't contain control characters. '/services/T/B/"
+                                   f"{SECRET}?key={SECRET}Q x' (found at least ' ')"),
+            OSError("HTTPSConnectionPool(host='hooks.example.com', port=443): Max retries "
+                    f"exceeded with url: /services/T/B/{SECRET}?key={SECRET}Q (Caused by "
+                    "ProxyError('Unable to connect to proxy'))"),
+            ValueError(f"bad target {url}?key={SECRET}Q"),
+        ]
+        for exc in errors:
+            sink.delivery_failed(failure_reason(exc), 1, what="post failed")
+        stats = sink.stats()
+    finally:
+        sink.close(timeout=1.0)
+    assert len(stats["failures"]) == 3, stats
+    everything = " ".join([*(rec.getMessage() for rec in caplog.records),
+                           json.dumps(stats)])
+    assert SECRET not in everything and "/services/T" not in everything
+    assert "Max retries exceeded with url: ***" in everything
+    assert "bad target https://hooks.example.com/***?***" in everything
+
+
 def test_webhook_says_http_status_once_and_counts_it(caplog: pytest.LogCaptureFixture) -> None:
     """A receiver answering 501: dropped as 'post failed: HTTP 501 Not Implemented', counted in
     stats()['failures'], reported once (not once per post), the URL's path never shown."""

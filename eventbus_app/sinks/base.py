@@ -47,6 +47,7 @@ __all__ = [
     "redact_uri",
     "require_extra",
     "resolve_target",
+    "scrub_target",
 ]
 
 logger = logging.getLogger("eventbus")
@@ -122,14 +123,46 @@ def redact_uri(uri: str, *, keep_path: bool = True) -> str:
                                     REDACTED if parts.fragment else ""))
 
 
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/\s@:]*)(:[^/\s@]*)?@")
+# the userinfo runs to the last @ before the host's end (a password may hold an @)
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/\s?#]*)@")
+
+
+def _redact_userinfo(match: re.Match[str]) -> str:
+    user, colon, _ = match[2].partition(":")
+    return f"{match[1]}{user}:{REDACTED}@" if colon else f"{match[1]}{REDACTED}@"
 
 
 def redact_text(text: str) -> str:
     """``text`` with the credentials of every ``scheme://user:password@`` in it replaced
     (an error message that quotes a URI, say)."""
-    return _USERINFO.sub(lambda m: f"{m[1]}{m[2]}:{REDACTED}@" if m[3] else f"{m[1]}{REDACTED}@",
-                         text)
+    return _USERINFO.sub(_redact_userinfo, text)
+
+
+def scrub_target(text: str, target: str | None, *, keep_path: bool = True) -> str:
+    """``text`` (an exception's message, say) with a sink's own ``target`` hidden wherever
+    it is quoted: the whole URL becomes its :func:`redact_uri` form, its query and password
+    become ``***``, and so does its path unless ``keep_path`` (a webhook's path is its
+    credential: ``Max retries exceeded with url: /services/T/B/***``)."""
+    if not target:
+        return redact_text(text)
+    text = text.replace(target, redact_uri(target, keep_path=keep_path))
+    try:
+        parts = urllib.parse.urlsplit(target)
+    except ValueError:
+        return redact_text(text)
+    secrets = []
+    if not keep_path and len(parts.path) > 1:
+        if parts.query:
+            secrets.append(f"{parts.path}?{parts.query}")
+        secrets.append(parts.path)
+    if parts.query:
+        secrets.append(parts.query)
+    if parts.password:
+        secrets.append(parts.password)
+    for secret in secrets:
+        if len(secret) >= 4:  # a shorter one would mangle the text; redact_text covers it
+            text = text.replace(secret, REDACTED)
+    return redact_text(text)
 
 
 def resolve_target(sink: str, arg: str, *, default_env: str | None = None) -> tuple[str, str]:
@@ -287,7 +320,11 @@ class EventSink(QueuedSink):
     kind: ClassVar[str] = "sink"
 
     def __init__(self, *, label: str, settings: QueueSettings | None = None,
+                 target: str | None = None, target_path_secret: bool = False,
                  **options: Any) -> None:
+        # the backend's URL, hidden in every failure reason (an exception may quote it)
+        self._target = target
+        self._target_keep_path = not target_path_secret
         #: reason -> how many deliveries failed for it (also in ``stats()["failures"]``)
         self.failures: dict[str, int] = {}
         self._failure_reports: dict[str, RateLimiter] = {}
@@ -307,6 +344,7 @@ class EventSink(QueuedSink):
         """Count ``n`` events lost to ``reason`` (as dropped, ``"<what>: <reason>"``) and
         report it: the first time for each reason at once, then at most once per
         :data:`FAILURE_REPORT_INTERVAL_S` per reason, with the count held back since."""
+        reason = scrub_target(reason, self._target, keep_path=self._target_keep_path)
         key = f"{what}: {reason}"
         with self._cond:
             self._drop(key, n)
@@ -327,6 +365,7 @@ class EventSink(QueuedSink):
     def count_lost(self, reason: str, n: int) -> None:
         """Count ``n`` events the backend lost after the queue handed them over (an
         exporter's failed batch, say), as dropped for ``reason``; callable from any thread."""
+        reason = scrub_target(reason, self._target, keep_path=self._target_keep_path)
         with self._cond:
             self._drop(reason, n)
 

@@ -70,7 +70,8 @@ class MlflowSink(EventSink):
         self._stalls = 0
         self._ended = False
         shown = redact_uri(tracking_uri)
-        super().__init__(label=f"{origin}={shown}" if origin else shown, settings=settings)
+        super().__init__(label=f"{origin}={shown}" if origin else shown, settings=settings,
+                         target=tracking_uri)
 
     def _mlflow_run(self, event: Event) -> str:
         if self.mlflow_run_id is None:

@@ -250,7 +250,8 @@ class OtlpSink(EventSink):
         self._job: Any = None
         self._attempts: dict[int, Any] = {}
         self._workers: dict[tuple[int, int], Any] = {}  # (attempt, rank) -> span
-        super().__init__(label=f"{origin}={shown}" if origin else shown, settings=settings)
+        super().__init__(label=f"{origin}={shown}" if origin else shown, settings=settings,
+                         target=self.url)
 
     # -- spans --------------------------------------------------------------------------
     def _job_span(self, event: Event) -> Any:

@@ -83,7 +83,8 @@ class WebhookSink(EventSink):
         self._closing = threading.Event()
         # One event per batch: what is not posted when close() gives up stays queued, and
         # is counted as dropped ("closed before delivery") rather than lost in flight.
-        super().__init__(label=label, settings=settings or SINK_QUEUE, max_batch=1)
+        super().__init__(label=label, settings=settings or SINK_QUEUE, max_batch=1,
+                         target=self.url, target_path_secret=True)
 
     def __call__(self, event: Event) -> None:
         """Enqueue the events a post may come from; the rest (metrics, ...) never queue."""
