@@ -88,6 +88,28 @@ def test_a_failure_quoting_the_webhook_url_never_shows_its_path(
     assert "bad target https://hooks.example.com/***?***" in everything
 
 
+def test_distinct_failure_reasons_are_capped() -> None:
+    """Reasons that differ per call (an exception quoting a request id) keep at most
+    MAX_FAILURE_REASONS counters; the rest are counted under 'other', none lost."""
+    from eventbus.app.sinks.base import MAX_FAILURE_REASONS
+    from eventbus.app.sinks.webhook import WebhookSink
+
+    sink = WebhookSink("https://hooks.example.com/x")
+    try:
+        for i in range(MAX_FAILURE_REASONS + 20):
+            sink.delivery_failed(f"RuntimeError: request {i} failed", 2, what="post failed")
+        sink.delivery_failed("RuntimeError: request 0 failed", 1, what="post failed")
+        stats = sink.stats()
+    finally:
+        sink.close(timeout=1.0)
+    assert len(stats["failures"]) == MAX_FAILURE_REASONS + 1
+    assert stats["failures"]["other"] == 20
+    assert stats["failures"]["RuntimeError: request 0 failed"] == 2  # a known one still counts
+    assert stats["dropped"]["post failed: other"] == 40
+    assert sum(stats["dropped"].values()) == 2 * (MAX_FAILURE_REASONS + 20) + 1
+    assert len(sink._failure_reports) == MAX_FAILURE_REASONS + 1
+
+
 def test_webhook_says_http_status_once_and_counts_it(caplog: pytest.LogCaptureFixture) -> None:
     """A receiver answering 501: dropped as 'post failed: HTTP 501 Not Implemented', counted in
     stats()['failures'], reported once (not once per post), the URL's path never shown."""

@@ -36,6 +36,8 @@ __all__ = [
     "MissingExtraError",
     "SinkArgumentError",
     "FAILURE_REPORT_INTERVAL_S",
+    "MAX_FAILURE_REASONS",
+    "OTHER_REASON",
     "REDACTED",
     "attempt_of",
     "describe",
@@ -64,6 +66,13 @@ SINK_QUEUE = QueueSettings(max_events=10_000, max_bytes=16 * 1024 * 1024, max_ba
 #: a delivery failure is reported once per reason, then at most once per this many seconds
 #: per reason (with the count held back in between)
 FAILURE_REPORT_INTERVAL_S = 60.0
+
+#: distinct failure reasons a sink keeps (counters, report limiters); the rest are counted
+#: under :data:`OTHER_REASON` (an exception text that varies per call cannot grow them)
+MAX_FAILURE_REASONS = 32
+
+#: the reason the failures past :data:`MAX_FAILURE_REASONS` distinct ones are counted under
+OTHER_REASON = "other"
 
 #: what a redacted part of a URI becomes
 REDACTED = "***"
@@ -343,15 +352,19 @@ class EventSink(QueuedSink):
     def delivery_failed(self, reason: str, n: int, *, what: str = "delivery failed") -> None:
         """Count ``n`` events lost to ``reason`` (as dropped, ``"<what>: <reason>"``) and
         report it: the first time for each reason at once, then at most once per
-        :data:`FAILURE_REPORT_INTERVAL_S` per reason, with the count held back since."""
+        :data:`FAILURE_REPORT_INTERVAL_S` per reason, with the count held back since.
+        Past :data:`MAX_FAILURE_REASONS` distinct reasons a new one is counted (and
+        rate-limited) as :data:`OTHER_REASON`; its warning still says the reason."""
         reason = scrub_target(reason, self._target, keep_path=self._target_keep_path)
-        key = f"{what}: {reason}"
         with self._cond:
-            self._drop(key, n)
-            self.failures[reason] = self.failures.get(reason, 0) + 1
-            limiter = self._failure_reports.get(reason)
+            counted = reason
+            if reason not in self.failures and len(self.failures) >= MAX_FAILURE_REASONS:
+                counted = OTHER_REASON
+            self._drop(f"{what}: {counted}", n)
+            self.failures[counted] = self.failures.get(counted, 0) + 1
+            limiter = self._failure_reports.get(counted)
             if limiter is None:
-                limiter = self._failure_reports[reason] = RateLimiter()
+                limiter = self._failure_reports[counted] = RateLimiter()
             held = limiter.allow(FAILURE_REPORT_INTERVAL_S)
         if held is not None:
             more = f"; {held} more since the last report" if held else ""
