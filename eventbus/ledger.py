@@ -22,6 +22,7 @@ key are the wire's, it carries the wire's version, and a file it refuses raises
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 import os
@@ -214,13 +215,32 @@ class RecordCounter:
     def __init__(self, path: str, mapping: mmap.mmap) -> None:
         self.path = path
         self._map = mapping
+        self._last = 0
         #: the count's 8 bytes
         self.view = memoryview(mapping)[8:16]
 
     @property
     def value(self) -> int:
-        """The count now."""
+        """The count now (the last one, once closed)."""
+        if self._map.closed:
+            return self._last
         return int(struct.unpack_from("=Q", self._map, 8)[0])
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` unmapped it."""
+        return self._map.closed
+
+    def close(self) -> None:
+        """Unmap the counter (the file stays, for the agent to read). Whatever counts into
+        :attr:`view` must have stopped (``count_into(None)``) first; a view still held
+        elsewhere keeps the mapping until it goes. Idempotent."""
+        if self._map.closed:
+            return
+        self._last = int(struct.unpack_from("=Q", self._map, 8)[0])
+        self.view.release()
+        with contextlib.suppress(BufferError):  # a view someone still holds: unmapped
+            self._map.close()                      # when it goes
 
 
 def counter_path(directory: str, sender: str) -> str:
@@ -242,15 +262,20 @@ def open_counter(directory: str, sender: str, key: str) -> RecordCounter:
     tmp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.write(fd, _COUNTER_MAGIC + bytes(8) + header.ljust(COUNTER_BYTES - 16, b"\0"))
-        mapping = mmap.mmap(fd, COUNTER_BYTES, mmap.MAP_SHARED,
-                            mmap.PROT_READ | mmap.PROT_WRITE)
-    finally:
-        os.close(fd)
-    try:
-        os.replace(tmp, path)
-    except OSError:
-        mapping.close()
+        try:
+            os.write(fd, _COUNTER_MAGIC + bytes(8) + header.ljust(COUNTER_BYTES - 16, b"\0"))
+            mapping = mmap.mmap(fd, COUNTER_BYTES, mmap.MAP_SHARED,
+                                mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        try:
+            os.replace(tmp, path)
+        except OSError:
+            mapping.close()
+            raise
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)  # no temporary file left behind by a full disk or a failed map
         raise
     return RecordCounter(path, mapping)
 

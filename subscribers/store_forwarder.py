@@ -334,6 +334,10 @@ class StoreForwarder:
             self.subscription.cancel()
             self.subscription = None
         done = self.sink.close(max(0.0, deadline - time.monotonic()))
+        if self.counter is not None and self._pid == os.getpid():
+            # the queue has stopped: nothing counts into the mapping any more
+            self.sink.count_into(None)
+            self.counter.close()
         # A process that never sent anything (a forked child that recorded nothing) has
         # nothing to end: no connection just for the marker.
         sent = self.encoder.seq > 0 or any(self.sink.dropped.values())

@@ -112,6 +112,26 @@ def test_a_counter_survives_its_writer_and_hostile_files_are_refused(tmp_path: P
     assert counter_path(str(tmp_path), "w0:host:1:ab") == counter.path
 
 
+def test_a_failed_counter_leaves_no_temporary_and_close_unmaps(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """open_counter removes its temporary when mapping fails; close() unmaps, keeps the
+    file and the last value, and may be called again."""
+    counter = open_counter(str(tmp_path), "w0:host:1:ab", "run/0/w0")
+    counter.view.cast("Q")[0] = 7
+    counter.close()
+    counter.close()
+    assert counter.closed and counter.value == 7
+    assert read_counters(str(tmp_path))[0][0].recorded == 7
+
+    def no_map(*args: Any, **kwargs: Any) -> mmap.mmap:
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(mmap, "mmap", no_map)  # the module eventbus.ledger maps with
+    with pytest.raises(OSError, match="Cannot allocate"):
+        open_counter(str(tmp_path), "w1:host:1:ab", "run/0/w1")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [Path(counter.path).name]
+
+
 @pytest.fixture
 def store() -> Iterator[Any]:
     torch_dist = pytest.importorskip("torch.distributed")
@@ -159,3 +179,4 @@ def test_the_agent_reports_what_a_dead_sender_had_queued_from_its_counter(
     assert "still queued" in lost[0].reason
     assert agent.ledger_stats["counters"] == 1
     fwd.close(1.0)
+    assert fwd.counter.closed  # close() unmapped it
