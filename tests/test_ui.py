@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import os
 import re
 import shutil
@@ -419,6 +420,21 @@ def test_token_rule() -> None:
         assert _get(base + "/api/state", {"Authorization": "Bearer s3cret-token"})[0] == 200
     finally:
         server.close()
+
+
+def test_the_request_log_never_holds_the_token(caplog: pytest.LogCaptureFixture) -> None:
+    """The DEBUG request line drops the query (?token=...)."""
+    caplog.set_level(logging.DEBUG, logger="eventbus")
+    server = UIServer(_fed(_job_events()), "127.0.0.1", 0, token="s3cret-token").start()
+    try:
+        base = f"http://127.0.0.1:{server.port}"
+        assert _get(base + "/api/state?token=s3cret-token")[0] == 200
+        assert _get(base + "/api/state?token=s3cret-wrong")[0] == 401
+    finally:
+        server.close()
+    lines = [rec.getMessage() for rec in caplog.records if "job view:" in rec.getMessage()]
+    assert any("GET /api/state HTTP" in line for line in lines), lines
+    assert not any("s3cret" in line for line in lines), lines
 
 
 def test_loopback_without_token_answers_only_loopback_names(served: UIServer) -> None:

@@ -31,6 +31,7 @@ import ipaddress
 import json
 import logging
 import math
+import re
 import socket
 import threading
 import time
@@ -69,6 +70,9 @@ def loopback_name(host: str) -> bool:
         return ipaddress.ip_address(name).is_loopback
     except ValueError:
         return False
+
+
+_QUERY = re.compile(r"\?[^\s'\"]*")
 
 
 def _finite(value: Any) -> Any:
@@ -115,7 +119,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     timeout = 10.0
 
     def log_message(self, format: str, *args: Any) -> None:
-        logger.debug("job view: %s %s", self.address_string(), format % args)
+        # the request line's query may hold ?token=: never in a log
+        logger.debug("job view: %s %s", self.address_string(),
+                     _QUERY.sub("", format % args))
 
     # -- helpers ----------------------------------------------------------------------------
     def _send(self, status: int, body: bytes, content_type: str,
