@@ -339,7 +339,8 @@ def test_api_state_answers_the_contract(served: UIServer) -> None:
         assert rank["state"] in RANK_STATES
         assert rank["step"] is None or isinstance(rank["step"], int)
         assert isinstance(rank["last_event_age_s"], float)
-    assert len(snap["recent"]) == len(_job_events())
+    recent = json.loads(_get(base + "/api/state?recent=200")[1])["recent"]
+    assert len(recent) == len(_job_events())
     status, page, _ = _get(base + "/")
     assert status == 200 and b'src="static/app.js"' in page and b"http" not in page.lower()
     for name in ("app.js", "app.css"):
@@ -349,6 +350,34 @@ def test_api_state_answers_the_contract(served: UIServer) -> None:
     status, body, _ = _get(base + "/api/events?since=10&limit=3")
     found = json.loads(body)
     assert [e["seq"] for e in found["events"]] == [14, 15, 16] and found["gap"] == 3
+
+
+def test_polling_api_state_shares_one_snapshot_and_misses_no_event() -> None:
+    """GET /api/state without parameters serves the streams' shared snapshot: repeated
+    polls of an unchanged state build it once; an event published before a poll is in
+    its answer."""
+    state = _fed(_job_events()[:3])
+    built = []
+    snapshot = state.snapshot
+
+    def counting(**kwargs: Any) -> dict[str, Any]:
+        built.append(kwargs)
+        return snapshot(**kwargs)
+
+    state.snapshot = counting  # type: ignore[method-assign]
+    server = UIServer(state, "127.0.0.1", 0, keepalive_s=600.0).start()
+    try:
+        url = f"http://127.0.0.1:{server.port}/api/state"
+        for _ in range(20):
+            assert json.loads(_get(url)[1])["events"] == 3
+        assert len(built) == 1
+        for n, event in enumerate(_job_events()[3:6], start=4):
+            state(event)
+            assert json.loads(_get(url)[1])["events"] == n
+        assert len(built) == 4
+        assert json.loads(_get(url + "?recent=2")[1])["recent"][-1]["seq"] == 6
+    finally:
+        server.close()
 
 
 def test_stream_pushes_new_events_and_the_final_state() -> None:

@@ -201,9 +201,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             name = path[8:]
             self._send(200, ui.static[name], STATIC_FILES[name], cookie)
         elif path == "/api/state":
-            recent = _int_arg(query, "recent", 200, 0, ui.state.max_events)
-            self._send(200, dumps(ui.state.snapshot(recent=recent)),
-                       "application/json", cookie)
+            if set(query) <= {"token"}:
+                # the state the streams share: a poller costs no snapshot of its own
+                self._send(200, ui.current_snapshot(), "application/json", cookie)
+            else:
+                recent = _int_arg(query, "recent", 200, 0, ui.state.max_events)
+                self._send(200, dumps(ui.state.snapshot(recent=recent)),
+                           "application/json", cookie)
         elif path == "/api/events":
             since = _int_arg(query, "since", 0, 0, 1 << 62)
             limit = _int_arg(query, "limit", 500, 1, ui.state.max_events)
@@ -359,6 +363,24 @@ class UIServer:
                 self._snap = dumps(self.state.snapshot())
                 self._snap_version, self._snap_at = version, now
             return self._snap, self._snap_version
+
+    def current_snapshot(self) -> bytes:
+        """The state as JSON, counting every event published before the call, from the
+        shared snapshot: built anew only when the state changed since, and then at most
+        once per ``poll_interval`` (a caller arriving sooner waits for that turn)."""
+        self.state.fold()
+        wanted = self.state.version
+        with self._snap_lock:
+            if (self._snap is not None and self._snap_version >= wanted
+                    and time.monotonic() - self._snap_at < self.keepalive_s):
+                return self._snap
+            wait = self._snap_at + self.poll_interval - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)  # the lock held: the callers behind get this one's build
+            version = self.state.version
+            self._snap = dumps(self.state.snapshot())
+            self._snap_version, self._snap_at = version, time.monotonic()
+            return self._snap
 
     def _enter_stream(self) -> bool:
         with self._streams_lock:
