@@ -525,10 +525,9 @@ class EventAgent(LocalElasticAgent):
         found = self._analyze_stall(attempt, overdue, local_only=not judge)
         if found is None:
             return None  # a slow start: the ranks held up wait for one not yet started
-        dump_dir = self._dump_flight_recorders(attempt, live)
-        if dump_dir is not None:  # the dumps took a moment: judge on the latest beats
-            self._drain_plugins()
-            found = self._analyze_stall(attempt, overdue, local_only=not judge) or found
+        # Ask for the flight-recorder dumps now; they are written while the stacks are
+        # taken and the event is published, and waited for before the workers are stopped.
+        dump_dir, asked = self._ask_flight_recorders(attempt)
         analysis, stalled = found
         watch.mark_reported(attempt, ranks)
         self.stalls += len(stalled)
@@ -570,6 +569,8 @@ class EventAgent(LocalElasticAgent):
                 timeout_s=watch.timeout_for(attempt, rank), worker_local_rank=local_rank,
                 worker_pid=pid, data=data))
         self._decide(events)
+        if dump_dir is not None:
+            health.wait_fr_dumps(dump_dir, live, asked)
         # Stop the whole group now, with a short grace: a worker blocked in a collective
         # ignores SIGTERM until the collective's own timeout (30 min with gloo/NCCL).
         health.stop_processes({pid: rank for rank, (_, pid) in live.items()},
@@ -621,9 +622,14 @@ class EventAgent(LocalElasticAgent):
         gone = {r for r, (_, age) in beats.items() if age > health.BEATS_STOPPED_S}
         if patient and gone:
             return None
+        def late(rank: int) -> bool:
+            silent = watch.silent_s(attempt, rank)
+            return silent is not None and silent > watch.timeout_for(attempt, rank)
+
         if analysis.culprit_ranks and not local_only:
             named = [r for r in analysis.culprit_ranks if r in started]
-            return (analysis, named) if named else None
+            # a culprit still progressing is a view older than its next heartbeat
+            return (analysis, named) if named and any(late(r) for r in named) else None
         waiting = {p.rank for p in progress
                    if any(st.completed < st.enqueued for st in p.pgs.values())}
         silent = [s.rank for s in overdue]
@@ -633,6 +639,8 @@ class EventAgent(LocalElasticAgent):
         if not stalled:
             if watch.ended(attempt):
                 return None  # they wait for a rank whose script ended: the job's end
+            if any(not late(r) for r in set(beats) | started):
+                return None  # another rank progresses: the waiting rank's view is stale
             stalled = silent
             if analysis.collective is None and waiting:
                 analysis = attrs.evolve(analysis, diagnosis=(
@@ -688,6 +696,21 @@ class EventAgent(LocalElasticAgent):
         except Exception:  # a diagnosis must never cost the failure's handling
             logger.exception("eventbus: no diagnosis for rank %d's SIGABRT", rank)
             return {}
+
+    def _ask_flight_recorders(self, attempt: int) -> tuple[str | None, int]:
+        """Ask this attempt's workers for their flight-recorder traces (once per attempt):
+        (the folder, or None without dumps; when it asked, for :func:`wait_fr_dumps`)."""
+        if self.fr_dump_root is None or attempt in self._fr_dumped:
+            return None, 0
+        folder = os.path.join(self.fr_dump_root, f"attempt{attempt}")
+        try:
+            asked = health.ask_fr_dumps(folder, f"stall-attempt{attempt}-{time.time():.3f}")
+        except OSError as exc:
+            logger.warning("eventbus: no flight-recorder dumps: %s", exc)
+            self._fr_dumped[attempt] = ""
+            return None, 0
+        self._fr_dumped[attempt] = folder
+        return folder, asked
 
     def _dump_flight_recorders(self, attempt: int,
                                live: Mapping[int, tuple[int, int]]) -> str | None:
@@ -1172,10 +1195,11 @@ class EventAgent(LocalElasticAgent):
             logger.exception("eventbus: the console line of a decision failed")
 
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
-        reason = self._restart_reason or "membership change: new nodes are waiting"
+        reason = self._restart_reason or \
+            "membership change: the group re-forms through the rendezvous"
         if self._restart_reason is None:  # torch's decision, not a failure's: its line here
-            console.write("new nodes are waiting: restarting the group with them (a "
-                          "membership change uses no restart; "
+            console.write("the group re-forms through the rendezvous (another node "
+                          "restarted it, or nodes joined; this uses no restart; "
                           f"{console.restarts_text(self.remaining_restarts)})")
         self._restart_reason = None
         attempt = self._next_attempt()

@@ -751,20 +751,24 @@ def fr_dump_root(run_id: str) -> str:
     return os.path.join(tempfile.gettempdir(), "eventbus-fr", safe)
 
 
-def request_fr_dumps(folder: str, token: str, ranks: Iterable[int], *,
-                     wait_s: float = FR_DUMP_WAIT_S) -> str | None:
-    """Ask the workers whose ``EVENTBUS_FR_DUMP_DIR`` is ``folder`` for their traces.
-
-    Writes ``token`` to ``<folder>/request`` (whole: a temp file and a rename; each worker
-    serves a new token once, eventbus_app/worker/progress.py) and waits up to ``wait_s``
-    for a fresh ``fr_trace_rank_<r>`` of each of ``ranks``. Returns ``folder`` when at
-    least one came, else None (workers without the progress watch, or opted out)."""
+def ask_fr_dumps(folder: str, token: str) -> int:
+    """Ask the workers whose ``EVENTBUS_FR_DUMP_DIR`` is ``folder`` for their traces:
+    ``token`` goes to ``<folder>/request`` whole (a temp file and a rename); each worker
+    serves a new token once (eventbus_app/worker/progress.py). Returns when it asked
+    (``time.time_ns()``, less a second for coarse file times), for :func:`wait_fr_dumps`."""
     os.makedirs(folder, exist_ok=True)
-    asked = time.time_ns() - 1_000_000_000  # file times are coarser than the clock
+    asked = time.time_ns() - 1_000_000_000
     tmp = os.path.join(folder, f".{FR_REQUEST_FILE}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(token + "\n")
     os.replace(tmp, os.path.join(folder, FR_REQUEST_FILE))
+    return asked
+
+
+def wait_fr_dumps(folder: str, ranks: Iterable[int], asked: int, *,
+                  wait_s: float = FR_DUMP_WAIT_S) -> bool:
+    """Wait up to ``wait_s`` for a ``fr_trace_rank_<r>`` newer than ``asked`` of each of
+    ``ranks``; whether at least one came."""
     want = [os.path.join(folder, f"{FR_DUMP_PREFIX}{r}") for r in ranks]
 
     def fresh(path: str) -> bool:
@@ -776,7 +780,15 @@ def request_fr_dumps(folder: str, token: str, ranks: Iterable[int], *,
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline and not all(fresh(p) for p in want):
         time.sleep(0.05)
-    return folder if any(fresh(p) for p in want) else None
+    return any(fresh(p) for p in want)
+
+
+def request_fr_dumps(folder: str, token: str, ranks: Iterable[int], *,
+                     wait_s: float = FR_DUMP_WAIT_S) -> str | None:
+    """:func:`ask_fr_dumps` and :func:`wait_fr_dumps`: ``folder`` when at least one dump
+    came, else None (workers without the progress watch, or opted out)."""
+    asked = ask_fr_dumps(folder, token)
+    return folder if wait_fr_dumps(folder, ranks, asked, wait_s=wait_s) else None
 
 
 def _size(path: str) -> int:
