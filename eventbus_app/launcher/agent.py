@@ -311,7 +311,9 @@ class EventAgent(LocalElasticAgent):
         self._restart_reason: str | None = None
         self._failure_summary: str | None = None
         self.reactor_errors = 0
-        self._reactors_misanswered: set[str] = set()
+        #: the reactors reported for a wrong answer, by id of their WORKER_EXIT subscription
+        #: (two instances of one class are two reactors)
+        self._reactors_misanswered: set[int] = set()
         self._attempt = 0
         self._heap_frozen = False
         if reliable_restarts and os.environ.setdefault(RELIABLE_RESTARTS_ENV, "1") != "1":
@@ -752,6 +754,7 @@ class EventAgent(LocalElasticAgent):
         if callable(attach):
             attach(self.bus)  # reactors that watch other events (e.g. the loss) subscribe
         name = _name_of(reactor)
+        key: list[int] = []  # id of this reactor's subscription, set below
 
         def consult(event: Event) -> None:
             decisions = getattr(self._collecting, "decisions", None)
@@ -766,8 +769,8 @@ class EventAgent(LocalElasticAgent):
                 return
             if isinstance(decision, _NotADecision):
                 self.reactor_errors += 1
-                if name not in self._reactors_misanswered:  # once per reactor
-                    self._reactors_misanswered.add(name)
+                if key[0] not in self._reactors_misanswered:  # once per reactor
+                    self._reactors_misanswered.add(key[0])
                     logger.error(
                         "eventbus: reactor error: %s returned %s on %s; a reactor returns "
                         "%s: counted as no decision (reported once per reactor; "
@@ -779,6 +782,7 @@ class EventAgent(LocalElasticAgent):
 
         sub = self.bus.subscribe(EventType.WORKER_EXIT, on_event=consult,
                                  where=_is_failure)
+        key.append(id(sub))
         self._reactor_subs.append(sub)
         # the same reactor decides on stalls (docs/run.md "Job health")
         self._reactor_subs.append(self.bus.subscribe(EventType.WORKER_STALLED,
