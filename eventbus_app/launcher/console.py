@@ -274,7 +274,11 @@ def restarts_text(left: int) -> str:
 def slow_line(event: WorkerSlow) -> str:
     """The straggler's line (reporting only: no decision follows)."""
     step = f" at step {event.step}" if event.step is not None else ""
-    return (f"rank {event.worker_id} is slow{step}: step time {event.step_time_s:.3g} s, "
+    # lock-step training compares the compute time between collectives, not step times
+    # (data["basis"], set by the agent from health.StragglerWatch)
+    what = "compute time between collectives" if event.data.get("basis") == "compute_s" \
+        else "step time"
+    return (f"rank {event.worker_id} is slow{step}: {what} {event.step_time_s:.3g} s, "
             f"{event.factor:.2g} x its peers' median {event.median_step_time_s:.3g} s "
             "(reported only; no restart)")
 
