@@ -83,6 +83,23 @@ def _clean_default_bus() -> Iterator[None]:
 _AGENT_ENV_PREFIXES = ("EVENTBUS_", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
 
 
+#: what an EventAgent built in-process writes into os.environ for its workers
+#: (eventbus_app/launcher/agent.py: _init_health, _arm_fr_dumps, reliable restarts)
+AGENT_ENV_KEYS = ("EVENTBUS_STACK_DIR", "EVENTBUS_PROGRESS", "TORCH_FR_BUFFER_SIZE",
+                  "EVENTBUS_FR_DUMP_DIR", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
+
+
+def keep_agent_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Have ``monkeypatch`` put back every variable an in-process EventAgent sets, as it was
+    before the test (absent ones removed), so later tests do not inherit them."""
+    for key in AGENT_ENV_KEYS:
+        if key in os.environ:
+            monkeypatch.setenv(key, os.environ[key])  # undo puts this value back
+        else:
+            monkeypatch.setenv(key, "")  # undo removes it again
+            monkeypatch.delenv(key)
+
+
 @pytest.fixture(autouse=True)
 def _no_leftover_agent_environment() -> Iterator[None]:
     """An in-process agent exports its workers' settings (the store address, ...) into

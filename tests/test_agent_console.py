@@ -6,6 +6,7 @@ decides on real events; its console is the process's real stderr."""
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ import eventbus
 from eventbus import Decision
 from eventbus.app.launcher import console
 from eventbus.app.launcher.agent import EventAgent
+from tests.conftest import keep_agent_environment
 
 SUBSCRIBERS_DIR = console._own_roots()[0]
 
@@ -43,6 +45,13 @@ Current thread 0x00007f0000000001 (most recent call first):
   File "{SUBSCRIBERS_DIR}worker/__init__.py", line 335 in _run_path
   File "<frozen runpy>", line 88 in _run_code
 '''
+
+
+@pytest.fixture(autouse=True)
+def _agent_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """EventAgent's _init_health exports EVENTBUS_PROGRESS, TORCH_FR_BUFFER_SIZE, ... for
+    its workers: put them back after each test."""
+    keep_agent_environment(monkeypatch)
 
 
 def _agent(reactors: Sequence[Any] = (), *, max_restarts: int = 2) -> EventAgent:
@@ -96,6 +105,23 @@ def test_an_answer_that_is_no_decision_is_one_reactor_error(
     lines = _lines(capsys.readouterr().err)
     assert lines[0] == ("eventbus: rank 1 failed (exit code 3); restarting the group as "
                         "attempt 1 (1 restart left)")
+
+
+def test_two_instances_of_one_reactor_class_are_reported_each(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The once-per-reactor report is per reactor object: two instances of one class
+    (same name) answering wrongly are two reports, each still once."""
+    class Wrong:
+        def __call__(self, event: object) -> object:
+            return "stop"
+
+    agent = _agent([Wrong(), Wrong()])
+    with caplog.at_level(logging.ERROR, logger="eventbus"):
+        agent._decide([_failure()])
+        agent._decide([_failure(rank=0)])
+    assert agent.reactor_errors == 4
+    reports = [r for r in caplog.records if "reactor error" in r.getMessage()]
+    assert len(reports) == 2, [r.getMessage() for r in reports]
 
 
 @pytest.mark.parametrize(("answer", "stops"), [(Decision.STOP, True),
@@ -217,6 +243,29 @@ def test_straggler_line(capsys: pytest.CaptureFixture[str]) -> None:
     (line,) = _lines(capsys.readouterr().err)
     assert line == ("eventbus: rank 2 is slow at step 120: step time 0.41 s, 2.6 x its "
                     "peers' median 0.16 s (reported only; no restart)")
+
+
+def test_straggler_line_names_the_compute_time_basis(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A lock-step straggler (basis compute_s) is judged on its compute time between
+    collectives, and its line says so instead of "step time"."""
+    agent = _agent()
+    agent.bus.publish(eventbus.WorkerSlow(worker_id=1, factor=3.1, step_time_s=0.62,
+                                          median_step_time_s=0.2, step=40,
+                                          data={"basis": "compute_s"}))
+    (line,) = _lines(capsys.readouterr().err)
+    assert line == ("eventbus: rank 1 is slow at step 40: compute time between collectives "
+                    "0.62 s, 3.1 x its peers' median 0.2 s (reported only; no restart)")
+
+
+def test_agent_environment_is_put_back() -> None:
+    """keep_agent_environment: what an in-process agent exported is gone afterwards."""
+    assert "EVENTBUS_PROGRESS" not in os.environ
+    with pytest.MonkeyPatch.context() as mp:
+        keep_agent_environment(mp)
+        _agent()
+        assert os.environ["EVENTBUS_PROGRESS"]
+    assert "EVENTBUS_PROGRESS" not in os.environ
 
 
 def test_where_of_skips_torch_and_the_standard_library() -> None:

@@ -34,6 +34,7 @@ from eventbus.app.launcher.agent import EventAgent
 from eventbus.app.launcher.agent import _peek_exit
 from eventbus.app.launcher.agent import event_agent
 from eventbus.subscribers.jsonl import read_jsonl
+from tests.conftest import keep_agent_environment
 from tests.launcher_helpers import ROOT
 from tests.launcher_helpers import run_command
 
@@ -242,6 +243,7 @@ def test_event_agent_python_api_with_elastic_launch(tmp_path: Path, peek: bool,
 
     if not peek:
         monkeypatch.setattr("eventbus.app.launcher.agent._peek_exit", lambda pid: None)
+    keep_agent_environment(monkeypatch)  # the in-process agents export their workers' settings
     monkeypatch.setenv(RELIABLE_RESTARTS_ENV, "1")
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -293,9 +295,11 @@ def test_torch_raises_on_a_torn_error_file(tmp_path: Path) -> None:
         ProcessFailure(local_rank=0, pid=1, exitcode=-15, error_file=str(torn))
 
 
-def test_stop_reason_survives_an_error_raised_on_the_way_out() -> None:
+def test_stop_reason_survives_an_error_raised_on_the_way_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A reactor STOPs, then torch's run raises (as it did on a torn error file): AGENT_EXIT
     still carries --stop-exit-code and the STOP's reason, the error named after it."""
+    keep_agent_environment(monkeypatch)
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
 
