@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -164,12 +165,13 @@ class Chromium:
         """End the browser (and its helper processes) and remove its profile."""
         with contextlib.suppress(OSError):
             os.close(self._to_browser)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, 9)
-            self.proc.wait(timeout=10)
+        # the browser's helpers (renderer, GPU, zygote) may outlive the browser: the whole
+        # session goes, whether the browser ended by itself or not
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
         with contextlib.suppress(OSError):
             os.close(self._from_browser)
         shutil.rmtree(self._profile, ignore_errors=True)

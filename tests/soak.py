@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
 from types import FrameType
+from typing import IO
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- soak:begin -->", "<!-- soak:end -->"
@@ -126,6 +127,21 @@ def write_doc(doc: Path, text: str) -> None:
     doc.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}", encoding="utf-8")
 
 
+def run_round(cmd: list[str], sink: IO[bytes], timeout: float) -> int | None:
+    """Run one round's pytest in its own process group; its exit status, or None when it
+    ran past ``timeout`` (the whole group, jobs and workers included, is killed then)."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # what it left behind, or all of it
+        proc.wait()
+
+
 def _terminate(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)  # the finally below stops the load
 
@@ -138,11 +154,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="busy processes (default: one per core; 0: none)")
     parser.add_argument("--hang-dump", type=float, default=120.0,
                         help="dump every thread's stack after this many seconds in one test")
+    parser.add_argument("--round-timeout", type=float, default=3600.0,
+                        help="seconds one round may run before it is killed and counted as a "
+                             "round error (default 3600)")
     parser.add_argument("--out", default="", help="folder for each round's output")
     parser.add_argument("--doc", default="", help="write the table into this Markdown file")
     args, extra = parser.parse_known_args(argv)
     if args.n < 1:
         parser.error(f"-n must be at least 1 (got {args.n})")
+    if args.round_timeout <= 0:
+        parser.error(f"--round-timeout must be more than 0 (got {args.round_timeout:g})")
     if args.load < 0:
         parser.error(f"--load must be 0 or more (got {args.load})")
     out_dir = Path(args.out or tempfile.mkdtemp(prefix="eventbus-soak-"))
@@ -162,12 +183,16 @@ def main(argv: list[str] | None = None) -> int:
             log = out_dir / f"round-{i}.out"
             r0 = time.monotonic()
             with open(log, "wb") as sink:
-                rc = subprocess.call(cmd, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
+                rc = run_round(cmd, sink, args.round_timeout)
             cases = read_junit(xml, table) if xml.exists() else 0
             failed_now = sum(o.failed for o in table.values())
             print(f"soak: round {i}/{args.n}: pytest exit {rc}, {cases} tests, "
                   f"{time.monotonic() - r0:.0f} s, failures so far {failed_now}", flush=True)
-            if rc not in (0, 1) or (rc == 1 and cases == 0):
+            if rc is None:
+                round_errors.append(f"round {i}: killed after {args.round_timeout:g} s "
+                                    f"(see {log})")
+                rc = -1
+            elif rc not in (0, 1) or (rc == 1 and cases == 0):
                 # 1 with failing tests is theirs; anything else is the round's own failure
                 round_errors.append(f"round {i}: pytest exit {rc} (see {log})")
             if rc == 5:

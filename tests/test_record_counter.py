@@ -135,8 +135,10 @@ def test_a_failed_counter_leaves_no_temporary_and_close_unmaps(
 @pytest.fixture
 def store() -> Iterator[Any]:
     torch_dist = pytest.importorskip("torch.distributed")
-    yield torch_dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                              timeout=datetime.timedelta(seconds=10))
+    store = torch_dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                                timeout=datetime.timedelta(seconds=10))
+    yield store
+    del store  # TCPStore has no close(): its server stops with the last reference
 
 
 def test_the_agent_reports_what_a_dead_sender_had_queued_from_its_counter(
@@ -162,21 +164,29 @@ def test_the_agent_reports_what_a_dead_sender_had_queued_from_its_counter(
     fwd = StoreForwarder(host="127.0.0.1", port=store.port,
                          key=worker_key(env[ENV_PREFIX], 0), rank=0, bus=Bus("w0"),
                          ledger_dir=env[ENV_LEDGER_DIR], max_batch=100)
-    for i in range(250):
-        fwd.bus.record("METRIC", data={"i": i})
-    assert fwd.flush(10.0)
     stuck = threading.Event()
-    fwd.sink.handle_batch = lambda batch: stuck.wait(30)  # the thread hangs in a push
-    for i in range(250, 1000):
-        fwd.bus.record("METRIC", data={"i": i})
-    assert fwd.counter is not None and fwd.counter.value == 1000
-    agent.before_exit(timeout=5.0)
-    stuck.set()
-    delivered = [e for e in got if e.type == eventbus.EventType.METRIC]
-    lost = [e for e in got if isinstance(e, eventbus.EventsLost)]
-    assert len(delivered) == 250
-    assert [(e.count, e.data["from"]) for e in lost] == [(750, "record counter")]
-    assert "still queued" in lost[0].reason
-    assert agent.ledger_stats["counters"] == 1
-    fwd.close(1.0)
-    assert fwd.counter.closed  # close() unmapped it
+    exited = False
+    try:
+        for i in range(250):
+            fwd.bus.record("METRIC", data={"i": i})
+        assert fwd.flush(10.0)
+        fwd.sink.handle_batch = lambda batch: stuck.wait(30)  # the thread hangs in a push
+        for i in range(250, 1000):
+            fwd.bus.record("METRIC", data={"i": i})
+        assert fwd.counter is not None and fwd.counter.value == 1000
+        agent.before_exit(timeout=5.0)
+        exited = True
+        stuck.set()
+        delivered = [e for e in got if e.type == eventbus.EventType.METRIC]
+        lost = [e for e in got if isinstance(e, eventbus.EventsLost)]
+        assert len(delivered) == 250
+        assert [(e.count, e.data["from"]) for e in lost] == [(750, "record counter")]
+        assert "still queued" in lost[0].reason
+        assert agent.ledger_stats["counters"] == 1
+        fwd.close(1.0)
+        assert fwd.counter.closed  # close() unmapped it
+    finally:
+        stuck.set()
+        if not exited:  # a failure above: the agent's receiver still runs
+            agent.before_exit(timeout=5.0)
+        fwd.close(1.0)  # idempotent

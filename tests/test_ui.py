@@ -305,6 +305,30 @@ def test_address_and_token_rules() -> None:
 # -- the server -----------------------------------------------------------------------------------
 
 
+def _read_until(answer: http.client.HTTPResponse, needle: bytes,
+                timeout: float = 30.0) -> bytes:
+    """What a stream sent until ``needle`` (each read bounded by the connection's own
+    timeout); fails on the stream's end or after ``timeout`` seconds."""
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while needle not in seen:
+        assert time.monotonic() < deadline, f"{needle!r} never came: {seen[-500:]!r}"
+        chunk = answer.read1(65536)
+        assert chunk, f"the stream ended before {needle!r}: {seen[-500:]!r}"
+        seen += chunk
+    return seen
+
+
+def _readline_within(stream: Any, timeout: float = 60.0) -> str:
+    """One line of a child's pipe, or "" when none came within ``timeout`` (the reading
+    thread ends when the child is killed and the pipe closes)."""
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(stream.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return got[0] if got else ""
+
+
 def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes, Any]:
     request = urllib.request.Request(url, headers=headers or {})
     try:
@@ -393,9 +417,7 @@ def test_stream_pushes_new_events_and_the_final_state() -> None:
         assert answer.headers["Content-Type"].startswith("text/event-stream")
         for event in _job_events():
             state(event)
-        seen = b""
-        while b'"status":"stopped"' not in seen:
-            seen += answer.read1(65536)
+        seen = _read_until(answer, b'"status":"stopped"')
         assert b"event: events" in seen and b"WORKER_STALLED" in seen
         server.close(timeout=2.0)
         rest = answer.read()
@@ -414,9 +436,7 @@ def test_close_sends_the_events_the_folder_has_not_folded_yet() -> None:
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
         conn.request("GET", "/api/stream?since=0")
         answer = conn.getresponse()
-        seen = b""
-        while b"event: state" not in seen:
-            seen += answer.read1(65536)
+        _read_until(answer, b"event: state")
         for event in _job_events():
             state(event)
         server.close(timeout=5.0)
@@ -636,12 +656,13 @@ def _start_view(path: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "eventbus", "view", str(path), "--ui", "127.0.0.1:0",
          "--interval", "0.05", *extra],
-        env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
-    line = proc.stderr.readline()
+    line = _readline_within(proc.stderr)
     found = ADDRESS.search(line)
     if found is None:
         proc.kill()
+        proc.wait()
         raise AssertionError(f"no address printed: {line!r} {proc.stderr.read()!r}")
     return proc, found[1]
 
@@ -689,10 +710,10 @@ def test_view_on_another_host_requires_the_printed_token(tmp_path: Path) -> None
     """`eventbus view --ui 0.0.0.0:0`: a token is generated and printed; without it 401."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "eventbus", "view", str(FIXTURE), "--ui", "0.0.0.0:0"],
-        env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stderr is not None
-        line = proc.stderr.readline()
+        line = _readline_within(proc.stderr)
         found = re.search(r":(\d+)/\?token=([\w-]+)", line)
         assert found, line
         base = f"http://127.0.0.1:{found[1]}"
@@ -747,7 +768,7 @@ def test_browser_shows_a_real_job_that_fails_once_and_restarts(tmp_path: Path) -
            "--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.1",
            str(ROOT / "tests" / "jobs" / "gloo_fail_once.py"), "--out", str(out),
            "--fail-on", "0", "--hold-until", str(release)]
-    job = subprocess.Popen(cmd, cwd=tmp_path, env=subprocess_env(), stdout=subprocess.PIPE,
+    job = subprocess.Popen(cmd, cwd=tmp_path, env=subprocess_env(), stdout=subprocess.DEVNULL,
                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     lines: list[str] = []
     url: list[str] = []

@@ -15,13 +15,16 @@ record() calls begun and returned. Per worker:
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
+import queue
 import random
 import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -45,16 +48,32 @@ pytestmark = pytest.mark.slow
 KILLS = 20
 
 
-def _read_line(proc: subprocess.Popen[str], want: str, timeout: float = 30.0) -> str:
+def _reader(proc: subprocess.Popen[str]) -> queue.Queue[str]:
+    """The lines of ``proc``'s stdout, read on a daemon thread ("" at its end)."""
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put("")
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def _read_line(proc: subprocess.Popen[str], lines: queue.Queue[str], want: str,
+               timeout: float = 30.0) -> str:
     deadline = time.monotonic() + timeout
-    assert proc.stdout is not None
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
+    while True:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError(f"no {want!r} line within {timeout} s") from None
         if not line:
             raise AssertionError(f"the flood process ended (exit {proc.poll()}) before {want!r}")
         if line.startswith(want):
             return line.split()[1]
-    raise AssertionError(f"no {want!r} line within {timeout} s")
 
 
 def test_a_flooding_worker_killed_20_times_reports_its_true_loss(tmp_path: Path) -> None:
@@ -83,7 +102,8 @@ def test_a_flooding_worker_killed_20_times_reports_its_true_loss(tmp_path: Path)
         [sys.executable, str(ROOT / "tests" / "jobs" / "sigkill_flood.py"), "127.0.0.1",
          str(store.port), env[ENV_PREFIX], env[ENV_BELL], env[ENV_LEDGER_DIR], str(tmp_path)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=subprocess_env(),
-        cwd=ROOT)
+        cwd=ROOT, start_new_session=True)  # its group: the flooding child dies with it
+    lines = _reader(proc)
     rng = random.Random(25)
     waits: list[float] = []
     try:
@@ -91,20 +111,21 @@ def test_a_flooding_worker_killed_20_times_reports_its_true_loss(tmp_path: Path)
         for rank in range(KILLS):
             proc.stdin.write(f"go {rank}\n")
             proc.stdin.flush()
-            pid = int(_read_line(proc, "pid"))
+            pid = int(_read_line(proc, lines, "pid"))
             wait = rng.uniform(0.0, 1.5)
             waits.append(wait)
             time.sleep(wait)
             os.kill(pid, signal.SIGKILL)
-            _read_line(proc, "reaped")
+            _read_line(proc, lines, "reaped")
     finally:
         if proc.stdin is not None:
             proc.stdin.close()
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        # a failure above leaves a forked child flooding: the whole group goes
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
     counts, refused = read_counters(env[ENV_LEDGER_DIR])  # before the agent removes them
     assert not refused
     counter = {int(c.key.rsplit("/w", 1)[1]): c.recorded for c in counts}
