@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -271,6 +272,66 @@ def test_agent_environment_is_put_back() -> None:
 def test_where_of_skips_torch_and_the_standard_library() -> None:
     assert console.where_of(STACK) == "train.py:18"
     assert console.where_of("no stack: the worker did not answer") is None
+
+
+#: a heartbeat's stack (eventbus.app.worker.progress.format_stacks): traceback's format,
+#: innermost call last, with source lines; the main thread first, eventbus's own marked
+HEARTBEAT_STACK = f'''Thread 0x7f0000000001 "MainThread" (main), most recent call last:
+  File "<frozen runpy>", line 88, in _run_code
+  File "{SUBSCRIBERS_DIR}worker/__init__.py", line 335, in _run_path
+    exec(code, globals)
+  File "/job/train.py", line 30, in <module>
+    main()
+  File "/job/train.py", line 18, in main
+    dist.all_reduce(t)
+  File "/venv/lib/python3.11/site-packages/torch/distributed/c10d.py", line 2501, in all_reduce
+    work = group.allreduce([tensor], opts)
+
+Thread 0x7f0000000003 "eventbus-progress" (eventbus's own), most recent call last:
+  File "/usr/lib/python3.11/threading.py", line 1002, in _bootstrap
+    self._bootstrap_inner()
+  File "{SUBSCRIBERS_DIR}queued.py", line 210, in _run
+    item = self._queue.get()
+... (cut)
+'''
+
+
+def test_a_heartbeats_stack_reads_like_a_faulthandler_dump() -> None:
+    """A remote culprit's stack comes from its heartbeat in traceback's format: where_of
+    finds the script's frame, the main thread comes first with its frames innermost first
+    (source lines and the bootstrap left out), eventbus's thread is marked."""
+    assert console.where_of(HEARTBEAT_STACK) == "train.py:18"
+    lines = console.stack_lines(HEARTBEAT_STACK)
+    assert lines[0] == 'Thread 0x7f0000000001 "MainThread" (main) (most recent call first):'
+    assert lines[1].strip().startswith('File "/venv/lib/python3.11/site-packages/torch/')
+    assert lines[2:4] == ['  File "/job/train.py", line 18 in main',
+                          '  File "/job/train.py", line 30 in <module>']
+    assert not any("dist.all_reduce(t)" in line for line in lines)
+    own = next(i for i, line in enumerate(lines) if "0x7f0000000003" in line)
+    assert lines[own].endswith(console.EVENTBUS_MARK) and own > 4
+    assert lines[own + 1].endswith("line 210 in _run")
+    assert console.stack_lines(HEARTBEAT_STACK, full=True)[-1] == "... (cut)"
+
+
+def test_a_real_heartbeat_stack_names_the_callers_line() -> None:
+    """format_stacks() of this very process: where_of names this test's line."""
+    import threading
+
+    from eventbus.app.worker import progress
+
+    stop = threading.Event()
+    helper = threading.Thread(target=stop.wait, name="eventbus-test-thread", daemon=True)
+    helper.start()
+    try:
+        text = progress.format_stacks(); line = sys._getframe().f_lineno  # noqa: E702
+    finally:
+        stop.set()
+        helper.join(timeout=5)
+    assert console.where_of(text) == f"test_agent_console.py:{line}"
+    threads = console.format_stack(text)
+    assert threads[0].is_main
+    assert any(t.ident == hex(helper.ident or 0) and console.EVENTBUS_MARK in t.header
+               for t in threads)
 
 
 def test_full_stack_keeps_every_frame() -> None:

@@ -51,6 +51,12 @@ MAX_CONSOLE_STACK_LINES = 60
 _HEADER = re.compile(
     r"^(Current thread|Thread) (0x[0-9a-fA-F]+)(.*)\(most recent call first\):\s*$")
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+|\?+) in (?P<func>.*)$')
+#: a heartbeat's stack (eventbus.app.worker.progress.format_stacks): traceback's format,
+#: one header per thread, ``Thread 0x.. "name" (main), most recent call last:``
+_TB_HEADER = re.compile(
+    r'^Thread (0x[0-9a-fA-F]+)(?P<rest>.*), most recent call last:\s*$')
+_TB_FRAME = re.compile(r'^(?P<indent>\s*)File "(?P<file>[^"]*)", line (?P<line>\d+), in '
+                       r'(?P<func>.*)$')
 #: what marks one of eventbus's own threads in a formatted stack
 EVENTBUS_MARK = "[eventbus's own thread]"
 
@@ -86,7 +92,9 @@ class StackThread:
     @property
     def is_main(self) -> bool:
         """A thread started by ``threading`` has ``_bootstrap`` as its outermost frame;
-        the main thread does not."""
+        the main thread does not (a heartbeat's stack names it: ``(main)``)."""
+        if self.current and "(main)" in self.header:
+            return True
         files = self.files()
         if not files:
             return self.current
@@ -95,20 +103,59 @@ class StackThread:
 
 def parse_stack(text: str) -> tuple[list[str], list[StackThread]]:
     """The lines before the first thread header, and the threads of a faulthandler dump
-    (every other line kept with the thread it follows)."""
+    (every other line kept with the thread it follows).
+
+    A heartbeat's stack (traceback's format, ``most recent call last``, as
+    :func:`eventbus.app.worker.progress.format_stacks` writes it) is read too: its frames
+    come back in faulthandler's shape and order (``File "x.py", line N in f``, innermost
+    first, the source lines left out), its thread marked ``(main)`` is the main thread and
+    one marked ``(eventbus's own)`` gets :data:`EVENTBUS_MARK`."""
     preamble: list[str] = []
     threads: list[StackThread] = []
+    pending: list[str] = []  # a traceback-format thread's frames, outermost first
+    trailer: list[str] = []  # its other lines (a cut note), kept after the frames
+
+    def close_traceback() -> None:
+        if threads and (pending or trailer):
+            threads[-1].frames.extend([*reversed(pending), *trailer])
+        pending.clear()
+        trailer.clear()
+
+    in_traceback = False
     for raw in text.splitlines():
         line = raw.rstrip()
         header = _HEADER.match(line.strip())
+        tb_header = None if header else _TB_HEADER.match(line.strip())
+        if header or tb_header:
+            close_traceback()
         if header:
+            in_traceback = False
             threads.append(StackThread(line.strip(), header.group(2),
                                        header.group(1) == "Current thread"))
+        elif tb_header:
+            in_traceback = True
+            rest = tb_header.group("rest").strip()
+            main = "(main)" in rest
+            own = "(eventbus's own)" in rest
+            rest = rest.replace("(eventbus's own)", "").strip()
+            title = f"Thread {tb_header.group(1)}{' ' + rest if rest else ''} " \
+                "(most recent call first):"
+            if own:
+                title = f"{title} {EVENTBUS_MARK}"
+            threads.append(StackThread(title, tb_header.group(1), main))
+        elif in_traceback:
+            frame = _TB_FRAME.match(line)
+            if frame:
+                pending.append(f'  File "{frame.group("file")}", line {frame.group("line")} '
+                               f'in {frame.group("func")}')
+            elif line and not (pending and line.startswith("    ")):  # not a source line
+                trailer.append(line)
         elif threads:
             if line:
                 threads[-1].frames.append(line)
         elif line:
             preamble.append(line)
+    close_traceback()
     return preamble, threads
 
 
