@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from typing import NoReturn
 
 import pytest
 
@@ -98,8 +99,9 @@ def store() -> Iterator[Any]:
 
 
 def _env(port: int, **extra: str) -> dict[str, str]:
+    # The progress watch off: its heartbeats would be counted among the child's events.
     return subprocess_env(**{ENV_STORE: f"127.0.0.1:{port}", ENV_PREFIX: PREFIX,
-                             "RANK": str(RANK), **extra})
+                             "RANK": str(RANK), "EVENTBUS_PROGRESS": "off", **extra})
 
 
 def _child(tmp_path: Path, mode: str, n: int, env: dict[str, str]) -> subprocess.Popen[str]:
@@ -140,22 +142,26 @@ def _communicate(proc: subprocess.Popen[str], timeout: float) -> tuple[str, str]
     try:
         return proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGUSR1)
-        time.sleep(2.0)
-        proc.kill()
-        out, err = proc.communicate(timeout=30)
-        raise AssertionError(f"the child did not exit within {timeout:g} s; its threads and "
-                             f"output:\n{err[-12_000:]}\n{out[-2_000:]}") from None
+        _fail_with_stacks(proc, f"the child did not exit within {timeout:g} s")
+
+
+def _fail_with_stacks(proc: subprocess.Popen[str], reason: str) -> NoReturn:
+    proc.send_signal(signal.SIGUSR1)
+    time.sleep(2.0)
+    proc.kill()
+    out, err = proc.communicate(timeout=30)
+    raise AssertionError(f"{reason}; its threads and output:\n{err[-12_000:]}\n"
+                         f"{out[-2_000:]}")
 
 
 def _wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 60.0) -> None:
+    """Wait for the child to create ``path``; past ``timeout``, fail with its stacks."""
     deadline = time.monotonic() + timeout
     while not path.exists():
         if proc.poll() is not None:
             raise AssertionError(f"child ended early: {proc.communicate()}")
         if time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"{path} never appeared")
+            _fail_with_stacks(proc, f"{path} never appeared within {timeout:g} s")
         time.sleep(0.02)
 
 
