@@ -21,16 +21,38 @@ re-take the GIL later.
 The destroy runs on a helper thread, bounded by :data:`DESTROY_TIMEOUT_S`: a collective
 whose peers never take part (they died, or wait elsewhere) would otherwise hold the exit
 for the group's whole timeout (30 min by default). Past the bound the worker says so on
-stderr and goes on exiting as before, with that collective still in flight.
+stderr and goes on exiting as before, with that collective still in flight. That helper
+is started by :func:`install`, before the script runs, and waits for the request: from
+Python 3.12 ``Thread.start()`` inside an exit hook raises ``RuntimeError: can't create new
+thread at interpreter shutdown``. Without the helper (a thread could not be started) the
+destroy runs inline, unbounded.
+
+First of all the hook sends the progress watch's final ``exiting`` beat
+(:func:`eventbus.app.worker.progress.end_progress_watch`), so that the agent knows the
+silence of a destroy that waits is the process ending, not a stall.
+
+A forked child inherits the hook; it does nothing in any process but the one that installed
+it (the groups are the parent's, and the helper thread did not survive the fork).
+
+What is not covered: ``destroy_process_group()`` drops torch's own references to the
+groups. gloo has no ``shutdown()``; its threads are joined only when the last reference to
+the group goes. A script that still holds one at exit (a ``DistributedDataParallel`` model
+or a ``dist.new_group(...)`` kept in a global) keeps gloo's threads past this hook, into
+finalization, as without it. Such a script should call ``destroy_process_group()`` and drop
+its references itself (``del model``) before it ends, or end through an exception-safe
+``try``/``finally`` that does.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
+import os
+import queue
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["DESTROY_TIMEOUT_S", "end_process_groups", "install"]
@@ -41,19 +63,55 @@ logger = logging.getLogger("eventbus")
 DESTROY_TIMEOUT_S = 10.0
 
 _installed = False
+#: the process that installed the hook (a forked child inherits it, not the groups' ownership)
+_pid: int | None = None
+#: the helper thread's requests (started at install: not startable at shutdown from 3.12)
+_jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+_helper: threading.Thread | None = None
+
+
+def _serve() -> None:
+    while True:
+        _jobs.get()()
 
 
 def install() -> None:
-    """Register :func:`end_process_groups` to run at exit (once)."""
-    global _installed
+    """Register :func:`end_process_groups` to run at exit and start its helper (once)."""
+    global _installed, _pid, _helper
     if not _installed:
         _installed = True
+        _pid = os.getpid()
+        _helper = threading.Thread(target=_serve, name="eventbus-destroy-process-group",
+                                   daemon=True)
+        _helper.start()
         atexit.register(end_process_groups)
 
 
+def _start(job: Callable[[], None]) -> None:
+    """Run ``job`` on another thread: the helper, else a new one, else (no thread can start
+    at interpreter shutdown) inline."""
+    if _helper is not None and _helper.is_alive():
+        _jobs.put(job)
+        return
+    try:
+        threading.Thread(target=job, name="eventbus-destroy-process-group",
+                         daemon=True).start()
+    except RuntimeError:  # "can't create new thread at interpreter shutdown" (3.12+)
+        job()
+
+
 def end_process_groups(timeout: float = DESTROY_TIMEOUT_S) -> bool:
-    """Destroy torch's process groups if the script left them initialized; True when there
-    were none or they were destroyed within ``timeout`` seconds. Never raises."""
+    """Send the progress watch's final beat, then destroy torch's process groups if the
+    script left them initialized; True when there were none or they were destroyed within
+    ``timeout`` seconds. Never raises; does nothing in a forked child."""
+    if _pid is not None and os.getpid() != _pid:
+        return True  # a forked child: the groups, and the hook, are the parent's
+    try:
+        from eventbus.app.worker.progress import end_progress_watch
+
+        end_progress_watch()
+    except Exception:  # the beat is best effort; the destroy still matters
+        pass
     dist: Any = sys.modules.get("torch.distributed")
     try:
         if dist is None or not dist.is_available() or not dist.is_initialized():
@@ -61,19 +119,19 @@ def end_process_groups(timeout: float = DESTROY_TIMEOUT_S) -> bool:
     except Exception:  # a half-imported torch at exit: nothing of ours to end
         return True
     failed: list[BaseException] = []
+    done = threading.Event()
 
     def destroy() -> None:
         try:
             dist.destroy_process_group()
         except BaseException as exc:  # reported below; an exit must not fail on it
             failed.append(exc)
+        finally:
+            done.set()
 
     began = time.monotonic()
-    helper = threading.Thread(target=destroy, name="eventbus-destroy-process-group",
-                              daemon=True)
-    helper.start()
-    helper.join(timeout)
-    if helper.is_alive():
+    _start(destroy)
+    if not done.wait(timeout):
         logger.warning("eventbus: the worker's process group still had a collective in "
                        "flight %.0f s after the script ended (a peer is gone or waits "
                        "elsewhere); exiting without waiting for it", timeout)

@@ -107,6 +107,9 @@ DUMP_PREFIX = "fr_trace_rank_"
 THREAD_NAME = "eventbus-progress"
 
 TICK_S = 0.1
+#: how long the exit waits for the watch's thread before the final beat (a tick's dump
+#: on a loaded machine); the beat is skipped past it rather than raced
+FINAL_JOIN_S = 5.0
 BEAT_S = 1.0
 IDLE_BEAT_S = 2.0
 STACK_AFTER_S = 1.0
@@ -314,17 +317,24 @@ class ProgressWatch:
         self._subscription: Any = None
         #: heartbeats recorded on the counted bus
         self._own = 0
+        self._pid = os.getpid()
+        self._final_sent = False
 
     # -- lifecycle
     def start(self) -> None:
+        self._pid = os.getpid()
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
-        atexit.register(self.stop, final=True)
+        atexit.register(self.stop, FINAL_JOIN_S, final=True)
 
     def stop(self, timeout: float = 1.0, *, final: bool = False) -> None:
         """End the thread; ``final`` (at the interpreter's exit, before the forwarder's
         flush): one last beat with ``data["exiting"]``, so that the agent knows the silence
-        that follows is the process ending, not a stall."""
+        that follows is the process ending, not a stall. Once per watch; nothing in a
+        forked child (the watch, its rank and its thread are the parent's)."""
+        if os.getpid() != self._pid or (final and self._final_sent):
+            return
+        self._final_sent = self._final_sent or final
         self._stop.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
@@ -555,6 +565,15 @@ class ProgressWatch:
 
 _watch: ProgressWatch | None = None
 _lock = threading.Lock()
+
+
+def end_progress_watch() -> None:
+    """Send the running watch's final ``exiting`` beat now and stop it (at exit, before
+    anything that may wait: :func:`eventbus.app.worker.process_groups.end_process_groups`
+    calls it first). Its own exit hook then does nothing more."""
+    watch = _watch
+    if watch is not None:
+        watch.stop(FINAL_JOIN_S, final=True)
 
 
 def start_progress_watch(sources: frozenset[str], *, dump_dir: str | None = None,
