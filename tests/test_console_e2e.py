@@ -119,3 +119,27 @@ def test_the_rank_that_failed_first_is_named_though_it_exits_last(tmp_path: Path
     assert own["exit_code"] == 1 and not own["data"].get("stopped_by_agent"), own
     (restart,) = run.of("WORKER_RESTART")
     assert restart["reason"].startswith("rank 1 failed"), restart
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_rank_that_failed_first_is_its_own_failure_past_the_grace(
+        tmp_path: Path) -> None:
+    """As above, but rank 1's teardown outlasts the agent's grace (DYING_GRACE_S), so torch
+    stops it with the group: its WORKER_EXIT is still its own failure (its error file
+    predates rank 0's), decided on (a console line naming it, the restart's reason), never
+    "stopped by the agent" published past the reactors."""
+    from eventbus.app.launcher.agent import DYING_GRACE_S
+
+    run = run_job(tmp_path, job="first_error.py", torchrun_args=["--max-restarts", "1"],
+                  job_args=["--teardown-s", str(DYING_GRACE_S + 20)])
+    assert run.returncode == 0, run.describe()
+    lines = _console(run)
+    mine = [line for line in lines if line.startswith(
+        "eventbus: rank 1 failed (") and "injected failure: rank 1 lost its data loader" in line]
+    assert mine, run.stderr[-4000:]
+    (own,) = [e for e in run.of("WORKER_EXIT", worker_id=1) if e["exit_code"] != 0]
+    assert not own["data"].get("stopped_by_agent"), own
+    assert "injected failure" in (own.get("message") or ""), own
+    (restart,) = run.of("WORKER_RESTART")
+    assert restart["reason"].startswith("rank 1 failed"), restart

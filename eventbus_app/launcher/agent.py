@@ -61,6 +61,7 @@ from eventbus.app.plugins import RendezvousInfo
 from eventbus.app.plugins import entry_point_plugins
 from eventbus.app.worker import bootstrap_args
 from eventbus.app.worker import run_attached
+from eventbus.app.worker.process_groups import DESTROY_TIMEOUT_S
 from eventbus.app.worker.stack_dump import ENV_STACK_DIR
 from eventbus.bus import ALL
 from eventbus.bus import Bus
@@ -182,8 +183,10 @@ def _failure_message(failure: ProcessFailure) -> str | None:
 
 #: how long the monitor waits for a worker that failed first (its error file written)
 #: but is still in its interpreter's teardown to exit by itself (see
-#: EventAgent._with_earlier_failures)
-DYING_GRACE_S = 5.0
+#: EventAgent._with_earlier_failures): the bootstrap's exit-time destroy of the process
+#: groups alone may take DESTROY_TIMEOUT_S. The monitor does not block meanwhile: its
+#: ticks return "healthy" until the worker exits or the grace ends (once per attempt).
+DYING_GRACE_S = DESTROY_TIMEOUT_S + 2.0
 
 
 def _error_time(path: object) -> int | None:
@@ -307,6 +310,11 @@ class EventAgent(LocalElasticAgent):
         self._reactor_subs: list[Subscription] = []
         self._collecting: threading.local = threading.local()
         self._reported: set[tuple[int, int]] = set()  # (attempt, global rank)
+        #: attempt -> when the grace for a worker that failed first and is still exiting
+        #: ends (monotonic; set once per attempt, see _with_earlier_failures)
+        self._dying_until: dict[int, float] = {}
+        #: attempt -> the earliest error file time (ns) of the failures decided on
+        self._first_error_ns: dict[int, int] = {}
         self._stop_reason: str | None = None
         self._restart_reason: str | None = None
         self._failure_summary: str | None = None
@@ -967,6 +975,8 @@ class EventAgent(LocalElasticAgent):
             return remote
         spontaneous = self._with_earlier_failures(worker_group,
                                                   self._peek_failures(worker_group))
+        if spontaneous is None:  # the rank that failed first is still exiting: wait for it
+            return RunResult(state=WorkerState.HEALTHY)
         if spontaneous:
             self._decide(spontaneous)
         else:
@@ -987,8 +997,16 @@ class EventAgent(LocalElasticAgent):
             # Without a peek (no waitid here, or an exit in between) torch's result mixes
             # the workers that failed with those it stopped (SIGTERM) because of them.
             own = [rank for rank, f in unseen if f.exitcode != -int(signal.SIGTERM)]
+            first_seen = self._first_error_ns.get(attempt)
             for global_rank, failure in unseen:
-                stopped = bool(spontaneous) or (bool(own) and global_rank not in own)
+                # a worker whose error file predates the first failure decided on failed
+                # first (the grace ended during its teardown): its own failure, never
+                # "stopped by the agent", and the reactors see it
+                written = _error_time(failure.error_file)
+                earlier = written is not None and first_seen is not None and \
+                    written < first_seen
+                stopped = not earlier and (
+                    bool(spontaneous) or (bool(own) and global_rank not in own))
                 event = self._exit_event(worker_group, global_rank, failure,
                                          stopped_by_agent=stopped)
                 if stopped:
@@ -997,6 +1015,8 @@ class EventAgent(LocalElasticAgent):
                 else:
                     late.append(event)
             if late:
+                # in the order they failed (a failure without an error file goes last)
+                late.sort(key=lambda e: _error_time(e.data.get("error_file")) or sys.maxsize)
                 self._decide(late)
             if not result.failures and self._restart_reason is None:
                 self._restart_reason = f"worker group {result.state.name}"
@@ -1075,7 +1095,7 @@ class EventAgent(LocalElasticAgent):
         return found
 
     def _with_earlier_failures(self, worker_group: WorkerGroup,
-                               found: list[WorkerExit]) -> list[WorkerExit]:
+                               found: list[WorkerExit]) -> list[WorkerExit] | None:
         """``found`` (failed workers the peek saw), with the workers that failed *before*
         them and are still exiting, in the order they failed: the first one caused it.
 
@@ -1087,7 +1107,13 @@ class EventAgent(LocalElasticAgent):
         error file, a live worker whose error file is older than all of theirs is given
         up to :data:`DYING_GRACE_S` to exit by itself, and the failures are ordered by
         their error files' times. A failure without an error file (a signal, ``os._exit``)
-        leaves the order as seen: nothing says when it happened."""
+        leaves the order as seen: nothing says when it happened.
+
+        None while that worker is still exiting within the grace: the monitor's tick
+        returns at once (torch's loop calls again), it does not block. The grace starts
+        once per attempt; when it ends with the worker alive, the failures seen are
+        decided on, and the worker's own failure comes through the late path (its error
+        file older than theirs: not "stopped by the agent")."""
         pcontext = getattr(self, "_pcontext", None)
         if not found or pcontext is None:
             return found
@@ -1107,10 +1133,10 @@ class EventAgent(LocalElasticAgent):
             if written is not None and written < first and _peek_exit(pid) is None:
                 dying.append(pid)
         if dying:
-            deadline = time.monotonic() + DYING_GRACE_S
-            while time.monotonic() < deadline and \
-                    any(_peek_exit(pid) is None for pid in dying):
-                time.sleep(0.05)
+            deadline = self._dying_until.setdefault(self.attempt,
+                                                    time.monotonic() + DYING_GRACE_S)
+            if time.monotonic() < deadline:
+                return None  # still exiting, within the grace: the next tick looks again
             found = [*found, *(e for e in self._peek_failures(worker_group)
                                if e.worker_id not in seen)]
         # stable: a failure without an error file (a signal after the wait) goes last
@@ -1150,6 +1176,11 @@ class EventAgent(LocalElasticAgent):
         for event in failures:
             if isinstance(event, WorkerExit):
                 self._reported.add((self.attempt, event.worker_id))
+                written = _error_time(event.data.get("error_file"))
+                if written is not None:
+                    first = self._first_error_ns.get(self.attempt)
+                    self._first_error_ns[self.attempt] = \
+                        written if first is None else min(first, written)
             decisions.extend(self._publish_failure(event))
         summary = _describe(failures[0])
         self._failure_summary = summary
@@ -1206,6 +1237,9 @@ class EventAgent(LocalElasticAgent):
                           "restarted it, or nodes joined; this uses no restart; "
                           f"{console.restarts_text(self.remaining_restarts)})")
         self._restart_reason = None
+        # a membership change keeps the attempt's number: its grace and failures are done
+        self._dying_until.clear()
+        self._first_error_ns.clear()
         attempt = self._next_attempt()
         # up to the new attempt's number included: a membership change keeps the number,
         # and the stopped workers' state must not stall the new ones
