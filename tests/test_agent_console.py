@@ -246,6 +246,31 @@ def test_straggler_line(capsys: pytest.CaptureFixture[str]) -> None:
                     "peers' median 0.16 s (reported only; no restart)")
 
 
+def test_a_restart_through_the_rendezvous_names_no_cause_it_cannot_know(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A restart that reaches this node through the rendezvous (no failure of its own):
+    another node restarted the group or nodes joined; the line says so neutrally, and the
+    WORKER_RESTART reason too. (torch's own restart, which stops and re-forms the group,
+    is left out here.)"""
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    from eventbus.app.launcher import agent as agent_module
+
+    monkeypatch.setattr(LocalElasticAgent, "_restart_workers", lambda self, group: None)
+    monkeypatch.setattr(agent_module, "set_context", lambda **kwargs: None)
+    agent = _agent()
+    restarts: list[eventbus.Event] = []
+    agent.bus.subscribe(eventbus.EventType.WORKER_RESTART, on_event=restarts.append)
+    agent._restart_workers(agent._worker_group)
+    (line,) = _lines(capsys.readouterr().err)
+    assert line == ("eventbus: the group re-forms through the rendezvous (another node "
+                    "restarted it, or nodes joined; this uses no restart; 2 restarts left)")
+    assert "new nodes" not in line
+    (restart,) = restarts
+    assert isinstance(restart, eventbus.WorkerRestart)
+    assert restart.reason == "membership change: the group re-forms through the rendezvous"
+
+
 def test_straggler_line_names_the_compute_time_basis(
         capsys: pytest.CaptureFixture[str]) -> None:
     """A lock-step straggler (basis compute_s) is judged on its compute time between
