@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 import types
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,31 @@ def _fake_dist(calls: list[str]) -> types.ModuleType:
 
     fake.destroy_process_group = destroy  # type: ignore[attr-defined]
     return fake
+
+
+def test_after_the_destroy_the_scripts_globals_holding_a_group_are_dropped(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """gloo joins its threads only when a group's last reference goes; the destroy drops
+    only torch's. So __main__'s names bound to a process group (or a DDP module) are
+    dropped after it, and the group is freed then; other names stay."""
+    calls: list[str] = []
+    fake = _fake_dist(calls)
+
+    class ProcessGroup:
+        def __init__(self) -> None:
+            self.me = self  # a cycle: only the collection frees it
+
+    fake.ProcessGroup = ProcessGroup  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch.distributed", fake)
+    monkeypatch.setattr(process_groups, "_pid", None)
+    main = types.ModuleType("__main__")
+    main.g = ProcessGroup()  # type: ignore[attr-defined]
+    main.kept = [1]  # type: ignore[attr-defined]
+    freed = weakref.ref(main.g)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    assert process_groups.end_process_groups(timeout=5) is True
+    assert len(calls) == 1 and not hasattr(main, "g") and freed() is None
+    assert main.kept == [1]  # type: ignore[attr-defined]
 
 
 def _python(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:

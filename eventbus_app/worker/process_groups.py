@@ -34,18 +34,23 @@ silence of a destroy that waits is the process ending, not a stall.
 A forked child inherits the hook; it does nothing in any process but the one that installed
 it (the groups are the parent's, and the helper thread did not survive the fork).
 
-What is not covered: ``destroy_process_group()`` drops torch's own references to the
-groups. gloo has no ``shutdown()``; its threads are joined only when the last reference to
-the group goes. A script that still holds one at exit (a ``DistributedDataParallel`` model
-or a ``dist.new_group(...)`` kept in a global) keeps gloo's threads past this hook, into
-finalization, as without it. Such a script should call ``destroy_process_group()`` and drop
-its references itself (``del model``) before it ends, or end through an exception-safe
-``try``/``finally`` that does.
+``destroy_process_group()`` drops only torch's own references to the groups; gloo has no
+``shutdown()``, and its threads are joined only when the last reference to a group goes. So
+after the destroy the helper also drops the script's module-level names (in ``__main__``)
+bound to a ``ProcessGroup`` or a ``DistributedDataParallel`` module, and collects: a DDP
+model or a ``dist.new_group(...)`` kept in a global ends here too. Finalization would clear
+those names anyway; only the time their ``__del__`` runs moves, to before the forwarder
+closes. What is not covered: a reference held elsewhere (a local of a frame that
+``sys.last_traceback`` keeps after an uncaught exception, an attribute of another object,
+a container, a module other than ``__main__``) keeps that group's gloo threads into
+finalization, as without this hook. Such a script should destroy its groups and drop its
+references itself (``del model``), in a ``finally`` when it can fail.
 """
 
 from __future__ import annotations
 
 import atexit
+import gc
 import logging
 import os
 import queue
@@ -100,6 +105,24 @@ def _start(job: Callable[[], None]) -> None:
         job()
 
 
+def _drop_main_references(dist: Any) -> None:
+    """Drop the script's module-level references to process groups and DDP modules, so
+    that the groups' last references go (and gloo joins its threads) now, while the
+    interpreter is whole, rather than in finalization, which clears them anyway."""
+    main = sys.modules.get("__main__")
+    kinds = tuple(k for k in (getattr(dist, "ProcessGroup", None), getattr(
+        sys.modules.get("torch.nn.parallel.distributed"), "DistributedDataParallel", None))
+        if isinstance(k, type))
+    if main is None or not kinds:
+        return
+    namespace = vars(main)
+    names = [name for name, value in list(namespace.items()) if isinstance(value, kinds)]
+    for name in names:
+        namespace.pop(name, None)
+    if names:
+        gc.collect()
+
+
 def end_process_groups(timeout: float = DESTROY_TIMEOUT_S) -> bool:
     """Send the progress watch's final beat, then destroy torch's process groups if the
     script left them initialized; True when there were none or they were destroyed within
@@ -124,6 +147,7 @@ def end_process_groups(timeout: float = DESTROY_TIMEOUT_S) -> bool:
     def destroy() -> None:
         try:
             dist.destroy_process_group()
+            _drop_main_references(dist)
         except BaseException as exc:  # reported below; an exit must not fail on it
             failed.append(exc)
         finally:
