@@ -24,8 +24,6 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check eventbus publishers subscribers eventbus_app tests benchmarks examples
 	$(VENV)/bin/mypy
 
-# A few minutes on 2 cores: everything but the tests marked slow (real multi-attempt
-# torchrun jobs, the demo, the 10-restarts-in-a-row run). CI runs those too (.ci/run).
 # Headless Chromium for the job view's browser tests (tests/test_ui.py): the Debian
 # package, installed when missing and apt-get is at hand (CI runs as root). Never fails
 # the build: without a browser those tests skip and say why.
@@ -41,6 +39,8 @@ browser:
 	  || echo "browser: could not install chromium; the browser tests will skip"; \
 	else echo "browser: no $(CHROMIUM) and no apt-get; the browser tests will skip"; fi
 
+# A few minutes on 2 cores: everything but the tests marked slow (real multi-attempt
+# torchrun jobs, the demo, the 10-restarts-in-a-row run). CI runs those too (.ci/run).
 test: $(STAMP) lint browser
 	$(PY) -m pytest -q -m "not slow"
 	# The core again on the pure-Python path: the compiled one (eventbus/_speedups.c)

@@ -106,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument(
         "--reactor", metavar="MODULE:ATTR", action="append", default=[],
         help="a callable (event) -> Decision | None consulted on each failed worker's "
-             "WORKER_EXIT (a class is instantiated without arguments); repeatable")
+             "WORKER_EXIT and each WORKER_STALLED (a class is instantiated without "
+             "arguments); repeatable")
     group.add_argument(
         "--log-events", action="store_true",
         help="log every event on the agent's console (eventbus.get_logging_handler())")
@@ -118,8 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument(
         "--stall-timeout", metavar="SECONDS|auto", type=health.parse_stall_timeout,
         default=None,
-        help="a worker that recorded an event and then none for SECONDS while alive is "
-             "stalled: WORKER_STALLED with its stacks, reactors decide, the group restarts; "
+        help="a live worker that makes no progress (collectives, optimizer steps, recorded "
+             "events) for SECONDS is stalled: WORKER_STALLED for the culprit rank with a "
+             "diagnosis and its stack, reactors decide, the group restarts; "
              f"auto: max({health.AUTO_FLOOR_S:g} s, {health.AUTO_FACTOR:g} x the longest "
              "interval seen between the worker's events). Default: off")
     group.add_argument(
@@ -130,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument(
         "--slow-factor", metavar="FACTOR|off", type=health.parse_slow_factor,
         default=health.DEFAULT_SLOW_FACTOR,
-        help="WORKER_SLOW when a rank's recent step time (METRIC step) is FACTOR x its "
+        help="WORKER_SLOW when a rank's recent step time (METRIC step), or its compute time "
+             "between collectives, is FACTOR x its "
              f"peers' median (default {health.DEFAULT_SLOW_FACTOR:g}; off disables)")
     group.add_argument(
         "--progress", metavar="SOURCES", type=health.parse_progress,
