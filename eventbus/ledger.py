@@ -28,6 +28,7 @@ import mmap
 import os
 import stat
 import struct
+from collections.abc import Iterator
 
 import attrs
 
@@ -137,6 +138,42 @@ def write_ledger(directory: str, ledger: ExitLedger) -> str:
     return path
 
 
+def _refuse(refused: dict[str, int], reason: str) -> None:
+    refused[reason] = refused.get(reason, 0) + 1
+
+
+def _small_files(directory: str, suffix: str, max_bytes: int, what: str,
+                 refused: dict[str, int],
+                 max_files: int) -> Iterator[tuple[os.DirEntry[str], bytes]]:
+    """``(entry, first max_bytes + 1 bytes)`` of each regular file named ``*suffix`` in
+    ``directory``, in name order; a link, a non-regular or an unreadable file is counted in
+    ``refused`` under ``"<what>: ..."`` and skipped. Never raises."""
+    try:
+        entries = sorted(os.scandir(directory), key=lambda e: e.name)[:max_files]
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.name.endswith(suffix):
+            continue
+        try:
+            fd = os.open(entry.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+                         | getattr(os, "O_NONBLOCK", 0))
+        except OSError:
+            _refuse(refused, f"{what}: cannot open (a link, or unreadable)")
+            continue
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                _refuse(refused, f"{what}: not a regular file")
+                continue
+            raw = os.read(fd, max_bytes + 1)
+        except OSError:
+            _refuse(refused, f"{what}: unreadable")
+            continue
+        finally:
+            os.close(fd)
+        yield entry, raw
+
+
 def read_ledgers(directory: str, *,
                  max_files: int = 100_000) -> tuple[list[ExitLedger], dict[str, int]]:
     """Every ledger in ``directory``, and the files refused, counted per reason.
@@ -147,40 +184,15 @@ def read_ledgers(directory: str, *,
     """
     ledgers: list[ExitLedger] = []
     refused: dict[str, int] = {}
-
-    def refuse(reason: str) -> None:
-        refused[reason] = refused.get(reason, 0) + 1
-
-    try:
-        entries = sorted(os.scandir(directory), key=lambda e: e.name)[:max_files]
-    except OSError:
-        return ledgers, refused
-    for entry in entries:
-        if not entry.name.endswith(_LEDGER_SUFFIX):
-            continue
-        try:
-            fd = os.open(entry.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
-                         | getattr(os, "O_NONBLOCK", 0))
-        except OSError:
-            refuse("ledger: cannot open (a link, or unreadable)")
-            continue
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                refuse("ledger: not a regular file")
-                continue
-            raw = os.read(fd, MAX_LEDGER_BYTES + 1)
-        except OSError:
-            refuse("ledger: unreadable")
-            continue
-        finally:
-            os.close(fd)
+    for entry, raw in _small_files(directory, _LEDGER_SUFFIX, MAX_LEDGER_BYTES, "ledger",
+                                   refused, max_files):
         try:
             ledger = ExitLedger.from_json(raw)
         except WireError as rej:
-            refuse(rej.reason)
+            _refuse(refused, rej.reason)
             continue
         if ledger_path(directory, ledger.sender) != entry.path:
-            refuse("ledger: file name is not its sender's")
+            _refuse(refused, "ledger: file name is not its sender's")
             continue
         ledgers.append(ledger)
     return ledgers, refused
@@ -311,40 +323,15 @@ def read_counters(directory: str, *,
     """
     counts: list[RecordCount] = []
     refused: dict[str, int] = {}
-
-    def refuse(reason: str) -> None:
-        refused[reason] = refused.get(reason, 0) + 1
-
-    try:
-        entries = sorted(os.scandir(directory), key=lambda e: e.name)[:max_files]
-    except OSError:
-        return counts, refused
-    for entry in entries:
-        if not entry.name.endswith(_COUNTER_SUFFIX):
-            continue
-        try:
-            fd = os.open(entry.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
-                         | getattr(os, "O_NONBLOCK", 0))
-        except OSError:
-            refuse("counter: cannot open (a link, or unreadable)")
-            continue
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                refuse("counter: not a regular file")
-                continue
-            raw = os.read(fd, COUNTER_BYTES + 1)
-        except OSError:
-            refuse("counter: unreadable")
-            continue
-        finally:
-            os.close(fd)
+    for entry, raw in _small_files(directory, _COUNTER_SUFFIX, COUNTER_BYTES, "counter",
+                                   refused, max_files):
         try:
             count = _parse_counter(raw)
         except WireError as rej:
-            refuse(rej.reason)
+            _refuse(refused, rej.reason)
             continue
         if counter_path(directory, count.sender) != entry.path:
-            refuse("counter: file name is not its sender's")
+            _refuse(refused, "counter: file name is not its sender's")
             continue
         counts.append(count)
     return counts, refused

@@ -74,6 +74,8 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from eventbus.app.worker.stack_dump import check_stack_dir
+
 __all__ = [
     "BEAT_S",
     "DUMP_PREFIX",
@@ -135,14 +137,9 @@ def parse_progress(text: str) -> frozenset[str]:
 
 
 def check_dump_dir(path: str) -> str:
-    """``path`` if it is an absolute folder this process can write; else ``ValueError``."""
-    if not os.path.isabs(path):
-        raise ValueError("is not an absolute path")
-    if not os.path.isdir(path):
-        raise ValueError("is not a directory")
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise ValueError(f"is not a directory this worker (uid {os.getuid()}) can write")
-    return path
+    """``path`` if it is an absolute folder this process can write; else ``ValueError``
+    (the stack dump's folder rule, :func:`~eventbus.app.worker.stack_dump.check_stack_dir`)."""
+    return check_stack_dir(path)
 
 
 class StepCounter:
