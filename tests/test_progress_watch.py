@@ -6,6 +6,7 @@ EVENTBUS_PROGRESS option."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -243,9 +244,28 @@ class Job:
         return (self.proc.stdout.read() if self.proc.stdout else "")[-4000:]
 
     def kill(self) -> None:
+        """End the job and every worker it started. torchrun starts each worker in a
+        session of its own, so killing torchrun's group alone orphans a worker that spins
+        (the hang test's culprit): torchrun gets SIGTERM first (it stops its workers), and
+        any process still carrying this job's PROBE_OUT is killed after."""
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=30)
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=30)
+        mark = f"PROBE_OUT={self.out}".encode()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                carries = mark in (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if carries:
+                with contextlib.suppress(OSError):
+                    os.kill(int(entry.name), signal.SIGKILL)
         if self.proc.stdout:
             self.proc.stdout.close()
 
