@@ -222,8 +222,12 @@ def test_two_nodes_the_culprit_on_node_1_is_named_by_group_rank_0(tmp_path: Path
             time.sleep(0.1)
     finally:
         for node, proc in enumerate(procs):
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+            if proc.poll() is None:  # SIGTERM first: the agent stops the workers it
+                os.killpg(proc.pid, signal.SIGTERM)  # started (each in its own session)
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
             errors[node] = proc.communicate(timeout=30)[1][-4000:]
     events: dict[int, list[dict[str, Any]]] = {
         node: list(read_jsonl(tmp_path / f"node{node}.jsonl")) for node in (0, 1)}
