@@ -4,7 +4,9 @@ At the end it writes ``<out>/rank<R>.result``: events recorded, record() errors,
 events its store forwarder counted lost, and the events it numbered (its sender id on a
 second line).
 
-Writes ``<out>/rank<R>.pid`` first, so a test can find (and end) workers an agent left.
+Writes ``<out>/rank<R>.pid`` first, so a test can find (and end) workers an agent left, and
+``<out>/rank<R>.recording`` once its first record() returned (that call attaches the store
+forwarder and imports torch: seconds on a loaded machine).
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ def main() -> int:
                 eventbus.record(EventType.EPOCH_END, epoch=i, data={"rank": rank})
             except Exception:
                 errors += 1
+            if i == 0:  # the first record() attaches the forwarder (and imports torch)
+                (out / f"rank{rank}.recording").write_text(str(time.monotonic()))
+                deadline = time.monotonic() + args.seconds  # --seconds of recording
             i += 1
             time.sleep(0.01)
     finally:

@@ -40,12 +40,17 @@ def full_or(ci: int, full: int) -> int:
 def subprocess_env(**extra: str) -> dict[str, str]:
     """The environment for a child python that imports the tree under test.
 
+    The progress watch is off (``EVENTBUS_PROGRESS=off``) unless ``extra`` says otherwise.
     The launcher's worker variables are dropped unless given in ``extra``: an in-process
     agent test may have left them in ``os.environ``, and a child that inherits them
     attaches a store forwarder (and imports torch) it was not meant to.
     """
     env = {k: v for k, v in os.environ.items()
            if k not in ("EVENTBUS_AGENT_STORE", "EVENTBUS_STORE_PREFIX")}
+    # The rows count the script's own events: the progress watch's heartbeats (eventbus's
+    # own, 1/s while the script records) would be counted with them. Its tests are
+    # tests/test_progress_watch.py and tests/test_health_plain.py; a row may turn it on.
+    env["EVENTBUS_PROGRESS"] = "off"
     env["PYTHONPATH"] = os.pathsep.join(
         [str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])]
     )

@@ -28,8 +28,9 @@ def test_store_killed_mid_job_reports_the_true_loss(
     tmp_path: Path, store_process: Callable[[int], subprocess.Popen[str]],
     figure: Callable[[int, str], None],
 ) -> None:
-    """Kill the rendezvous store 2 s into a 6 s job: workers finish, no record() error,
-    and per worker the EVENTS_LOST reported by the agent == recorded - delivered."""
+    """Kill the rendezvous store 2 s after both workers started recording for 6 s: workers
+    finish, no record() error, and per worker the EVENTS_LOST reported by the agent ==
+    recorded - delivered."""
     port = free_port()
     server = store_process(port)
     out = tmp_path / "out"
@@ -38,6 +39,8 @@ def test_store_killed_mid_job_reports_the_true_loss(
     cmd = [sys.executable, "-m", "eventbus", "run", "--events-jsonl", str(events),
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
            "--nnodes", "1", "--nproc-per-node", "2", "--monitor-interval", "0.1",
+           # the rows count the script's events; heartbeats would be counted with them
+           "--progress", "off",
            str(JOBS / "record_loop.py"), "--out", str(out), "--seconds", "6"]
     env = job_env()
     env["TORCH_CPP_LOG_LEVEL"] = "FATAL"
@@ -45,7 +48,9 @@ def test_store_killed_mid_job_reports_the_true_loss(
 
     def kill_when_recording() -> None:
         deadline = time.monotonic() + 120
-        while len(list(out.glob("rank*.pid"))) < 2 and time.monotonic() < deadline:
+        # from the moment both workers record, not from their start: the first record()
+        # imports torch, which alone took longer than 2 s on a loaded machine
+        while len(list(out.glob("rank*.recording"))) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(2.0)
         server.kill()
