@@ -273,11 +273,12 @@ def test_links_between_pages_resolve() -> None:
 #: README's by this many: a METRIC or two is logged, or not, before rank 1's crash stops
 #: the group
 OWN_EVENTS_TOLERANCE = 4
-#: torch's keep-alive records and the workers' heartbeats grow with the run's length: the
-#: README's count of them, scaled by the two runs' durations, within this fraction (+10)
+#: torch's records (one per rendezvous step and worker state, plus keep-alives) are about
+#: the same in every run and grow with a longer one; the heartbeats are at most about one a
+#: second per rank. Neither scales linearly (a 13 s run: 30 and 15; a 99 s one under load:
+#: 66 and 46), so the check is a range: from PERIODIC_TOLERANCE of the README's count below
+#: it to (1 + PERIODIC_TOLERANCE) x the README's scaled by the runs' durations above it
 PERIODIC_TOLERANCE = 0.5
-#: the types whose number grows with the run's length
-PERIODIC_TYPES = ("TORCHELASTIC", "WORKER_PROGRESS")
 
 _FIGURES = re.compile(
     r"Of\s+those\s+(?P<total>\d+)\s+events,\s+(?P<own>\d+)\s+are\s+the\s+job's\s+own.*?"
@@ -313,8 +314,8 @@ def test_readme_demo_figures_add_up() -> None:
 @pytest.mark.slow
 def test_readme_demo_transcript_matches_a_real_run(tmp_path: Path) -> None:
     """A real `make demo` run (examples/demo.py) against the README's figures: the job's own
-    events within OWN_EVENTS_TOLERANCE, the periodic ones (torch's keep-alives, heartbeats)
-    within PERIODIC_TOLERANCE of the README's scaled by the runs' durations, and the same
+    events within OWN_EVENTS_TOLERANCE, torch's records and the heartbeats within the range
+    PERIODIC_TOLERANCE gives (see there), and the same
     lines (the command with --sink tensorboard, the tb line)."""
     from eventbus.subscribers.jsonl import read_jsonl
 
@@ -330,11 +331,14 @@ def test_readme_demo_transcript_matches_a_real_run(tmp_path: Path) -> None:
     assert "--sink tensorboard:" in printed and re.search(r"^  tb +TensorBoard:", printed, re.M)
     events = list(read_jsonl(out / "events.jsonl"))
     assert len(events) == int(total.group(1))
-    periodic = sum(1 for e in events if e.get("type") in PERIODIC_TYPES)
-    own = len(events) - periodic
-    print(f"demo: {len(events)} events in {took.group(1)} s ({own} own, {periodic} periodic); "
-          f"README: {readme['total']} in {readme['seconds']} s ({readme['own']} own)")
+    torch_records = sum(1 for e in events if e.get("type") == "TORCHELASTIC")
+    beats = sum(1 for e in events if e.get("type") == "WORKER_PROGRESS")
+    own = len(events) - torch_records - beats
+    print(f"demo: {len(events)} events in {took.group(1)} s ({own} own, {torch_records} "
+          f"torch, {beats} heartbeats); README: {readme['total']} in {readme['seconds']} s")
     assert abs(own - readme["own"]) <= OWN_EVENTS_TOLERANCE, (own, readme)
-    scale = max(int(took.group(1)), 1) / max(readme["seconds"], 1)
-    expected = (readme["torch"] + readme["beats"]) * scale
-    assert abs(periodic - expected) <= PERIODIC_TOLERANCE * expected + 10, (periodic, expected)
+    longer = max(1.0, int(took.group(1)) / max(readme["seconds"], 1))
+    top = 1 + PERIODIC_TOLERANCE
+    assert (PERIODIC_TOLERANCE * readme["torch"] - 10 <= torch_records
+            <= top * readme["torch"] * longer + 10), (torch_records, readme, longer)
+    assert 0 < beats <= top * readme["beats"] * longer + 10, (beats, readme, longer)
