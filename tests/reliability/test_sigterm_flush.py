@@ -70,8 +70,15 @@ def test_sigterm_mid_stream_flushes_everything_within_budget(
     from eventbus.wire import worker_key
 
     prefix = f"eventbus/row14-{mode}/0"
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    # the progress watch on, as under `eventbus run` (its heartbeats are not EPOCH_ENDs);
+    # the bootstrap's stack dump armed on SIGUSR1, so a child that outlives its budget
+    # leaves every thread's stack (this test once hung with nothing on stderr)
     env = subprocess_env(**{ENV_STORE: f"127.0.0.1:{store.port}", ENV_PREFIX: prefix,
-                            "RANK": "1"})
+                            "RANK": "1", "EVENTBUS_PROGRESS": "collectives,steps,events",
+                            "EVENTBUS_STACK_DIR": str(stacks),
+                            "EVENTBUS_STACK_SIGNAL": "SIGUSR1"})
     ready = tmp_path / "ready"
     proc = subprocess.Popen([*WORKER, "-c", SCRIPT, mode, str(ready)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -79,7 +86,17 @@ def test_sigterm_mid_stream_flushes_everything_within_budget(
         _wait_for(ready, proc)
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=BUDGET_S + 30)
+        try:
+            _, err = proc.communicate(timeout=BUDGET_S + 30)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(3)
+            proc.kill()
+            _, err = proc.communicate(timeout=30)
+            dumped = "\n".join(f.read_text(errors="replace") for f in stacks.iterdir())
+            raise AssertionError(f"no exit {BUDGET_S + 30:.0f} s after SIGTERM; its threads:"
+                                 f"\n{dumped or '(no stack written)'}\nstderr:\n"
+                                 f"{err[-3000:]}") from None
         flush_s = time.monotonic() - sent
     finally:
         if proc.poll() is None:
