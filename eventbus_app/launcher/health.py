@@ -537,20 +537,8 @@ class StragglerWatch:
                 latest[rank] = steps[-1].step
         if len(times) < 2:
             return self._check_compute(attempt)
-        now = self._clock()
-        found = []
-        for rank, t in sorted(times.items()):
-            median = statistics.median([v for r, v in times.items() if r != rank])
-            if t < self.min_step_time_s or t < self.factor * median:
-                continue
-            last = self._last_report.get(rank)
-            if last is not None and now - last < self.report_interval_s:
-                continue
-            self._last_report[rank] = now
-            ratio = t / median if median > 0 else math.inf
-            found.append(Slow(rank, t, median, ratio if math.isfinite(ratio) else 1e9,
-                              latest[rank]))
-        return found
+        return [Slow(rank, t, median, ratio, latest[rank]) for rank, t, median, ratio
+                in self._late(times, lambda t, median: t >= self.min_step_time_s)]
 
     def _check_compute(self, attempt: int) -> list[Slow]:
         """Lock-step training without step times: every rank's interval is the slowest's,
@@ -560,20 +548,28 @@ class StragglerWatch:
                  for t in [self.compute_time(a, rank)] if t is not None}
         if len(times) < 2:
             return []
+        return [Slow(rank, t, median, ratio, None, basis="compute_s")
+                for rank, t, median, ratio
+                in self._late(times, lambda t, median: t - median >= self.min_step_time_s)]
+
+    def _late(self, times: dict[int, float], long_enough: Callable[[float, float], bool]
+              ) -> list[tuple[int, float, float, float]]:
+        """``(rank, time, peers' median, ratio)`` of each rank whose time is ``factor`` x
+        its peers' median and ``long_enough(time, median)``, at most once per
+        ``report_interval_s`` per rank (the one rule of both straggler checks)."""
         now = self._clock()
-        found = []
+        late = []
         for rank, t in sorted(times.items()):
             median = statistics.median([v for r, v in times.items() if r != rank])
-            if t - median < self.min_step_time_s or t < self.factor * median:
+            if not long_enough(t, median) or t < self.factor * median:
                 continue
             last = self._last_report.get(rank)
             if last is not None and now - last < self.report_interval_s:
                 continue
             self._last_report[rank] = now
             ratio = t / median if median > 0 else math.inf
-            found.append(Slow(rank, t, median, ratio if math.isfinite(ratio) else 1e9,
-                              None, basis="compute_s"))
-        return found
+            late.append((rank, t, median, ratio if math.isfinite(ratio) else 1e9))
+        return late
 
     def forget_before(self, attempt: int) -> None:
         """Drop older attempts' steps."""
