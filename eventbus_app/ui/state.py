@@ -370,8 +370,6 @@ class JobState:
         popleft = self._pending.popleft
         handlers = self._handlers
         live = self.live
-        recent = self._recent.append
-        types = self._types
         for _ in range(n):
             ev = popleft()
             cls = ev.__class__
@@ -384,25 +382,7 @@ class JobState:
                 stamp = ev.timestamp
                 arrived = stamp if not live or low <= stamp <= now else min(max(stamp, low),
                                                                             now)
-                if not full:
-                    self._fold_one(ev, name, arrived, handler, False)
-                    continue
-                # _fold_one written out: the per-event path
-                self._seq = seq = self._seq + 1
-                recent((seq, arrived, name, ev))
-                count = types.get(name)
-                if count is not None:
-                    types[name] = count + 1
-                elif len(types) < MAX_TYPES:
-                    types[name] = 1
-                else:
-                    types["(other)"] = types.get("(other)", 0) + 1
-                if arrived > self._last_at:  # noqa: PLR1730 - cheaper than max()
-                    self._last_at = arrived
-                if self._first_at is None:
-                    self._first_at = arrived
-                    self._open_attempt(ev.restart_count or 0, arrived, None)
-                handler(self, ev, name, arrived, seq)
+                self._fold_one(ev, name, arrived, handler, full)
             except Exception:
                 self._fold_failed += 1
                 if self._fold_failed == 1:
