@@ -4,6 +4,7 @@ numbers (nothing lost, nothing doubled)."""
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import time
@@ -23,8 +24,8 @@ from eventbus import EventType
 BUDGET_S = 30.0
 
 SCRIPT = r"""
-import os, signal, sys, time
-mode, ready = sys.argv[1], sys.argv[2]
+import faulthandler, os, signal, sys, time
+mode, ready, watchdog = sys.argv[1], sys.argv[2], float(sys.argv[3])
 if mode == "chained":
     def mine(signum, frame):
         import eventbus  # imported by then: the handler records its last word, as a
@@ -41,10 +42,26 @@ while True:
     eventbus.record(EventType.EPOCH_END, epoch=0, data={"i": i})
     i += 1
     if i == 5_000:
+        # every thread's stack on stderr if this process still lives `watchdog` s on
+        # (faulthandler's own C thread: it fires in the interpreter's finalization too)
+        faulthandler.dump_traceback_later(watchdog, exit=False)
         open(ready, "w").write("go")
     if i % 500 == 0:
         time.sleep(0.001)
 """
+
+
+def native_stacks(pid: int) -> str:
+    """Every thread's native stack (gdb's ``thread apply all bt``), where gdb is here."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        return "(no gdb on this machine)"
+    try:
+        out = subprocess.run([gdb, "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
+                             check=False, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return "(gdb did not finish in 120 s)"
+    return out.stdout[-20000:] + out.stderr[-2000:]
 
 
 def _wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 120.0) -> None:
@@ -80,7 +97,8 @@ def test_sigterm_mid_stream_flushes_everything_within_budget(
                             "EVENTBUS_STACK_DIR": str(stacks),
                             "EVENTBUS_STACK_SIGNAL": "SIGUSR1"})
     ready = tmp_path / "ready"
-    proc = subprocess.Popen([*WORKER, "-c", SCRIPT, mode, str(ready)], env=env,
+    proc = subprocess.Popen([*WORKER, "-c", SCRIPT, mode, str(ready), str(BUDGET_S + 10)],
+                            env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(ready, proc)
@@ -89,14 +107,18 @@ def test_sigterm_mid_stream_flushes_everything_within_budget(
         try:
             _, err = proc.communicate(timeout=BUDGET_S + 30)
         except subprocess.TimeoutExpired:
+            native = native_stacks(proc.pid)
             proc.send_signal(signal.SIGUSR1)
             time.sleep(3)
             proc.kill()
             _, err = proc.communicate(timeout=30)
             dumped = "\n".join(f.read_text(errors="replace") for f in stacks.iterdir())
-            raise AssertionError(f"no exit {BUDGET_S + 30:.0f} s after SIGTERM; its threads:"
-                                 f"\n{dumped or '(no stack written)'}\nstderr:\n"
-                                 f"{err[-3000:]}") from None
+            handler = (tmp_path / "ready.handler").exists()
+            raise AssertionError(f"no exit {BUDGET_S + 30:.0f} s after SIGTERM (the script's "
+                                 f"handler ran: {handler}); its threads:\n"
+                                 f"{dumped or '(no stack written)'}\nnative:\n{native}\n"
+                                 f"stderr (faulthandler's dump at {BUDGET_S + 10:.0f} s):\n"
+                                 f"{err[-20000:]}") from None
         flush_s = time.monotonic() - sent
     finally:
         if proc.poll() is None:
