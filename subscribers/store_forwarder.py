@@ -75,6 +75,7 @@ from eventbus.wire import worker_key
 
 __all__ = [
     "END_CONNECT_WAIT",
+    "END_MARKER_LOCK_WAIT",
     "FORWARDER_QUEUE",
     "StoreForwarder",
     "attach_worker_forwarder",
@@ -88,6 +89,9 @@ logger = logging.getLogger("eventbus")
 
 #: the longest close() waits for a reconnect to push the end marker after an outage
 END_CONNECT_WAIT = 10.0
+#: the least ``close()`` waits for the queue's thread to leave a store call before it
+#: gives up pushing the end marker (more when the close budget has more left)
+END_MARKER_LOCK_WAIT = 1.0
 
 #: the forwarder's queue: larger batches and a shorter idle wait than a file sink (one push
 #: carries thousands of events; a worker's events should reach the agent within ~20 ms)
@@ -245,10 +249,14 @@ class StoreForwarder:
         # ``wait`` runs out; the queue's thread is stopped by now.
         deadline = time.monotonic() + wait
         while self._client is None and time.monotonic() < deadline:
-            with self._client_lock:
+            if not self._client_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                return  # the queue's thread is still in a store call: no connect for it
+            try:
                 self._next_connect = 0.0
                 self._connect()
                 connector = self._connector
+            finally:
+                self._client_lock.release()
             if connector is not None:
                 connector.join(max(0.0, deadline - time.monotonic()))
             if self._client is None:
@@ -268,55 +276,74 @@ class StoreForwarder:
             self._connector = None
 
     def _push_batch(self, events: Sequence[Event], *, end: bool = False,
-                    connect: bool = True) -> None:
-        with self._client_lock:
-            if self._ended:
-                self._note_loss(len(events), "forwarder already ended")
-                return
-            dropped = dict(self.sink.dropped)
-            if connect and events and self._connect() is None:
-                # The store is away: number the batch (the receiver sees the gap if the
-                # store comes back) without encoding it, and let it go at once.
-                self.encoder.seq += len(events)
-                self._note_loss(len(events), "store unreachable")
-                return
-            try:
-                pushes = self.encoder.encode(events, dropped=dropped, end=end)
-            except Exception as exc:  # never expected; do not let the thread die
-                self.encoder.seq += len(events)
-                self._note_loss(len(events), f"encoding failed: {exc!r}")
-                return
-            for value, n in pushes:
-                client = self._connect() if connect else self._client
-                if client is None:
-                    self._note_loss(n, "store unreachable")
-                    continue
-                try:
-                    client.queue_push(self.key, value)
-                except Exception as exc:
-                    self._client = None
-                    self._next_connect = 0.0  # the first reconnect at once, then paced
-                    self._note_loss(n, f"queue_push failed: {_first_line(exc)}")
-                else:
-                    self._pushes += 1
-                    self._pushed_events += n
-                    if self.bell is not None:
-                        # a hint: if it is lost, the receiver's next poll finds the push
-                        with contextlib.suppress(Exception):
-                            client.queue_push(self.bell, self._ring)
-            if end:
-                self._ended = True
+                    connect: bool = True, lock_timeout: float | None = None) -> None:
+        """Push ``events`` (the queue's thread), or the end marker (``close``). The client
+        lock is waited for ``lock_timeout`` seconds at most when given (``close``: the
+        queue's thread may sit in a store call that has not returned), else as long as it
+        takes."""
+        if not self._client_lock.acquire(timeout=-1 if lock_timeout is None
+                                         else max(0.0, lock_timeout)):
+            self._note_loss(len(events), "the store client was still busy with a push "
+                            f"{lock_timeout:.1f} s into the close" + (
+                                "; the end marker was not pushed" if end else ""), force=True)
+            return
+        try:
+            self._push_locked(events, end=end, connect=connect)
+        finally:
+            self._client_lock.release()
 
-    def _note_loss(self, n: int, reason: str) -> None:
+    def _push_locked(self, events: Sequence[Event], *, end: bool, connect: bool) -> None:
+        """:meth:`_push_batch`'s work, with the client lock held."""
+        if self._ended:
+            self._note_loss(len(events), "forwarder already ended")
+            return
+        dropped = dict(self.sink.dropped)
+        if connect and events and self._connect() is None:
+            # The store is away: number the batch (the receiver sees the gap if the
+            # store comes back) without encoding it, and let it go at once.
+            self.encoder.seq += len(events)
+            self._note_loss(len(events), "store unreachable")
+            return
+        try:
+            pushes = self.encoder.encode(events, dropped=dropped, end=end)
+        except Exception as exc:  # never expected; do not let the thread die
+            self.encoder.seq += len(events)
+            self._note_loss(len(events), f"encoding failed: {exc!r}")
+            return
+        for value, n in pushes:
+            client = self._connect() if connect else self._client
+            if client is None:
+                self._note_loss(n, "store unreachable")
+                continue
+            try:
+                client.queue_push(self.key, value)
+            except Exception as exc:
+                self._client = None
+                self._next_connect = 0.0  # the first reconnect at once, then paced
+                self._note_loss(n, f"queue_push failed: {_first_line(exc)}")
+            else:
+                self._pushes += 1
+                self._pushed_events += n
+                if self.bell is not None:
+                    # a hint: if it is lost, the receiver's next poll finds the push
+                    with contextlib.suppress(Exception):
+                        client.queue_push(self.bell, self._ring)
+        if end:
+            self._ended = True
+
+    def _note_loss(self, n: int, reason: str, *, force: bool = False) -> None:
+        """Count ``n`` events lost for ``reason`` and report it, at most once per
+        ``report_interval`` unless ``force`` (a note at close: no later one would carry
+        it)."""
         if n:
             self.lost[reason] = self.lost.get(reason, 0) + n
-        held = self._loss_report.allow(self.settings.report_interval, n)
+        held = self._loss_report.allow(self.settings.report_interval, n, force=force)
         if held is None:
             return
         new, total = held + n, sum(self.lost.values())
-        logger.warning("store forwarder %s -> %s: %s; %d events lost since the last report "
-                       "(%d in all); the receiver reports the gap if the store comes back",
-                       self.sender, self.key, reason, new, total)
+        counted = f"; {new} events lost since the last report ({total} in all)" if total else ""
+        logger.warning("store forwarder %s -> %s: %s%s; the receiver reports the gap if the "
+                       "store comes back", self.sender, self.key, reason, counted)
 
     # -- control ------------------------------------------------------------------------
     def flush(self, timeout: float | None = None) -> bool:
@@ -350,7 +377,11 @@ class StoreForwarder:
             # (at most END_CONNECT_WAIT: a dead store must not hold an exiting process).
             if self._client is None and self._connected_once:
                 self._connect_for_end(min(END_CONNECT_WAIT, deadline - time.monotonic()))
-            self._push_batch([], end=True, connect=False)
+            # Bounded: the queue's thread, stopped by now or left behind by the close
+            # above, may still sit in a store call (a store that stopped answering)
+            # holding the client; the ledger already says whether the marker went out.
+            self._push_batch([], end=True, connect=False, lock_timeout=max(
+                END_MARKER_LOCK_WAIT, deadline - time.monotonic()))
         return done and not self.lost
 
     def _write_ledger(self) -> None:
