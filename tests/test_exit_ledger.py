@@ -172,7 +172,7 @@ def test_a_sender_without_ledger_or_end_marker_is_named_as_such(
                          key=worker_key(namespace("job", 0), 0), rank=0,
                          bus=eventbus.Bus("w0"))
     _record(fwd, 20, rank=0)
-    assert fwd.flush(5.0)
+    assert fwd.flush(fwd.connect_timeout + 20)  # the first batch waits for the connect
     fwd.sink.close(1.0)  # stopped without the end marker, as SIGKILL would
     with caplog.at_level(logging.WARNING, logger="eventbus"):
         agent.before_exit(timeout=5.0)

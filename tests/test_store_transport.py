@@ -305,7 +305,7 @@ def test_a_ringing_sender_is_popped_at_once_not_at_the_backed_off_poll(store: An
         time.sleep(0.2)
         for round_ in range(3):
             src.record(EventType.EPOCH_END, epoch=round_)
-            assert fwd.flush(5.0)
+            assert fwd.flush(fwd.connect_timeout + 20)  # the first waits for the connect
             assert _wait_for(lambda n=round_ + 1: len(got) == n, 20.0), rx.stats()
         assert [e.epoch for e in got] == [0, 1, 2]
         assert rx.rings >= 3

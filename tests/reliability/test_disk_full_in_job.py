@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -51,12 +52,31 @@ def _fill(path: Path) -> int:
                 return taken
 
 
+def _flowing(out: Path, events: Path) -> bool:
+    """Both workers have recorded, and the JSONL file has EPOCH_END lines of both ranks."""
+    if len(list(out.glob("rank*.recording"))) < 2:
+        return False
+    try:
+        lines = events.read_text(errors="replace").splitlines()
+    except OSError:
+        return False
+    ranks = set()
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:  # the line being written
+            continue
+        if record.get("type") == "EPOCH_END":
+            ranks.add(record.get("context", {}).get("rank"))
+    return {0, 1} <= ranks
+
+
 def _run_with_fault(tmp_path: Path, disk: Path,
                     fault: Callable[[], str]) -> tuple[subprocess.CompletedProcess[str], str,
                                                        dict[int, int], Path]:
-    """A 2-worker job recording into ``disk``; ``fault`` runs 1 s after both workers
-    started and returns a note; then the workers stop. Returns the job, the note, the
-    events recorded per rank and the JSONL path."""
+    """A 2-worker job recording into ``disk``; ``fault`` runs 0.5 s after events of both
+    workers reached the file and returns a note; then the workers stop. Returns the job,
+    the note, the events recorded per rank and the JSONL path."""
     out = tmp_path / "out"
     out.mkdir()
     events = disk / "events.jsonl"
@@ -66,10 +86,14 @@ def _run_with_fault(tmp_path: Path, disk: Path,
     note: list[str] = []
 
     def drive() -> None:
+        # The fault goes in once events flow end to end: both workers record (their first
+        # record() imports torch, seconds on a loaded machine) and the agent has written
+        # lines of both ranks. Timed from the workers' start instead, a loaded machine
+        # once filled and freed the disk before anything was written.
         deadline = time.monotonic() + 120
-        while len(list(out.glob("rank*.pid"))) < 2 and time.monotonic() < deadline:
+        while not _flowing(out, events) and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(1.0)
+        time.sleep(0.5)
         try:
             note.append(fault())
         finally:
