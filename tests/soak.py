@@ -15,6 +15,10 @@
   a test to blame: a collection error, a crash), else 0.
 * ``--doc FILE`` writes the table, its date, N and the selection between the markers
   ``<!-- soak:begin -->`` and ``<!-- soak:end -->`` of FILE.
+* Stopped early (SIGTERM, Ctrl-C): the round in flight is killed with everything it
+  started and counts for nothing; the table of the rounds done is printed (and written)
+  as usual, its N the rounds done, "of N planned: stopped early". Exit status 1 when a run
+  failed, else the signal's (128 + its number).
 
 Outputs of each round (stdout, junit XML) stay in ``--out`` (default a temporary folder,
 named on the last line).
@@ -174,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.datetime.now(datetime.timezone.utc)
     t0 = time.monotonic()
     load = start_load(args.load)
+    rounds = 0
+    #: the exit status of the signal that stopped the soak early, if one did
+    interrupted = 0
     try:
         for i in range(1, args.n + 1):
             xml = out_dir / f"round-{i}.xml"
@@ -184,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             r0 = time.monotonic()
             with open(log, "wb") as sink:
                 rc = run_round(cmd, sink, args.round_timeout)
+            rounds = i
             cases = read_junit(xml, table) if xml.exists() else 0
             failed_now = sum(o.failed for o in table.values())
             print(f"soak: round {i}/{args.n}: pytest exit {rc}, {cases} tests, "
@@ -198,12 +206,20 @@ def main(argv: list[str] | None = None) -> int:
             if rc == 5:
                 print(f"soak: no test selected by -m slow -k {args.k!r}", file=sys.stderr)
                 break
+    except (SystemExit, KeyboardInterrupt) as exc:
+        # Stopped early (SIGTERM, Ctrl-C): the round in flight was killed with its group
+        # (run_round's finally) and counts for nothing; the rounds done make the table.
+        interrupted = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) \
+            else 128 + signal.SIGINT
+        print(f"soak: stopped during round {rounds + 1}; the table has the {rounds} rounds "
+              "done", flush=True)
     finally:
         stop_load(load)
     failed = sum(o.failed for o in table.values()) + len(round_errors)
     table_text = render(table, round_errors)
     selection = f"-m slow -k {shlex.quote(args.k)}" if args.k else "-m slow"
-    summary = (f"Soak of {started:%Y-%m-%d %H:%M} UTC: N = {args.n} rounds of "
+    planned = f" (of {args.n} planned: stopped early)" if interrupted else ""
+    summary = (f"Soak of {started:%Y-%m-%d %H:%M} UTC: N = {rounds} rounds{planned} of "
                f"`pytest {selection}`, under {args.load} busy processes "
                f"({os.cpu_count()} cores), {time.monotonic() - t0:.0f} s in all; "
                f"{sum(o.runs for o in table.values())} test runs, {failed} failed.")
@@ -213,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"soak: each round's output and junit XML in {out_dir}")
     if args.doc:
         write_doc(Path(args.doc), f"{summary}\n\n{table_text}")
-    return 1 if failed else 0
+    return 1 if failed else interrupted
 
 
 if __name__ == "__main__":

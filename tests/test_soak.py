@@ -1,0 +1,93 @@
+"""``tests/soak.py`` (``make soak``) on a fake slow test: the table counts every run and
+each distinct failure, the exit status says a run failed, and a soak stopped by SIGTERM
+kills the round in flight (its pytest and what that started) and still writes the table
+of the rounds it finished."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SOAK = ROOT / "tests" / "soak.py"
+
+# Run 1 passes, run 2 fails, run 3 writes its pid and sleeps until it is killed.
+FAKE = '''
+import os, time
+from pathlib import Path
+import pytest
+
+STATE = Path({state!r})
+
+@pytest.mark.slow
+def test_flaky():
+    runs = int(STATE.read_text()) + 1 if STATE.exists() else 1
+    STATE.write_text(str(runs))
+    if runs == 2:
+        raise AssertionError("second run fails")
+    if runs == 3:
+        (STATE.parent / "pid").write_text(str(os.getpid()))
+        time.sleep(600)
+'''
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (not yet reaped by its parent, which the soak killed too) is gone as well
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def test_soak_tabulates_runs_and_failures_and_an_interrupted_soak_keeps_its_table(
+    tmp_path: Path,
+) -> None:
+    fake = tmp_path / "fake" / "test_fake_slow.py"
+    fake.parent.mkdir()
+    fake.write_text(FAKE.format(state=str(tmp_path / "runs")))
+    doc = tmp_path / "doc.md"
+    doc.write_text("before\n<!-- soak:begin -->\nold table\n<!-- soak:end -->\nafter\n")
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, str(SOAK), "-n", "5", "--load", "1", "--out", str(out),
+         "--doc", str(doc), str(fake)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        pid_file = tmp_path / "pid"
+        while not pid_file.exists():
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "round 3 never started"
+            time.sleep(0.05)
+        sleeper = int(pid_file.read_text())
+        proc.send_signal(signal.SIGTERM)
+        text, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    # the failed run decides the exit status; the stop is in the summary
+    assert proc.returncode == 1, text[-3000:]
+    assert "stopped during round 3; the table has the 2 rounds done" in text
+    assert "N = 2 rounds (of 5 planned: stopped early)" in text
+    assert "2 test runs, 1 failed" in text
+    row = next(line for line in text.splitlines() if "test_flaky" in line)
+    cells = [c.strip() for c in row.split("|")[2:-1]]
+    assert cells[:4] == ["2", "1", "1", "0"], row  # runs, passed, failed, skipped
+    assert "second run fails" in cells[5], row
+    # the round in flight died with the soak
+    deadline = time.monotonic() + 10
+    while _alive(sleeper) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(sleeper)
+    written = doc.read_text()
+    assert written.startswith("before\n<!-- soak:begin -->\nSoak of ")
+    assert "old table" not in written and written.endswith("<!-- soak:end -->\nafter\n")
+    assert "test_flaky" in written
