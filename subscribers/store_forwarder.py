@@ -167,6 +167,10 @@ class StoreForwarder:
         # and its own store client (the parent's socket is not ours to use).
         self.encoder = BatchEncoder(kind=self.kind, rank=self.rank)
         self._client: Any = None
+        #: the client's socket descriptors (Linux; empty where unknown): see _end_stuck_push
+        self._client_fds: frozenset[int] = frozenset()
+        #: close() gave up on a push stuck in the store client (see _end_stuck_push)
+        self._gave_up = False
         self._client_lock = threading.Lock()
         self._next_connect = 0.0
         #: the background connect in progress, if any (see _connect)
@@ -224,6 +228,10 @@ class StoreForwarder:
         client = self._client
         if client is not None:
             return client
+        if self._gave_up:
+            # close() ended a stuck push: a connect now (into a store that accepts and
+            # does not answer) would be one more thread inside c10d as the process exits
+            return None
         connector = self._connector
         if connector is None and time.monotonic() >= self._next_connect:
             self._next_connect = time.monotonic() + self.reconnect_interval
@@ -265,32 +273,64 @@ class StoreForwarder:
     def _connect_in_background(self) -> None:
         try:
             _probe_port(self.host, self.port, timeout=self.connect_timeout)
+            before = _socket_fds()
             client = connect_store(self.host, self.port, timeout=self.connect_timeout)
         except Exception as exc:
             self._connect_error = (f"cannot connect to the store at {self.host}:{self.port}: "
                                    f"{_first_line(exc)}")
         else:
+            # the client's own sockets, so that close() can end a push stuck in one
+            self._client_fds = _new_sockets_to(before, self.port)
             self._client = client
             self._connected_once = True
         finally:
             self._connector = None
 
     def _push_batch(self, events: Sequence[Event], *, end: bool = False,
-                    connect: bool = True, lock_timeout: float | None = None) -> None:
+                    connect: bool = True, lock_timeout: float | None = None) -> bool:
         """Push ``events`` (the queue's thread), or the end marker (``close``). The client
         lock is waited for ``lock_timeout`` seconds at most when given (``close``: the
         queue's thread may sit in a store call that has not returned), else as long as it
-        takes."""
+        takes. False when the lock was not had in time (nothing pushed)."""
         if not self._client_lock.acquire(timeout=-1 if lock_timeout is None
                                          else max(0.0, lock_timeout)):
-            self._note_loss(len(events), "the store client was still busy with a push "
-                            f"{lock_timeout:.1f} s into the close" + (
-                                "; the end marker was not pushed" if end else ""), force=True)
-            return
+            return False
         try:
             self._push_locked(events, end=end, connect=connect)
         finally:
             self._client_lock.release()
+        return True
+
+    def _end_stuck_push(self, waited: float) -> None:
+        """The queue's thread has been in a store call for the whole close: a push into a
+        socket the store no longer reads (c10d's timeout does not bound it). Shut that
+        socket down, so the call fails now and the thread leaves torch's C++ code before
+        the interpreter finalizes: a thread that returns into a finalizing interpreter is
+        ended by ``pthread_exit`` inside c10d, and the process aborts ("terminate called
+        without an active exception"), as it did when the store resumed during the exit.
+        The end marker is given up either way (the ledger says so), and no connection
+        is made after this one."""
+        self._gave_up = True
+        shut = 0
+        for fd in self._client_fds:
+            try:
+                sock = socket.socket(fileno=fd)
+            except OSError:
+                continue
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+                shut += 1
+            except OSError:
+                pass
+            finally:
+                sock.detach()  # the descriptor stays the client's to close
+        left = shut and self._client_lock.acquire(timeout=END_MARKER_LOCK_WAIT)
+        if left:
+            self._client_lock.release()
+        self._note_loss(0, f"the store client was still busy with a push {waited:.1f} s into "
+                        "the close; the end marker was not pushed" + (
+                            "" if left else " (the push was left in flight: this process "
+                            "may abort if the store answers while it exits)"), force=True)
 
     def _push_locked(self, events: Sequence[Event], *, end: bool, connect: bool) -> None:
         """:meth:`_push_batch`'s work, with the client lock held."""
@@ -319,6 +359,7 @@ class StoreForwarder:
                 client.queue_push(self.key, value)
             except Exception as exc:
                 self._client = None
+                self._client_fds = frozenset()  # closed with it: the numbers get reused
                 self._next_connect = 0.0  # the first reconnect at once, then paced
                 self._note_loss(n, f"queue_push failed: {_first_line(exc)}")
             else:
@@ -375,13 +416,14 @@ class StoreForwarder:
             # The end marker carries the numbering, so the receiver can count what the
             # outage cost: one more connect for it, within what is left of the budget
             # (at most END_CONNECT_WAIT: a dead store must not hold an exiting process).
-            if self._client is None and self._connected_once:
+            if self._client is None and self._connected_once and not self._gave_up:
                 self._connect_for_end(min(END_CONNECT_WAIT, deadline - time.monotonic()))
             # Bounded: the queue's thread, stopped by now or left behind by the close
             # above, may still sit in a store call (a store that stopped answering)
             # holding the client; the ledger already says whether the marker went out.
-            self._push_batch([], end=True, connect=False, lock_timeout=max(
-                END_MARKER_LOCK_WAIT, deadline - time.monotonic()))
+            if not self._push_batch([], end=True, connect=False, lock_timeout=max(
+                    END_MARKER_LOCK_WAIT, deadline - time.monotonic())):
+                self._end_stuck_push(time.monotonic() - (deadline - budget))
         return done and not self.lost
 
     def _write_ledger(self) -> None:
@@ -418,6 +460,41 @@ def _first_line(exc: BaseException) -> str:
     # stable key for StoreForwarder.lost)
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _socket_fds() -> frozenset[int]:
+    """This process's socket descriptors (Linux's /proc/self/fd; empty elsewhere)."""
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return frozenset()
+    fds = set()
+    for name in names:
+        with contextlib.suppress(OSError, ValueError):
+            if os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                fds.add(int(name))
+    return frozenset(fds)
+
+
+def _new_sockets_to(before: frozenset[int], port: int) -> frozenset[int]:
+    """The sockets opened since ``before`` whose peer's port is ``port``: a store client's
+    connection, made in between (another thread connecting to the same port at that very
+    moment would be counted too; it is shut down only by a close that gave up)."""
+    found = set()
+    for fd in _socket_fds() - before:
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            continue
+        try:
+            peer = sock.getpeername()
+        except OSError:
+            continue
+        finally:
+            sock.detach()
+        if isinstance(peer, tuple) and len(peer) >= 2 and peer[1] == port:
+            found.add(fd)
+    return frozenset(found)
 
 
 #: how long the probe listens for a server that speaks first (a store never does)
