@@ -26,6 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from collections.abc import Collection
 from collections.abc import Mapping
 from typing import Any
 
@@ -445,11 +446,13 @@ class StoreReceiver:
                             for s, st in self._senders.items()},
             }
 
-    def report_leftovers(self) -> int:
+    def report_leftovers(self, *, counted_elsewhere: Collection[str] = ()) -> int:
         """Publish an ``EVENTS_LOST`` ("left in the store") for every watched queue that
         still holds values, e.g. when the exit budget ran out first; returns their total.
 
-        The count is of pushes (values): each holds up to a few thousand events.
+        The count is of pushes (values): each holds up to a few thousand events. A queue
+        in ``counted_elsewhere`` (its sender left an exit ledger, which counts in events
+        what never arrived, these pushes included) is only logged.
         """
         total = 0
         with self._lock:
@@ -461,7 +464,10 @@ class StoreReceiver:
                     left = int(client.queue_len(key))
                 except Exception:
                     continue
-                if left:
+                if left and key in counted_elsewhere:
+                    logger.warning("store receiver: %d pushes left undrained in %s; its "
+                                   "sender's exit ledger counts their events", left, key)
+                elif left:
                     total += left
                     self.leftovers[key] = left
                     self.lost["left in the store"] = self.lost.get("left in the store",

@@ -241,3 +241,33 @@ def test_a_worker_rings_its_agents_doorbell_and_refuses_a_hostile_one(
                               lambda fwd: fwd.bell)
     assert bells == [env[ENV_BELL], None, None]
     assert len([r for r in caplog.records if ENV_BELL in r.getMessage()]) == 2
+
+
+def test_pushes_left_in_the_store_are_counted_in_events_from_the_ledger(
+    store: Any,
+) -> None:
+    """The exit budget ran out with a sender's pushes still in the store (an agent whose
+    store came back just before it exited, after a partition): its ledger counts in
+    events what never arrived, those pushes included; they are not also reported as a
+    count of pushes, which would neither be events nor add up."""
+    agent, got, env = _agent(store)
+    assert agent.receiver is not None
+    agent.receiver.stop()  # nothing is popped from now on: the pushes stay in the store
+    fwd = StoreForwarder(host="127.0.0.1", port=store.port,
+                         key=worker_key(namespace("job", 0), 0), rank=0,
+                         bus=eventbus.Bus("w0"), ledger_dir=env[ENV_LEDGER_DIR])
+    ctx = eventbus.JobContext(rank=0, run_id="job", restart_count=0)
+    for i in range(300):  # 100 pushes of 3 events
+        fwd.bus.publish(eventbus.EpochEnd(epoch=i, context=ctx))
+        if i % 3 == 2:
+            assert fwd.flush(fwd.connect_timeout + 20)
+    fwd.close(fwd.connect_timeout + 20)
+    agent.receiver.max_pops_per_queue = 10  # one pass of the exit's drain pops 10 of them
+    agent.before_exit(timeout=0.0)
+    assert not [e for e in got if isinstance(e, eventbus.EventsLost)
+                and e.reason.startswith("left in the store")]
+    delivered = len([e for e in got if e.type == EventType.EPOCH_END])
+    lost = _lost(got, fwd.sender)
+    print(f"delivered {delivered}, reported from the ledger {lost}")
+    assert delivered + sum(lost.values()) == 300
+    assert all("(from the sender's exit ledger)" in r for r in lost)

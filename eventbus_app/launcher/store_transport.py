@@ -219,7 +219,9 @@ class StoreTransport:
             # it, the rest goes to the job-wide handshake.
             share = 1.0 if info.group_world_size == 1 else 0.5
             receiver.drain(timeout=max(0.0, (deadline - time.monotonic()) * share))
-            receiver.report_leftovers()
+            # a queue whose sender left an exit ledger is counted from it, in events (the
+            # pushes left in the store included); the others as pushes left in the store
+            receiver.report_leftovers(counted_elsewhere=self._ledgered_keys())
             if info.group_rank != 0 and self.job_forwarder is not None:
                 self._finish_job_view(deadline)
             job = self.job_receiver
@@ -237,6 +239,17 @@ class StoreTransport:
                                "exit ledger nor record counter: the events it queued last "
                                "may be lost, uncounted", sender)
             self._remove_ledgers()
+
+    def _ledgered_keys(self) -> set[str]:
+        """The queues of this agent's attempts whose sender left a readable exit ledger."""
+        found: set[str] = set()
+        try:
+            for path, keys in self._ledger_dirs.values():
+                ledgers, _ = read_ledgers(path)
+                found.update(ledger.key for ledger in ledgers if ledger.key in keys)
+        except Exception:  # the settling below reports what it cannot read
+            pass
+        return found
 
     def _settle_from_ledgers(self, receiver: StoreReceiver) -> set[str]:
         """Read every attempt's exit ledgers and record counters and report, per sender
