@@ -324,7 +324,7 @@ class StoreForwarder:
                 pass
             finally:
                 sock.detach()  # the descriptor stays the client's to close
-        left = shut and self._client_lock.acquire(timeout=END_MARKER_LOCK_WAIT)
+        left = shut > 0 and self._client_lock.acquire(timeout=END_MARKER_LOCK_WAIT)
         if left:
             self._client_lock.release()
         self._note_loss(0, f"the store client was still busy with a push {waited:.1f} s into "

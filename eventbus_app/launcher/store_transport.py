@@ -40,6 +40,7 @@ from eventbus.events import Event
 from eventbus.events import EventType
 from eventbus.events import event_class
 from eventbus.ledger import ENV_LEDGER_DIR
+from eventbus.ledger import ExitLedger
 from eventbus.ledger import read_counters
 from eventbus.ledger import read_ledgers
 from eventbus.publishers.store_receiver import StoreReceiver
@@ -221,7 +222,10 @@ class StoreTransport:
             receiver.drain(timeout=max(0.0, (deadline - time.monotonic()) * share))
             # a queue whose sender left an exit ledger is counted from it, in events (the
             # pushes left in the store included); the others as pushes left in the store
-            receiver.report_leftovers(counted_elsewhere=self._ledgered_keys())
+            ledgers = self._read_ledgers()
+            receiver.report_leftovers(counted_elsewhere={
+                ledger.key for path, (found, _) in ledgers.items()
+                for ledger in found if ledger.key in self._ledger_dirs[path][1]})
             if info.group_rank != 0 and self.job_forwarder is not None:
                 self._finish_job_view(deadline)
             job = self.job_receiver
@@ -231,7 +235,7 @@ class StoreTransport:
                 job.report_leftovers()
                 job.close()
             receiver.close()
-            settled = self._settle_from_ledgers(receiver)
+            settled = self._settle_from_ledgers(receiver, ledgers)
             for sender in receiver.unended():
                 if sender in settled:
                     continue
@@ -240,21 +244,24 @@ class StoreTransport:
                                "may be lost, uncounted", sender)
             self._remove_ledgers()
 
-    def _ledgered_keys(self) -> set[str]:
-        """The queues of this agent's attempts whose sender left a readable exit ledger."""
-        found: set[str] = set()
-        try:
-            for path, keys in self._ledger_dirs.values():
-                ledgers, _ = read_ledgers(path)
-                found.update(ledger.key for ledger in ledgers if ledger.key in keys)
-        except Exception:  # the settling below reports what it cannot read
-            pass
-        return found
+    def _read_ledgers(self) -> dict[int, tuple[list[ExitLedger], dict[str, int]]]:
+        """Every attempt's exit ledgers, and its files refused per reason (read once, at
+        exit: they decide both what is reported as left in the store and what is settled).
+        Never raises."""
+        out: dict[int, tuple[list[ExitLedger], dict[str, int]]] = {}
+        for attempt, (path, _) in sorted(self._ledger_dirs.items()):
+            try:
+                out[attempt] = read_ledgers(path)
+            except Exception:
+                logger.exception("store transport: reading the exit ledgers in %s failed",
+                                 path[:200])
+        return out
 
-    def _settle_from_ledgers(self, receiver: StoreReceiver) -> set[str]:
-        """Read every attempt's exit ledgers and record counters and report, per sender
-        whose end marker never arrived, what it recorded, numbered or dropped that did not
-        arrive. Never raises."""
+    def _settle_from_ledgers(self, receiver: StoreReceiver, read: dict[
+            int, tuple[list[ExitLedger], dict[str, int]]]) -> set[str]:
+        """From every attempt's exit ledgers (``read``) and record counters, report, per
+        sender whose end marker never arrived, what it recorded, numbered or dropped that
+        did not arrive. Never raises."""
         settled: set[str] = set()
         stats = self.ledger_stats
         refused: dict[str, int] = stats["refused"]
@@ -262,8 +269,8 @@ class StoreTransport:
             unreachable = receiver.client is None or receiver.store_errors > 0
             why = ("the store was unreachable (from the sender's exit ledger)" if unreachable
                    else "no end marker reached the agent (from the sender's exit ledger)")
-            for _, (path, keys) in sorted(self._ledger_dirs.items()):
-                ledgers, bad = read_ledgers(path)
+            for attempt, (path, keys) in sorted(self._ledger_dirs.items()):
+                ledgers, bad = read.get(attempt, ([], {}))
                 for reason, n in bad.items():
                     refused[reason] = refused.get(reason, 0) + n
                 for ledger in ledgers:
@@ -272,10 +279,8 @@ class StoreTransport:
                         refused["ledger: not a queue of its attempt"] = refused.get(
                             "ledger: not a queue of its attempt", 0) + 1
                         continue
-                    if ledger.key in receiver.leftovers:
-                        # reported already as pushes left in the store; not twice
-                        settled.add(ledger.sender)
-                        continue
+                    # its queue's pushes still in the store, if any, were not reported
+                    # as such (report_leftovers was told of this ledger): counted here
                     reported = receiver.settle(ledger, why=why)
                     settled.add(ledger.sender)
                     if reported:

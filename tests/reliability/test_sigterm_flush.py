@@ -98,8 +98,7 @@ def test_sigterm_mid_stream_flushes_everything_within_budget(
                             "EVENTBUS_STACK_SIGNAL": "SIGUSR1"})
     ready = tmp_path / "ready"
     proc = subprocess.Popen([*WORKER, "-c", SCRIPT, mode, str(ready), str(BUDGET_S + 10)],
-                            env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(ready, proc)
         sent = time.monotonic()
