@@ -263,11 +263,13 @@ class Bus:
         self._foreign_seq: dict[int, int] = {}
         self._reporting = threading.local()
         self._fallback_used = False
+        # Registered before the slots are made: a type declared meanwhile reaches this bus
+        # through _declared() (adding a slot twice is a no-op). The registry holds the bus
+        # weakly: a bus a test makes and drops is collected (module-level lists of bound
+        # methods kept every bus ever made alive).
         _all_buses.add(self)
         for cls in list(_REGISTRY.values()):
             self._add_slot(cls)
-        _on_declare.append(self._add_slot)
-        _on_generate.append(self._generated)
         # The compiled record() and publish(): the common case in C, anything else handed
         # to the methods below with the same arguments (so the same results and errors).
         # A subscriber's failure goes to the same handler as on the Python path, handed
@@ -554,8 +556,26 @@ class Bus:
 
 _weakref_types = (weakref.ref,)
 
-#: every bus of this process, for the after-fork lock reset
+#: every living bus of this process, held weakly: told of each newly declared or generated
+#: event class, and reset after a fork
 _all_buses: weakref.WeakSet[Bus] = weakref.WeakSet()
+
+
+def _declared(cls: type[Event]) -> None:
+    """A type was declared: every living bus gets its slot."""
+    for bus in list(_all_buses):
+        bus._add_slot(cls)
+
+
+def _generated(cls: type[Event]) -> None:
+    """A class's code was generated: every living bus calls it directly from now on."""
+    for bus in list(_all_buses):
+        bus._generated(cls)
+
+
+# One hook each for all buses, registered once: the core's registries never hold a bus.
+_on_declare.append(_declared)
+_on_generate.append(_generated)
 
 _default_bus = Bus("default")
 

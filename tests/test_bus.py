@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import threading
+import weakref
 from typing import Any
 
 import blinker
@@ -14,6 +15,7 @@ import eventbus
 from eventbus import ALL
 from eventbus import Event
 from eventbus import EventType
+from eventbus import event_type
 
 
 def test_subscribers_are_called_in_subscription_order(bus: eventbus.Bus) -> None:
@@ -472,3 +474,32 @@ def test_record_and_publish_share_one_delivery_loop_on_every_path() -> None:
     assert ("later", 0, {"i": 0}) in expected and ("later", 1, {"i": 1}) not in expected
     for name, trace in traces.items():
         assert trace == expected, name
+
+
+def test_a_dropped_bus_is_collected() -> None:
+    """No module-level registry keeps a bus alive: 1,000 buses made, used and dropped,
+    none left after a collection (each once held itself in two lists of hooks)."""
+    refs: list[weakref.ref[eventbus.Bus]] = []
+    for i in range(1000):
+        bus = eventbus.Bus(f"dropped-{i}")
+        sub = bus.subscribe(EventType.WORKER_EXIT, on_event=lambda event: None)
+        bus.record(EventType.WORKER_EXIT, worker_id=0, exit_code=0)
+        refs.append(weakref.ref(bus))
+        del bus, sub
+    gc.collect()
+    assert sum(ref() is not None for ref in refs) == 0
+
+
+def test_a_type_declared_after_a_bus_reaches_it() -> None:
+    """The one declare hook still reaches every living bus: a type declared after the bus
+    was made is recorded and delivered on it."""
+    bus = eventbus.Bus("declared-later")
+
+    @event_type("TEST_DECLARED_AFTER_BUS")
+    class DeclaredLater(Event):
+        value: int
+
+    got: list[Event] = []
+    bus.subscribe("TEST_DECLARED_AFTER_BUS", on_event=got.append)
+    bus.record("TEST_DECLARED_AFTER_BUS", value=3)
+    assert [e.value for e in got] == [3]  # type: ignore[attr-defined]
