@@ -39,8 +39,10 @@ browser:
 	  || echo "browser: could not install chromium; the browser tests will skip"; \
 	else echo "browser: no $(CHROMIUM) and no apt-get; the browser tests will skip"; fi
 
-# A few minutes on 2 cores: everything but the tests marked slow (real multi-attempt
-# torchrun jobs, the demo, the 10-restarts-in-a-row run). CI runs those too (.ci/run).
+# About 3 minutes on 2 cores, lint and the pure-Python re-run included: everything but
+# the tests marked slow (real torchrun / `eventbus run` / elastic_launch jobs, long
+# subprocesses, load and stress runs, the wheel build, the demo). `make test-slow` runs
+# those; CI runs both (.ci/run).
 test: $(STAMP) lint browser
 	$(PY) -m pytest -q -m "not slow"
 	# The core again on the pure-Python path: the compiled one (eventbus/_speedups.c)
@@ -69,7 +71,8 @@ test-all: test test-slow
 # Every test marked slow, N rounds (default 10), under one busy process per core that the
 # script starts and stops; prints one table (runs, passed, failed, slowest, each distinct
 # failure), writes it into docs/guarantees.md ("Soak") and fails on any failure.
-# SOAK_K=EXPR selects within the slow tests (pytest -k). ~9 min a round on 2 cores.
+# SOAK_K=EXPR selects within the slow tests (pytest -k). 25-30 min a round on 2 cores
+# under the soak's load (the slow suite grew when the fast one was held to ~3 minutes).
 N ?= 10
 SOAK_K ?=
 soak: $(STAMP)

@@ -16,7 +16,9 @@ and each sink's queue (what it handed over, in which batches, its stats and drop
 The scripts are plain data (tuples of numbers and strings) so that both processes build the
 same objects from them; only the moments (timestamps) and the process (context) differ, and
 the script fixes the context. ``EVENTBUS_DIFF_EXAMPLES`` sets the number of scripts
-(default below, ~30 s here); they are the same on every run unless ``EVENTBUS_DIFF_RANDOM=1``.
+(default below, ~11 s on 2 cores: the test is in ``make test-slow``; the fast loop compares
+the two paths call by call in test_compiled.py); they are the same on every run unless
+``EVENTBUS_DIFF_RANDOM=1``.
 """
 
 from __future__ import annotations
@@ -1131,6 +1133,7 @@ needs_compiled = pytest.mark.skipif(
     "(EVENTBUS_PURE_PYTHON): there is only one path to compare")
 
 
+@pytest.mark.slow
 @needs_compiled
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=not RANDOM,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,

@@ -25,6 +25,11 @@ from tests.launcher_helpers import job_env
 from tests.launcher_helpers import run_command
 from tests.launcher_helpers import run_job
 
+# Every test here starts a real `eventbus run` (torchrun and its workers, or at least the
+# command and its torch import, ~2 s each on 2 cores): `make test-slow`. The fast loop
+# has the in-process checks of the same rules (test_run_usage.py, test_launcher_internals.py).
+pytestmark = pytest.mark.slow
+
 REACTORS = "tests.jobs.reactors"
 
 
@@ -160,7 +165,6 @@ def test_no_reactor_and_no_restarts_fails_with_the_exit_code(tmp_path: Path) -> 
     assert "exitcode  : 3" in run.stderr
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("how", "exit_code", "signame", "message"), [
     ("raise", 1, None, "RuntimeError: bad config on rank 1: learning rate missing"),
     ("sigkill", -9, "SIGKILL", None),
@@ -184,7 +188,6 @@ def test_failure_details_signal_and_error_file_message(
         assert 0 <= event["timestamp"] - _exit_time(run, 0, 1) < 1.0
 
 
-@pytest.mark.slow
 def test_raising_reactor_counts_as_no_decision(tmp_path: Path) -> None:
     """A reactor that raises is reported and leaves torchrun's policy (restart) in force."""
     run = run_job(tmp_path, eventbus_args=["--reactor", f"{REACTORS}:broken"],
@@ -194,7 +197,6 @@ def test_raising_reactor_counts_as_no_decision(tmp_path: Path) -> None:
     assert "RuntimeError: reactor bug" in run.stderr
 
 
-@pytest.mark.slow
 def test_sigterm_to_the_agent_stops_workers_and_records_agent_exit(tmp_path: Path) -> None:
     """SIGTERM to `eventbus run` (a preemption): workers are stopped, the exit code is
     torchrun's (non-zero), and the JSONL ends with AGENT_EXIT naming the signal."""
@@ -230,7 +232,6 @@ def test_sigterm_to_the_agent_stops_workers_and_records_agent_exit(tmp_path: Pat
     assert "signal" in agent_exit[0]["reason"].lower()
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(10 * 300)
 def test_restart_is_reliable_ten_times_in_a_row(tmp_path: Path) -> None:
     """The restart case, 10 times in a row: 10 of 10 succeed (plain torchrun: ~1 in 6)."""

@@ -94,6 +94,7 @@ def test_import_eventbus_is_inert_in_any_environment(tmp_path: Path, env: dict[s
     assert out.stderr == ""
 
 
+@pytest.mark.slow  # pip builds a wheel from a copy of the tree: ~5 s
 def test_the_wheel_installs_one_import_name(tmp_path: Path) -> None:
     """A wheel built from this tree holds one top-level import name, ``eventbus``, with
     the publishers, the subscribers and the application under it."""

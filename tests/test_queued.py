@@ -485,12 +485,17 @@ os._exit(0)
 """
 
 
-#: both enqueues: the compiled one (eventbus/_speedups.c) and the pure-Python one
-PATHS = pytest.mark.parametrize("pure", ["0", "1"], ids=["compiled", "python"])
+#: both enqueues, the compiled one (eventbus/_speedups.c) and the pure-Python one, with
+#: 300 interruptions each (~2.5 s a run on 2 cores: `make test-slow`); the fast loop runs
+#: 30 on this run's path (the Makefile's pure-Python re-run sets EVENTBUS_PURE_PYTHON)
+PATHS = pytest.mark.parametrize(("pure", "enough"), [
+    pytest.param(os.environ.get("EVENTBUS_PURE_PYTHON", "") or "0", 30, id="few"),
+    pytest.param("0", 300, id="compiled", marks=pytest.mark.slow),
+    pytest.param("1", 300, id="python", marks=pytest.mark.slow)])
 
 
-def _signal_race(mode: str, pure: str) -> dict[str, int]:
-    proc = subprocess.run([sys.executable, "-c", SIGNAL_RACE, mode, "20", "300"],
+def _signal_race(mode: str, pure: str, enough: int) -> dict[str, int]:
+    proc = subprocess.run([sys.executable, "-c", SIGNAL_RACE, mode, "20", str(enough)],
                           env=subprocess_env(EVENTBUS_PURE_PYTHON=pure), capture_output=True,
                           text=True, timeout=120, check=False)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
@@ -503,23 +508,25 @@ def _signal_race(mode: str, pure: str) -> dict[str, int]:
 
 
 @PATHS
-def test_a_signal_handler_raising_mid_enqueue_never_leaves_the_lock_held(pure: str) -> None:
+def test_a_signal_handler_raising_mid_enqueue_never_leaves_the_lock_held(
+        pure: str, enough: int) -> None:
     """A signal handler runs in the main thread after any call returns, so it may raise
     inside ``QueuedSink.__call__`` (the worker's chained SIGTERM handler calls the
     script's, which exits). Hundreds of such interruptions leave the queue's lock free:
     taken with acquire() + try/finally, the lock was left held after a few, and the exit
     flush then waited on it for good."""
-    out = _signal_race("raise", pure)
+    out = _signal_race("raise", pure, enough)
     assert out["leaked"] == 0, f"lock left held after {out['interrupted']} interruptions"
 
 
 @PATHS
-def test_a_signal_handler_recording_mid_enqueue_neither_deadlocks_nor_loses(pure: str) -> None:
+def test_a_signal_handler_recording_mid_enqueue_neither_deadlocks_nor_loses(
+        pure: str, enough: int) -> None:
     """A signal handler that records an event while the main thread is inside the
     queue's lock (a script's SIGTERM handler recording its last checkpoint): the enqueue
     nests instead of deadlocking (with a plain lock the main thread hung for good), every
     event is handled, and the queue's sizes and byte count still match its events."""
-    out = _signal_race("record", pure)
+    out = _signal_race("record", pure, enough)
     assert out["from-handler"] == out["interrupted"]
     assert out["handled"] == out["enqueued"] and out["dropped"] == 0
     assert out["consistent"] == 1

@@ -12,6 +12,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from tests import soak
+
 ROOT = Path(__file__).resolve().parents[1]
 SOAK = ROOT / "tests" / "soak.py"
 
@@ -45,6 +49,41 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().rsplit(")", 1)[-1].split()[0] != "Z"
 
 
+def _junit(path: Path, cases: str) -> Path:
+    path.write_text(f"<testsuites><testsuite>{cases}</testsuite></testsuites>")
+    return path
+
+
+def test_the_table_counts_runs_outcomes_and_each_distinct_failure(tmp_path: Path) -> None:
+    """read_junit, render and write_doc in-process (the fast loop's check of the table)."""
+    table: dict[str, soak.Outcome] = {}
+    one = _junit(tmp_path / "1.xml", (
+        '<testcase classname="tests.x" name="test_a" time="1.25"/>'
+        '<testcase classname="tests.x" name="test_b" time="0.5">'
+        '<failure message="assert 1 == 2&#10;where 1 = f()">tb</failure></testcase>'
+        '<testcase classname="tests.x" name="test_c" time="0"><skipped message="no"/>'
+        '</testcase>'))
+    two = _junit(tmp_path / "2.xml", (
+        '<testcase classname="tests.x" name="test_a" time="3.5">'
+        '<error message="">\n\nboom in setup\n</error></testcase>'
+        '<testcase classname="tests.x" name="test_b" time="0.1">'
+        '<failure message="assert 1 == 2&#10;where 1 = g()">tb</failure></testcase>'))
+    assert soak.read_junit(one, table) == 3 and soak.read_junit(two, table) == 2
+    rows = soak.render(table, ["round 3: pytest exit 2 (see x)"]).splitlines()
+    assert rows[2:] == [
+        "| tests.x::test_a | 2 | 1 | 1 | 0 | 3.5 | `boom in setup` (1) |",
+        "| tests.x::test_b | 2 | 0 | 2 | 0 | 0.5 | `assert 1 == 2` (2) |",
+        "| tests.x::test_c | 1 | 0 | 0 | 1 | 0.0 | - |",
+        "| (round) | - | - | 1 | - | - | `round 3: pytest exit 2 (see x)` |"]
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"a\n{soak.BEGIN}\nold\n{soak.END}\nb\n")
+    soak.write_doc(doc, "new")
+    assert doc.read_text() == f"a\n{soak.BEGIN}\nnew\n{soak.END}\nb\n"
+    with pytest.raises(SystemExit, match="no <!-- soak:begin -->"):
+        soak.write_doc(tmp_path / "1.xml", "new")
+
+
+@pytest.mark.slow  # three pytest rounds under a busy process, then a SIGTERM: ~5 s
 def test_soak_tabulates_runs_and_failures_and_an_interrupted_soak_keeps_its_table(
     tmp_path: Path,
 ) -> None:

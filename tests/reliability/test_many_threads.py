@@ -1,4 +1,9 @@
-"""Rows 8 and 9: many threads record at once (8), while others subscribe and cancel (9)."""
+"""Rows 8 and 9: many threads record at once (8), while others subscribe and cancel (9).
+
+Row 8's two tests (100,000 to_json() lines, 100,000 through the JSONL recorder: 5-10 s on 2
+cores) are in ``make test-slow``; row 9 stays in the fast loop (and in the Makefile's
+pure-Python re-run), with the many-thread tests of tests/test_bus.py (100,000 delivered,
+no file) and tests/test_jsonl.py (16,000 lines through the recorder)."""
 
 from __future__ import annotations
 
@@ -47,6 +52,7 @@ def _lost_and_disorder(received: list[tuple[int, int]]) -> tuple[int, int]:
     return lost, disorder
 
 
+@pytest.mark.slow
 def test_many_threads_lose_nothing_and_keep_order(
     bus: Bus, tmp_path: Path, figure: Callable[[int, str], None],
 ) -> None:
@@ -140,6 +146,7 @@ def test_many_threads_while_others_subscribe_and_cancel(
     assert keeper.stats()["delivered"] == THREADS * PER_THREAD
 
 
+@pytest.mark.slow
 def test_many_threads_through_the_jsonl_recorder(
     bus: Bus, tmp_path: Path, figure: Callable[[int, str], None],
 ) -> None:

@@ -12,11 +12,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from matrix import subprocess_env
 
 import eventbus
 from eventbus.subscribers.jsonl import JsonlRecorder
 from eventbus.subscribers.jsonl import read_jsonl
+
+# a child writing ~40 MiB before the kill: ~5 s on 2 cores, in `make test-slow`; the fast
+# loop has tests/test_jsonl.py's in-process check of a file cut mid-line
+pytestmark = pytest.mark.slow
 
 # under LIMITS.max_line_bytes, in strings under LIMITS.max_string: written whole, one line
 # per event
