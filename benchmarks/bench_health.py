@@ -47,9 +47,9 @@ from eventbus import JobContext
 from eventbus import Metric
 from eventbus import WorkerProgress
 from eventbus.app.launcher import culprit
-from eventbus.app.launcher.health import StallWatch
-from eventbus.app.launcher.health import StragglerWatch
-from eventbus.app.launcher.health import observer
+from eventbus.app.launcher.watches import StallWatch
+from eventbus.app.launcher.watches import StragglerWatch
+from eventbus.app.launcher.watches import observer
 from eventbus.app.worker.stack_dump import arm_stack_dump
 from eventbus.app.worker.stack_dump import default_stack_signal
 

@@ -32,6 +32,7 @@ from eventbus.errors import UnknownEventTypeError
 from eventbus.errors import UnknownFieldError
 from eventbus.events import AgentExit
 from eventbus.events import AgentStart
+from eventbus.events import Cause
 from eventbus.events import CheckpointSaved
 from eventbus.events import Decision
 from eventbus.events import EpochEnd
@@ -61,6 +62,7 @@ __all__ = [
     "AgentExit",
     "AgentStart",
     "Bus",
+    "Cause",
     "CheckpointSaved",
     "Decision",
     "EpochEnd",

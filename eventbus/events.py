@@ -44,6 +44,7 @@ from eventbus.errors import UnknownEventTypeError
 __all__ = [
     "AgentExit",
     "AgentStart",
+    "Cause",
     "CheckpointSaved",
     "Decision",
     "EpochEnd",
@@ -101,6 +102,32 @@ class Decision(str, Enum):
 
     RESTART = "RESTART"
     STOP = "STOP"
+
+    __str__ = str.__str__
+    __format__ = str.__format__  # type: ignore[assignment]
+
+
+class Cause(str, Enum):
+    """Why a worker exited, the group restarted or the job ended: the ``cause`` field of
+    ``WORKER_EXIT``, ``WORKER_RESTART`` and ``AGENT_EXIT``, a fact that readers match on
+    (the page, ``eventbus tail``, the sinks), never the prose of ``reason`` or ``message``.
+
+    The field is a plain ``str`` (a file written by a newer eventbus may hold a cause this
+    one does not know: readers treat an unknown one as ``FAILURE``).
+    """
+
+    #: a worker failed by itself (non-zero exit code, or a signal the agent did not send)
+    FAILURE = "failure"
+    #: the agent judged the group stalled (``WORKER_STALLED``) and stopped it
+    STALL = "stall"
+    #: a reactor on this node answered ``Decision.STOP``
+    STOP = "stop"
+    #: a reactor on another node answered ``Decision.STOP`` (the job-wide STOP key)
+    REMOTE_STOP = "remote_stop"
+    #: the group re-formed through the rendezvous: another node restarted, or nodes joined
+    MEMBERSHIP = "membership"
+    #: the agent itself raised (torch's agent loop, a rendezvous that failed)
+    ERROR = "error"
 
     __str__ = str.__str__
     __format__ = str.__format__  # type: ignore[assignment]
@@ -436,6 +463,11 @@ class WorkerExit(Event):
     signal: str | None = None
     #: the error message from the worker's error file, when there is one
     message: str | None = None
+    #: why it ended, a :class:`Cause` value: ``"failure"`` for its own failure; for a
+    #: worker the agent stopped (``data["stopped_by_agent"]``), what made it stop the group
+    #: (``"failure"`` of another rank, ``"stall"``, ``"remote_stop"``); None when it
+    #: succeeded
+    cause: str | None = None
 
 
 def signal_name(exit_code: int) -> str | None:
@@ -467,7 +499,10 @@ class WorkerRestart(Event):
 
     attempt: int
     restarts_left: int | None = None
+    #: the sentence of what caused it, for people (:class:`Cause` is the fact to match on)
     reason: str | None = None
+    #: a :class:`Cause` value: ``"failure"``, ``"stall"`` or ``"membership"``
+    cause: str | None = None
 
 
 @event_type(EventType.RENDEZVOUS, failure=lambda e: e.state == "FAILED")
@@ -495,7 +530,11 @@ class AgentExit(Event):
 
     state: str
     exit_code: int | None = None
+    #: the sentence of why the job ended so, for people (:class:`Cause` is the fact)
     reason: str | None = None
+    #: a :class:`Cause` value when the job did not succeed: ``"failure"``, ``"stall"``
+    #: (restarts used up), ``"stop"``, ``"remote_stop"`` (a reactor's STOP), ``"error"``
+    cause: str | None = None
 
 
 @event_type(EventType.EPOCH_START)

@@ -19,11 +19,11 @@ from torch.distributed.elastic.agent.server import api as agent_api
 
 import eventbus
 from eventbus import Decision
-from eventbus.app.launcher import console
+from eventbus.app import stacks
 from eventbus.app.launcher.agent import EventAgent
 from tests.conftest import keep_agent_environment
 
-SUBSCRIBERS_DIR = console._own_roots()[0]
+SUBSCRIBERS_DIR = stacks.own_roots()[0]
 
 #: a faulthandler dump as a stalled worker writes it: the forwarder's thread, a thread of
 #: the script's, then the main thread (faulthandler lists the newest thread first)
@@ -184,6 +184,7 @@ def test_restart_lines_count_the_restarts_down(capsys: pytest.CaptureFixture[str
 
 
 def test_no_reactor_no_restart_left(capsys: pytest.CaptureFixture[str]) -> None:
+    """Two failures, no restart left: both ranks' sentences, then "the job fails"."""
     agent = _agent(max_restarts=0)
     agent._decide([_failure(), _failure(rank=2, code=-9, signal="SIGKILL")])
     (line,) = _lines(capsys.readouterr().err)
@@ -209,11 +210,11 @@ def test_stall_line_then_its_stack_main_thread_first(
     main = body.index("Current thread 0x00007f0000000001")
     loader = body.index("Thread 0x00007f0000000002")
     own = body.index(f"Thread 0x00007f0000000003 (most recent call first): "
-                     f"{console.EVENTBUS_MARK}")
+                     f"{stacks.EVENTBUS_MARK}")
     assert main < loader < own
     assert 'File "/job/train.py", line 18 in main' in body
     # eventbus's thread: the frame that tells which one it is, not threading's wait
-    marked = body.split(console.EVENTBUS_MARK)[1]
+    marked = body.split(stacks.EVENTBUS_MARK)[1]
     assert 'queued.py", line 210 in _run' in marked and "in wait" not in marked
     assert "... 4 more frames" in marked
     # the main thread ends at the script's <module>: the bootstrap's frames are left out
@@ -223,6 +224,7 @@ def test_stall_line_then_its_stack_main_thread_first(
 
 def test_stall_line_prefers_the_workers_where_and_diagnosis(
         capsys: pytest.CaptureFixture[str]) -> None:
+    """A stall's line names the worker's own data["where"], and its diagnosis follows."""
     agent = _agent()
     agent._decide([eventbus.WorkerStalled(
         worker_id=3, silent_s=61.0, data={"where": "model.py:7 in forward",
@@ -263,12 +265,14 @@ def test_a_restart_through_the_rendezvous_names_no_cause_it_cannot_know(
     agent.bus.subscribe(eventbus.EventType.WORKER_RESTART, on_event=restarts.append)
     agent._restart_workers(agent._worker_group)
     (line,) = _lines(capsys.readouterr().err)
-    assert line == ("eventbus: the group re-forms through the rendezvous (another node "
-                    "restarted it, or nodes joined; this uses no restart; 2 restarts left)")
+    assert line == ("eventbus: the group re-forms through the rendezvous as attempt 0 "
+                    "(another node restarted it, or nodes joined; this uses no restart; "
+                    "2 restarts left)")
     assert "new nodes" not in line
     (restart,) = restarts
     assert isinstance(restart, eventbus.WorkerRestart)
     assert restart.reason == "membership change: the group re-forms through the rendezvous"
+    assert restart.cause == eventbus.Cause.MEMBERSHIP
 
 
 def test_straggler_line_names_the_compute_time_basis(
@@ -295,8 +299,9 @@ def test_agent_environment_is_put_back() -> None:
 
 
 def test_where_of_skips_torch_and_the_standard_library() -> None:
-    assert console.where_of(STACK) == "train.py:18"
-    assert console.where_of("no stack: the worker did not answer") is None
+    """where_of names the script's innermost frame, not torch's nor eventbus's."""
+    assert stacks.where_of(STACK) == "train.py:18"
+    assert stacks.where_of("no stack: the worker did not answer") is None
 
 
 #: a heartbeat's stack (eventbus.app.worker.progress.format_stacks): traceback's format,
@@ -325,17 +330,17 @@ def test_a_heartbeats_stack_reads_like_a_faulthandler_dump() -> None:
     """A remote culprit's stack comes from its heartbeat in traceback's format: where_of
     finds the script's frame, the main thread comes first with its frames innermost first
     (source lines and the bootstrap left out), eventbus's thread is marked."""
-    assert console.where_of(HEARTBEAT_STACK) == "train.py:18"
-    lines = console.stack_lines(HEARTBEAT_STACK)
+    assert stacks.where_of(HEARTBEAT_STACK) == "train.py:18"
+    lines = stacks.stack_lines(HEARTBEAT_STACK)
     assert lines[0] == 'Thread 0x7f0000000001 "MainThread" (main) (most recent call first):'
     assert lines[1].strip().startswith('File "/venv/lib/python3.11/site-packages/torch/')
     assert lines[2:4] == ['  File "/job/train.py", line 18 in main',
                           '  File "/job/train.py", line 30 in <module>']
     assert not any("dist.all_reduce(t)" in line for line in lines)
     own = next(i for i, line in enumerate(lines) if "0x7f0000000003" in line)
-    assert lines[own].endswith(console.EVENTBUS_MARK) and own > 4
+    assert lines[own].endswith(stacks.EVENTBUS_MARK) and own > 4
     assert lines[own + 1].endswith("line 210 in _run")
-    assert console.stack_lines(HEARTBEAT_STACK, full=True)[-1] == "... (cut)"
+    assert stacks.stack_lines(HEARTBEAT_STACK, full=True)[-1] == "... (cut)"
 
 
 def test_a_real_heartbeat_stack_names_the_callers_line() -> None:
@@ -352,15 +357,16 @@ def test_a_real_heartbeat_stack_names_the_callers_line() -> None:
     finally:
         stop.set()
         helper.join(timeout=5)
-    assert console.where_of(text) == f"test_agent_console.py:{line}"
-    threads = console.format_stack(text)
+    assert stacks.where_of(text) == f"test_agent_console.py:{line}"
+    threads = stacks.format_stack(text)
     assert threads[0].is_main
-    assert any(t.ident == hex(helper.ident or 0) and console.EVENTBUS_MARK in t.header
+    assert any(t.ident == hex(helper.ident or 0) and stacks.EVENTBUS_MARK in t.header
                for t in threads)
 
 
 def test_full_stack_keeps_every_frame() -> None:
-    full = console.stack_lines(STACK, full=True)
+    """full=True keeps every frame; the short form cuts eventbus's thread to its top."""
+    full = stacks.stack_lines(STACK, full=True)
     assert sum(1 for line in full if line.strip().startswith("File ")) == 13
-    short = console.stack_lines(STACK)
+    short = stacks.stack_lines(STACK)
     assert "  ... 4 more frames" in short

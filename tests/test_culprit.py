@@ -1,5 +1,5 @@
 """The culprit analysis (eventbus_app/launcher/culprit.py) on synthetic heartbeats, and the
-health watches fed WORKER_PROGRESS heartbeats (eventbus_app/launcher/health.py): progress
+health watches fed WORKER_PROGRESS heartbeats (eventbus_app/launcher/watches.py): progress
 only when a heartbeat advanced, silence from idle_s, auto learning from the reported
 intervals, and the straggler found from compute time in lock-step training."""
 
@@ -13,7 +13,8 @@ import pytest
 import eventbus
 from eventbus import JobContext
 from eventbus.app.launcher import culprit
-from eventbus.app.launcher import health
+from eventbus.app.launcher import options
+from eventbus.app.launcher import watches
 
 
 def _beat(rank: int, *, enq: int, comp: int, idle_s: float = 0.0, step: int | None = None,
@@ -165,7 +166,7 @@ def test_idle_beats_are_not_progress_and_idle_s_dates_the_silence() -> None:
     """A heartbeat that advanced is progress; an idle beat is not, and its idle_s says
     when the rank last progressed (agent's clock: arrival - idle_s)."""
     clock = Clock()
-    watch = health.StallWatch(5.0, clock=clock)
+    watch = watches.StallWatch(5.0, clock=clock)
     watch.observe(_beat(0, enq=10, comp=10))
     clock.now += 2
     watch.observe(_beat(0, enq=10, comp=10, idle_s=2.0))  # idle
@@ -186,7 +187,7 @@ def test_idle_beats_before_any_progress_start_no_clock() -> None:
     """A slow start (no collective, no step yet) is never a stall; other events still
     count as before."""
     clock = Clock()
-    watch = health.StallWatch(1.0, clock=clock)
+    watch = watches.StallWatch(1.0, clock=clock)
     for i in range(5):
         watch.observe(_beat(0, enq=0, comp=0, idle_s=2.0 * i))
         clock.now += 2
@@ -200,7 +201,7 @@ def test_auto_learns_from_the_reported_step_and_collective_intervals() -> None:
     """--stall-timeout auto: 5 x the longest interval, also the heartbeats' step_time_s and
     compute_s + wait_s (progress far apart within one heartbeat window)."""
     clock = Clock()
-    watch = health.StallWatch("auto", auto_floor_s=1.0, clock=clock)
+    watch = watches.StallWatch("auto", auto_floor_s=1.0, clock=clock)
     watch.observe(_beat(0, enq=1, comp=1, step=1, step_time_s=3.0))
     assert watch.timeout_for(0, 0) == pytest.approx(15.0)
     watch.observe(_beat(1, enq=1, comp=1, compute_s=2.0, wait_s=2.5))
@@ -210,7 +211,7 @@ def test_auto_learns_from_the_reported_step_and_collective_intervals() -> None:
     assert watch.timeout_for(0, 1) == pytest.approx(50.0)
 
 
-def _lockstep(watch: health.StragglerWatch, compute: dict[int, float], beats: int) -> None:
+def _lockstep(watch: watches.StragglerWatch, compute: dict[int, float], beats: int) -> None:
     for _ in range(beats):
         interval = max(compute.values()) + 0.01
         for rank, c in compute.items():
@@ -221,7 +222,7 @@ def test_the_consistently_late_rank_is_the_straggler_from_compute_time() -> None
     """Lock-step training: both ranks step at the slow one's pace, no step_time_s; the rank
     whose time outside collectives is long gets WORKER_SLOW, its peer none."""
     clock = Clock()
-    watch = health.StragglerWatch(2.0, clock=clock)
+    watch = watches.StragglerWatch(2.0, clock=clock)
     _lockstep(watch, {0: 0.02, 1: 0.27}, beats=5)
     (slow,) = watch.check(0)
     assert slow.rank == 1 and slow.basis == "compute_s" and slow.step is None
@@ -231,21 +232,21 @@ def test_the_consistently_late_rank_is_the_straggler_from_compute_time() -> None
 
 
 def test_balanced_or_tiny_compute_times_are_never_slow() -> None:
-    watch = health.StragglerWatch(2.0, clock=Clock())
+    watch = watches.StragglerWatch(2.0, clock=Clock())
     _lockstep(watch, {0: 0.02, 1: 0.025}, beats=5)
     assert watch.check(0) == []
-    tiny = health.StragglerWatch(2.0, clock=Clock())
+    tiny = watches.StragglerWatch(2.0, clock=Clock())
     _lockstep(tiny, {0: 0.001, 1: 0.01}, beats=5)  # 10x, but 9 ms: noise
     assert tiny.check(0) == []
-    few = health.StragglerWatch(2.0, clock=Clock())
+    few = watches.StragglerWatch(2.0, clock=Clock())
     _lockstep(few, {0: 0.02, 1: 0.5}, beats=2)  # too few heartbeats to call it consistent
     assert few.check(0) == []
 
 
 def test_the_fused_observer_feeds_heartbeats_to_both_watches() -> None:
     clock = Clock()
-    stall, straggler = health.StallWatch(5.0, clock=clock), health.StragglerWatch(2.0)
-    observe = health.observer(stall, straggler)
+    stall, straggler = watches.StallWatch(5.0, clock=clock), watches.StragglerWatch(2.0)
+    observe = watches.observer(stall, straggler)
     assert observe is not None
     for _ in range(4):
         for rank, c in ((0, 0.02), (1, 0.3)):
@@ -259,7 +260,7 @@ def test_a_rank_whose_script_has_ended_is_never_stalled() -> None:
     """The last heartbeat of a worker whose script returned says so (data['exiting']): a
     slow interpreter exit after it is no stall."""
     clock = Clock()
-    watch = health.StallWatch(2.0, clock=clock)
+    watch = watches.StallWatch(2.0, clock=clock)
     watch.observe(_beat(0, enq=39, comp=38))
     watch.observe(_beat(1, enq=50, comp=50, exiting=True))
     clock.now += 10
@@ -281,7 +282,7 @@ def test_a_rank_whose_heartbeat_does_not_say_is_no_culprit() -> None:
 
 def test_a_rank_whose_process_groups_are_gone_is_ending() -> None:
     clock = Clock()
-    watch = health.StallWatch(2.0, clock=clock)
+    watch = watches.StallWatch(2.0, clock=clock)
     watch.observe(_beat(1, enq=50, comp=50))
     watch.observe(eventbus.WorkerProgress(worker_id=1, step=60, collectives=None, data={},
                                           context=JobContext(rank=1, restart_count=0)))
@@ -308,16 +309,29 @@ def test_the_progress_option_parses_and_refuses_bad_sources() -> None:
 
     from eventbus.app.launcher.command import build_parser
 
-    assert health.parse_progress("off") == ()
-    assert health.parse_progress("all") == health.PROGRESS_SOURCES
-    assert health.parse_progress("steps, collectives") == ("collectives", "steps")
-    with pytest.raises(argparse.ArgumentTypeError, match="'gpu' is not a source"):
-        health.parse_progress("steps,gpu")
+    assert options.parse_progress("off") == ()
+    assert options.parse_progress("all") == options.PROGRESS_SOURCES
+    assert options.parse_progress("steps, collectives") == ("collectives", "steps")
+    with pytest.raises(argparse.ArgumentTypeError, match="names 'gpu', which is no "):
+        options.parse_progress("steps,gpu")
     parser = build_parser()
-    assert parser.parse_args(["x.py"]).progress == health.PROGRESS_SOURCES
+    assert parser.parse_args(["x.py"]).progress == options.PROGRESS_SOURCES
     assert parser.parse_args(["--progress", "events", "x.py"]).progress == ("events",)
 
 
+def test_a_bad_progress_value_is_a_usage_error_naming_the_sources(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """--progress gpus: exit 2, the option and the valid sources named (in-process)."""
+    from eventbus.app.launcher.command import build_parser
+
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["--progress", "gpus", "x.py"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--progress" in err and "collectives, steps, events" in err
+
+
+@pytest.mark.slow  # the real command, its torch import included: ~2.5 s on 2 cores
 def test_a_bad_progress_value_stops_eventbus_run_naming_the_option() -> None:
     import subprocess
     import sys

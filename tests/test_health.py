@@ -1,6 +1,6 @@
-"""The job-health rules (eventbus_app/launcher/health.py) without a torch job: stall and
-straggler rules on a fake clock, the command line's validation, the worker's stack dump on
-a real signal, and the new event types."""
+"""The job-health rules without a torch job (eventbus_app/launcher/watches.py, options.py,
+probes.py): stall and straggler rules on a fake clock, the command line's validation, the
+worker's stack dump on a real signal, and the new event types."""
 
 from __future__ import annotations
 
@@ -16,9 +16,12 @@ import pytest
 
 import eventbus
 from eventbus import JobContext
-from eventbus.app.launcher import health
-from eventbus.app.worker.stack_dump import ENV_STACK_DIR
-from eventbus.app.worker.stack_dump import ENV_STACK_SIGNAL
+from eventbus.app.launcher import options
+from eventbus.app.launcher import probes
+from eventbus.app.launcher import watches
+from eventbus.app.protocol.agent_worker import ENV_STACK_DIR
+from eventbus.app.protocol.agent_worker import ENV_STACK_SIGNAL
+from eventbus.app.protocol.agent_worker import EXPECT_SILENCE_KEY
 from tests.launcher_helpers import ROOT
 
 
@@ -41,7 +44,7 @@ def _event(rank: int | None, *, attempt: int = 0, step: int | None = None,
 def test_never_stalled_before_the_first_event() -> None:
     """A worker that recorded nothing yet is never stalled, however long it is silent."""
     clock = Clock()
-    watch = health.StallWatch(1.0, clock=clock)
+    watch = watches.StallWatch(1.0, clock=clock)
     clock.now += 1000
     assert watch.stalled(0, [0, 1]) == []
 
@@ -49,7 +52,7 @@ def test_never_stalled_before_the_first_event() -> None:
 def test_silence_longer_than_the_timeout_is_a_stall_reported_once() -> None:
     """After its first event, silence > timeout is a stall, reported once per attempt."""
     clock = Clock()
-    watch = health.StallWatch(2.0, clock=clock)
+    watch = watches.StallWatch(2.0, clock=clock)
     watch.observe(_event(0))
     watch.observe(_event(1))
     clock.now += 1.5
@@ -63,7 +66,7 @@ def test_silence_longer_than_the_timeout_is_a_stall_reported_once() -> None:
 def test_only_live_ranks_of_the_current_attempt_are_checked() -> None:
     """Events of another attempt, and ranks not passed as live, never stall."""
     clock = Clock()
-    watch = health.StallWatch(1.0, clock=clock)
+    watch = watches.StallWatch(1.0, clock=clock)
     watch.observe(_event(0, attempt=0))
     clock.now += 5
     assert watch.stalled(1, [0]) == []
@@ -73,7 +76,7 @@ def test_only_live_ranks_of_the_current_attempt_are_checked() -> None:
 def test_agent_events_without_a_rank_are_ignored() -> None:
     """The agents' own events (no rank) are no worker's heartbeat."""
     clock = Clock()
-    watch = health.StallWatch(1.0, clock=clock)
+    watch = watches.StallWatch(1.0, clock=clock)
     watch.observe(_event(None))
     clock.now += 5
     assert watch.stalled(0, [0]) == [] and watch._seen == {}
@@ -82,8 +85,8 @@ def test_agent_events_without_a_rank_are_ignored() -> None:
 def test_an_announced_quiet_period_is_not_a_stall() -> None:
     """data['expect_silence_s'] holds the stall off for that long after the event."""
     clock = Clock()
-    watch = health.StallWatch(2.0, clock=clock)
-    watch.observe(_event(0, data={health.EXPECT_SILENCE_KEY: 10.0}))
+    watch = watches.StallWatch(2.0, clock=clock)
+    watch.observe(_event(0, data={EXPECT_SILENCE_KEY: 10.0}))
     clock.now += 9
     assert watch.stalled(0, [0]) == []
     clock.now += 2
@@ -93,7 +96,7 @@ def test_an_announced_quiet_period_is_not_a_stall() -> None:
 def test_auto_timeout_is_a_floor_or_a_multiple_of_the_longest_interval() -> None:
     """auto: max(floor, factor x longest interval seen for that worker)."""
     clock = Clock()
-    watch = health.StallWatch("auto", auto_floor_s=60.0, auto_factor=5.0, clock=clock)
+    watch = watches.StallWatch("auto", auto_floor_s=60.0, auto_factor=5.0, clock=clock)
     watch.observe(_event(0))
     assert watch.timeout_for(0, 0) == 60.0
     clock.now += 30
@@ -109,7 +112,7 @@ def test_auto_timeout_is_a_floor_or_a_multiple_of_the_longest_interval() -> None
 def test_bad_stall_timeouts_are_usage_errors(text: str) -> None:
     """0, negative, non-finite and non-numeric values other than auto are refused."""
     with pytest.raises(argparse.ArgumentTypeError, match="seconds > 0 or 'auto'"):
-        health.parse_stall_timeout(text)
+        options.parse_stall_timeout(text)
 
 
 def test_the_auto_floor_is_an_option_and_bounds_auto() -> None:
@@ -119,27 +122,26 @@ def test_the_auto_floor_is_an_option_and_bounds_auto() -> None:
 
     args = build_parser().parse_args(["--stall-auto-floor", "2", "x.py"])
     assert args.stall_auto_floor == 2.0
-    assert build_parser().parse_args(["x.py"]).stall_auto_floor == health.AUTO_FLOOR_S
+    assert build_parser().parse_args(["x.py"]).stall_auto_floor == options.AUTO_FLOOR_S
     clock = Clock()
-    watch = health.StallWatch("auto", auto_floor_s=2.0, clock=clock)
+    watch = watches.StallWatch("auto", auto_floor_s=2.0, clock=clock)
     watch.observe(_event(0))
     assert watch.timeout_for(0, 0) == 2.0  # nothing learnt yet: the floor
     clock.now += 1.0
     watch.observe(_event(0))
     assert watch.timeout_for(0, 0) == 5.0  # 5 x 1 s > the floor
     with pytest.raises(ValueError, match="auto_floor_s"):
-        health.StallWatch("auto", auto_floor_s=0.0)
+        watches.StallWatch("auto", auto_floor_s=0.0)
 
 
 def test_good_stall_timeouts_parse() -> None:
     """Seconds and auto parse."""
-    assert health.parse_stall_timeout("2.5") == 2.5
-    assert health.parse_stall_timeout("AUTO") == "auto"
+    assert options.parse_stall_timeout("2.5") == 2.5
+    assert options.parse_stall_timeout("AUTO") == "auto"
 
 
-def test_bad_options_stop_eventbus_run_before_anything_starts(tmp_path: Path) -> None:
-    """`eventbus run --stall-timeout 0` (and a bad --stop-exit-code or --slow-factor) is an
-    argparse usage error (exit 2) naming the option; no worker starts."""
+def test_bad_health_options_are_usage_errors_of_the_parser() -> None:
+    """A bad --stall-timeout, --stop-exit-code, --slow-factor or --stall-auto-floor: exit 2."""
     from eventbus.app.launcher.command import build_parser
 
     parser = build_parser()
@@ -149,6 +151,12 @@ def test_bad_options_stop_eventbus_run_before_anything_starts(tmp_path: Path) ->
         with pytest.raises(SystemExit) as exc:
             parser.parse_args([*argv, "x.py"])
         assert exc.value.code == 2
+
+
+@pytest.mark.slow  # the real command, its torch import included: ~2 s on 2 cores
+def test_bad_options_stop_eventbus_run_before_anything_starts(tmp_path: Path) -> None:
+    """`eventbus run --stall-timeout 0` is an argparse usage error (exit 2) naming the
+    option; no worker starts."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-m", "eventbus", "run", "--stall-timeout", "0",
                            "--standalone", "--nproc-per-node", "2", "never_run.py"],
@@ -167,7 +175,7 @@ def test_defaults_of_the_options() -> None:
     assert args.stop_exit_code == 3 and args.slow_factor == 2.0 and args.stall_timeout is None
 
 
-def _steps(watch: health.StragglerWatch, rank: int, step_s: float, n: int) -> None:
+def _steps(watch: watches.StragglerWatch, rank: int, step_s: float, n: int) -> None:
     for step in range(n):
         watch.observe(_event(rank, step=step, timestamp=1000.0 + step * step_s))
 
@@ -175,7 +183,7 @@ def _steps(watch: health.StragglerWatch, rank: int, step_s: float, n: int) -> No
 def test_a_3x_straggler_is_reported_rate_limited() -> None:
     """A rank 3x slower than its peers' median is reported, at most once per interval."""
     clock = Clock()
-    watch = health.StragglerWatch(2.0, report_interval_s=60, clock=clock)
+    watch = watches.StragglerWatch(2.0, report_interval_s=60, clock=clock)
     for rank in (0, 1, 2):
         _steps(watch, rank, 0.1, 10)
     _steps(watch, 3, 0.3, 10)
@@ -189,11 +197,11 @@ def test_a_3x_straggler_is_reported_rate_limited() -> None:
 
 def test_balanced_and_tiny_steps_are_never_slow() -> None:
     """Balanced ranks, and steps below min_step_time_s, are never reported."""
-    watch = health.StragglerWatch(2.0, clock=Clock())
+    watch = watches.StragglerWatch(2.0, clock=Clock())
     _steps(watch, 0, 0.1, 10)
     _steps(watch, 1, 0.12, 10)
     assert watch.check(0) == []
-    tiny = health.StragglerWatch(2.0, clock=Clock())
+    tiny = watches.StragglerWatch(2.0, clock=Clock())
     _steps(tiny, 0, 0.001, 10)
     _steps(tiny, 1, 0.01, 10)
     assert tiny.check(0) == []
@@ -201,7 +209,7 @@ def test_balanced_and_tiny_steps_are_never_slow() -> None:
 
 def test_own_step_times_win_over_timestamps() -> None:
     """data['step_time_s'] (lock-step training, where timestamps are all equal) is used."""
-    watch = health.StragglerWatch(2.0, clock=Clock())
+    watch = watches.StragglerWatch(2.0, clock=Clock())
     for rank, own in ((0, 0.1), (1, 0.1), (2, 0.5)):
         for step in range(6):
             watch.observe(_event(rank, step=step, timestamp=1000.0 + step,
@@ -259,9 +267,9 @@ def test_the_stack_dump_names_the_function_and_keeps_the_worker_alive(tmp_path: 
     """The agent's signal makes the worker write every thread's stack; it lives on."""
     proc = _child(tmp_path)
     try:
-        stacks = health.StackDumper(str(tmp_path)).capture([proc.pid])
+        stacks = probes.StackDumper(str(tmp_path)).capture([proc.pid])
         assert "stuck_in_here" in stacks[proc.pid], stacks
-        again = health.StackDumper(str(tmp_path)).capture([proc.pid])
+        again = probes.StackDumper(str(tmp_path)).capture([proc.pid])
         assert "stuck_in_here" in again[proc.pid] and proc.poll() is None
     finally:
         proc.kill()
@@ -272,7 +280,7 @@ def test_a_worker_that_opts_out_is_never_signalled(tmp_path: Path) -> None:
     """EVENTBUS_STACK_SIGNAL=off: no .sig file, no signal, a note instead of a stack."""
     proc = _child(tmp_path, **{ENV_STACK_SIGNAL: "off"})
     try:
-        stacks = health.StackDumper(str(tmp_path)).capture([proc.pid])
+        stacks = probes.StackDumper(str(tmp_path)).capture([proc.pid])
         assert stacks[proc.pid].startswith("(no stack") and proc.poll() is None
     finally:
         proc.kill()
@@ -355,7 +363,7 @@ def test_health_benchmark_reports_worker_and_agent_costs() -> None:
 
 
 def test_fused_observer_writes_what_the_two_watches_write() -> None:
-    """health.observer (the agent's one subscriber, fused for speed) leaves both watches in
+    """watches.observer (the agent's one subscriber, fused for speed) leaves both watches in
     the state their own observe() methods leave: heartbeats, quiet periods, auto's longest
     interval, step windows (with a step counter going back), agents' events skipped."""
     clock = Clock()
@@ -378,9 +386,9 @@ def test_fused_observer_writes_what_the_two_watches_write() -> None:
             events.append(attrs.evolve(event, step=step + 1 if step is not None else None))
     events.append(_event(None, step=1))  # an agent's own event
     events.append(eventbus.EpochEnd(epoch=0, context=JobContext(rank=1, restart_count=0)))
-    fused = (health.StallWatch("auto", clock=clock), health.StragglerWatch(2.0, clock=clock))
-    plain = (health.StallWatch("auto", clock=clock), health.StragglerWatch(2.0, clock=clock))
-    observe = health.observer(*fused)
+    fused = (watches.StallWatch("auto", clock=clock), watches.StragglerWatch(2.0, clock=clock))
+    plain = (watches.StallWatch("auto", clock=clock), watches.StragglerWatch(2.0, clock=clock))
+    observe = watches.observer(*fused)
     assert observe is not None
     for i, event in enumerate(events):
         clock.now = 100.0 + i * (1 + i % 4)
@@ -388,11 +396,11 @@ def test_fused_observer_writes_what_the_two_watches_write() -> None:
         plain[0].observe(event)
         plain[1].observe(event)
 
-    def state(watches: tuple[health.StallWatch, health.StragglerWatch]) -> object:
+    def state(watches: tuple[watches.StallWatch, watches.StragglerWatch]) -> object:
         stall, straggler = watches
         return ({k: (s.last, s.longest, s.quiet_until) for k, s in stall._seen.items()},
                 {k: list(v) for k, v in straggler._steps.items()})
 
     assert state(fused) == state(plain)
     assert fused[0]._seen and fused[1]._steps
-    assert health.observer(None, None) is None
+    assert watches.observer(None, None) is None

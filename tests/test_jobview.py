@@ -1,4 +1,4 @@
-"""The job model the trace, the plot and tail share (subscribers/_jobview.py), pinned on the
+"""The job model the trace, the plot and tail share (readers/jobview.py), pinned on the
 hand-made 2-node recording in tests/fixtures (see make_fixtures.py for the story)."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import eventbus
 from eventbus.app.readers.jobview import AGENT
 from eventbus.app.readers.jobview import JobView
 from eventbus.app.readers.records import Problem
@@ -154,3 +155,52 @@ def test_without_any_group_rank_workers_join_the_agent_that_started_them() -> No
     view = JobView.from_records(records)
     assert [(n.label, n.ranks) for n in view.nodes] == [("node-b", [2, 3])]
     assert {w.node for w in view.runs} == {"node-b"} and len(view.runs) == 4
+
+
+def _job(*events: eventbus.Event) -> JobView:
+    """The view of ``events`` as a file's lines read back."""
+    records = []
+    for event in events:
+        record = decode_line(event.to_json())
+        assert isinstance(record, Record)
+        records.append(record)
+    return JobView.from_records(records)
+
+
+def _agent(*, restart_count: int | None = None) -> eventbus.JobContext:
+    """node-a's agent (group rank 0) in attempt ``restart_count``."""
+    return eventbus.JobContext(group_rank=0, hostname="node-a", pid=1,
+                               restart_count=restart_count)
+
+
+def test_the_outcome_reads_the_cause_as_the_page_does() -> None:
+    """AGENT_EXIT.cause "stop" makes the job STOPPED and its last attempt "stopped" (the
+    page's words); without the field it is FAILED, whatever the reason says."""
+    def job(**fields: object) -> JobView:
+        return _job(
+            eventbus.WorkerStart(worker_id=0, timestamp=1.0, context=_agent()),
+            eventbus.AgentExit(state="FAILED", exit_code=3, timestamp=2.0, context=_agent(),
+                               reason="rank 0 failed; STOP from fatal", **fields))
+
+    stopped = job(cause="stop")
+    assert stopped.outcome() == "STOPPED"
+    assert [a.outcome for a in stopped.attempts] == ["stopped"]
+    old = job()
+    assert old.outcome() == "FAILED" and [a.outcome for a in old.attempts] == ["failed"]
+
+
+def test_an_attempt_ended_for_a_stall_failed_and_a_stopped_worker_is_collateral() -> None:
+    """A restart whose cause is "stall" ends a failed attempt though no worker failed by
+    itself (the stalled ones were stopped); a WORKER_EXIT with a cause other than its own
+    failure is a worker the agent stopped."""
+    view = _job(
+        eventbus.WorkerStart(worker_id=0, worker_pid=10, timestamp=1.0, context=_agent()),
+        eventbus.WorkerExit(worker_id=0, exit_code=-15, signal="SIGTERM", worker_pid=10,
+                            cause="stall", timestamp=2.0, context=_agent()),
+        eventbus.WorkerRestart(attempt=1, restarts_left=0, cause="stall", timestamp=3.0,
+                               context=_agent()),
+        eventbus.AgentExit(state="SUCCEEDED", exit_code=0, timestamp=4.0,
+                           context=_agent(restart_count=1)))
+    assert [a.outcome for a in view.attempts] == ["failed", "succeeded"]
+    (run,) = view.runs
+    assert run.stopped_by_agent and run.failed

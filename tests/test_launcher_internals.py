@@ -31,8 +31,8 @@ from eventbus import Decision
 from eventbus.app.launcher.agent import _ERROR_FILE_ERRORS
 from eventbus.app.launcher.agent import RELIABLE_RESTARTS_ENV
 from eventbus.app.launcher.agent import EventAgent
-from eventbus.app.launcher.agent import _peek_exit
 from eventbus.app.launcher.agent import event_agent
+from eventbus.app.launcher.processes import peek_exit
 from eventbus.subscribers.jsonl import read_jsonl
 from tests.conftest import keep_agent_environment
 from tests.launcher_helpers import ROOT
@@ -98,19 +98,19 @@ def test_peek_reads_an_exit_without_reaping_it() -> None:
     exits = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
     sleeps = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        assert _peek_exit(sleeps.pid) is None
+        assert peek_exit(sleeps.pid) is None
         deadline = time.monotonic() + 30
-        while _peek_exit(exits.pid) is None and time.monotonic() < deadline:
+        while peek_exit(exits.pid) is None and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert _peek_exit(exits.pid) == 3
+        assert peek_exit(exits.pid) == 3
         assert exits.wait(10) == 3  # not reaped by the peek
         sleeps.send_signal(signal.SIGKILL)
         deadline = time.monotonic() + 30
-        while _peek_exit(sleeps.pid) is None and time.monotonic() < deadline:
+        while peek_exit(sleeps.pid) is None and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert _peek_exit(sleeps.pid) == -signal.SIGKILL
+        assert peek_exit(sleeps.pid) == -signal.SIGKILL
         assert sleeps.wait(10) == -signal.SIGKILL
-        assert _peek_exit(exits.pid) is None  # reaped: unknown, not an error
+        assert peek_exit(exits.pid) is None  # reaped: unknown, not an error
     finally:
         sleeps.kill()
         sleeps.wait(10)
@@ -190,6 +190,7 @@ sys.exit(main(sys.argv[2:], plugins=[*default_plugins(), Plugin()]))
 '''
 
 
+@pytest.mark.slow  # a real 2-worker job with a restart
 def test_agent_plugin_sees_every_rendezvous_and_feeds_worker_env(tmp_path: Path) -> None:
     """A plugin passed to the launcher gets the long-lived store after each rendezvous
     (reachable, keys kept across the restart), its env vars reach that attempt's workers,
@@ -223,6 +224,7 @@ def test_agent_plugin_sees_every_rendezvous_and_feeds_worker_env(tmp_path: Path)
             assert env_seen == f"attempt-{attempt}"
 
 
+@pytest.mark.slow  # a real 2-worker job through torch's elastic_launch
 @pytest.mark.parametrize("peek", [True, False], ids=["peek", "no-waitid"])
 def test_event_agent_python_api_with_elastic_launch(tmp_path: Path, peek: bool,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
@@ -242,7 +244,7 @@ def test_event_agent_python_api_with_elastic_launch(tmp_path: Path, peek: bool,
     from eventbus.context import _holder
 
     if not peek:
-        monkeypatch.setattr("eventbus.app.launcher.agent._peek_exit", lambda pid: None)
+        monkeypatch.setattr("eventbus.app.launcher.agent.peek_exit", lambda pid: None)
     keep_agent_environment(monkeypatch)  # the in-process agents export their workers' settings
     monkeypatch.setenv(RELIABLE_RESTARTS_ENV, "1")
     monkeypatch.setenv("PYTHONPATH", str(ROOT))

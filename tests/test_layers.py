@@ -3,6 +3,10 @@
 Four layers, arrows down only: the core (``eventbus``), then ``publishers`` and
 ``subscribers`` side by side, then the application (``eventbus.app``). ``python -m
 eventbus`` (``eventbus/__main__.py``) is the application's entry point and belongs to it.
+
+Inside the application the same rule holds between its parts (:data:`APP_ORDER`, bottom to
+top): the shared base modules, then the worker, the readers and the sinks side by side,
+then the job view, the launcher, and the command line on top.
 """
 
 from __future__ import annotations
@@ -24,6 +28,24 @@ FOLDERS = {
     "eventbus_app": "eventbus.app",
 }
 CORE, PUBLISHERS, SUBSCRIBERS, APP = FOLDERS.values()
+
+#: the application's parts, bottom to top: a part is a module or a package right under
+#: ``eventbus.app`` (``app``: the package itself; ``__main__``: ``python -m eventbus``).
+#: A module imports, even lazily, only its own part and the parts of the levels below
+#: (docs/architecture.md, "The application's parts"); parts on one level never import
+#: each other
+APP_ORDER: tuple[tuple[str, ...], ...] = (
+    # shared by all: the stack reading, the plugin API, the agent <-> worker protocol
+    ("stacks", "plugins", "protocol"),
+    # one sentence per event (reads stacks)
+    ("sentences",),
+    ("worker", "readers", "sinks"),
+    ("ui",),
+    ("launcher",),
+    ("cli",),
+    ("app", "__main__"),
+)
+APP_LEVEL = {part: level for level, parts in enumerate(APP_ORDER) for part in parts}
 
 #: the core's only lazy import of a layer above, required by the API:
 #: get_logging_handler() returns a subscriber
@@ -59,6 +81,15 @@ def _layer(module: str) -> str:
         if module == layer or module.startswith(layer + "."):
             return layer
     return CORE
+
+
+def _part(module: str) -> str:
+    """The application's part ``module`` belongs to (see :data:`APP_ORDER`)."""
+    if module == "eventbus.__main__":
+        return "__main__"
+    if module == APP:
+        return "app"
+    return module[len(APP) + 1:].split(".", maxsplit=1)[0]
 
 
 def _ours(module: str) -> bool:
@@ -149,11 +180,8 @@ def test_nothing_below_imports_the_application() -> None:
     assert upward == []
 
 
-def test_no_module_level_import_cycle() -> None:
-    """Module-level imports between the project's modules form no cycle (a package's
-    ``__init__`` importing its submodules is an edge like any other)."""
-    edges = {m: sorted({t for t, function in imports if function is None and t != m})
-             for m, imports in GRAPH.items()}
+def _cycles(edges: dict[str, list[str]]) -> list[list[str]]:
+    """The cycles a depth-first walk of ``edges`` meets (each as its nodes, first = last)."""
     state: dict[str, int] = {}
     stack: list[str] = []
     cycles: list[list[str]] = []
@@ -172,7 +200,50 @@ def test_no_module_level_import_cycle() -> None:
     for node in sorted(edges):
         if node not in state:
             visit(node)
-    assert cycles == []
+    return cycles
+
+
+def test_no_module_level_import_cycle() -> None:
+    """Module-level imports between the project's modules form no cycle (a package's
+    ``__init__`` importing its submodules is an edge like any other)."""
+    edges = {m: sorted({t for t, function in imports if function is None and t != m})
+             for m, imports in GRAPH.items()}
+    assert _cycles(edges) == []
+
+
+def _app_imports() -> list[tuple[str, str, str | None]]:
+    """(module, imported module, enclosing function) for every import between two
+    modules of the application, lazy ones included."""
+    return [(m, t, function) for m, imports in GRAPH.items() if _layer(m) == APP
+            for t, function in imports if _layer(t) == APP]
+
+
+def test_every_part_of_the_application_has_its_place() -> None:
+    """Every module of the application belongs to a part named in APP_ORDER (a new module
+    or package right under eventbus_app/ is given its level there)."""
+    unplaced = sorted(m for m in GRAPH if _layer(m) == APP and _part(m) not in APP_LEVEL)
+    assert unplaced == []
+
+
+def test_no_part_of_the_application_imports_one_above_or_beside_it() -> None:
+    """Inside the application, a module imports (even lazily, TYPE_CHECKING aside) only
+    its own part and the parts below it: the base modules import no package of the
+    application, the readers, sinks and worker neither each other nor the job view or the
+    launcher, the job view not the launcher."""
+    wrong = sorted((m, t, function) for m, t, function in _app_imports()
+                   if _part(t) != _part(m)
+                   and APP_LEVEL.get(_part(t), -1) >= APP_LEVEL.get(_part(m), -1))
+    assert wrong == []
+
+
+def test_no_cycle_between_the_applications_parts() -> None:
+    """The parts of the application and their imports (lazy ones included) form no
+    cycle: shared code lives below the parts that use it."""
+    edges: dict[str, set[str]] = {}
+    for m, t, _ in _app_imports():
+        if _part(t) != _part(m):
+            edges.setdefault(_part(m), set()).add(_part(t))
+    assert _cycles({part: sorted(targets) for part, targets in edges.items()}) == []
 
 
 def test_the_check_sees_the_imports_it_guards() -> None:
@@ -183,3 +254,7 @@ def test_the_check_sees_the_imports_it_guards() -> None:
     assert ("eventbus.app.cli", None) in GRAPH["eventbus.__main__"]
     assert any(t == "eventbus.publishers.store_receiver" and f is None
                for t, f in GRAPH["eventbus.app.launcher.store_transport"])
+    # inside the application: a base module at module level, a lazy import of a package
+    assert ("eventbus.app.sentences", None) in GRAPH["eventbus.app.sinks.base"]
+    assert ("eventbus.app.readers.tail", "_tail") in GRAPH["eventbus.app.cli"]
+    assert _part("eventbus.app.readers.tail") == "readers" and _part(APP) == "app"

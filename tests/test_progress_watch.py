@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 
 import eventbus
+from eventbus.app.protocol import agent_worker
 from eventbus.app.worker import progress
 from eventbus.app.worker.progress import ProgressWatch
 from eventbus.app.worker.progress import StepCounter
-from eventbus.app.worker.progress import parse_progress
 from tests.conftest import ROOT
 from tests.conftest import WORKER
 from tests.conftest import subprocess_env
@@ -34,18 +34,6 @@ from tests.conftest import subprocess_env
 JOBS = ROOT / "tests" / "jobs"
 PLAIN = JOBS / "plain_train.py"
 PROBE = JOBS / "progress_probe.py"
-
-
-def test_parse_progress_accepts_off_and_source_lists() -> None:
-    """"" is all three sources, "off" none, a comma list those named; anything else is a
-    ValueError naming the bad source."""
-    assert parse_progress("") == {"collectives", "steps", "events"}
-    assert parse_progress(" OFF ") == frozenset()
-    assert parse_progress("steps, events") == {"steps", "events"}
-    with pytest.raises(ValueError, match="'colectives'"):
-        parse_progress("colectives,steps")
-    with pytest.raises(ValueError, match="''"):
-        parse_progress("steps,")
 
 
 def test_the_step_hook_counts_optimizer_steps_in_process() -> None:
@@ -112,7 +100,7 @@ def test_a_dump_request_is_served_once_and_an_older_one_never(tmp_path: Path) ->
     token is served at the next tick, once: a beat with fr_dump_token and the dump's path
     (or why there is none)."""
     pytest.importorskip("torch")
-    (tmp_path / progress.REQUEST_FILE).write_text("old\n")
+    agent_worker.write_fr_request(str(tmp_path), "old")
     beats: list[dict[str, Any]] = []
     watch = ProgressWatch(frozenset({"steps"}), rank=3, dump_dir=str(tmp_path),
                           bus=eventbus.Bus("progress-dump"),
@@ -121,8 +109,7 @@ def test_a_dump_request_is_served_once_and_an_older_one_never(tmp_path: Path) ->
         watch.tick()
         watch.tick()
         assert not any("fr_dump_token" in b["data"] for b in beats)
-        (tmp_path / "request.tmp").write_text("stall-2\n")
-        os.replace(tmp_path / "request.tmp", tmp_path / progress.REQUEST_FILE)
+        agent_worker.write_fr_request(str(tmp_path), "stall-2")
         watch.tick()
         watch.tick()
     finally:
@@ -162,6 +149,28 @@ def test_off_starts_no_thread_and_the_watch_never_imports_torch(tmp_path: Path) 
     assert off.stderr == on.stderr == ""
 
 
+def test_the_final_stop_records_one_exiting_beat_after_the_last_step() -> None:
+    """stop(final=True), the exit hook's call, records one beat with data["exiting"]."""
+    torch = pytest.importorskip("torch")
+    beats: list[dict[str, Any]] = []
+    watch = ProgressWatch(frozenset({"steps"}), rank=2, bus=eventbus.Bus("progress-final"),
+                          record=lambda _type, **fields: beats.append(fields))
+    try:
+        watch.tick()  # arms: registers the step hook (torch.optim is imported)
+        param = torch.nn.Parameter(torch.ones(2))
+        param.grad = torch.ones(2)
+        opt = torch.optim.SGD([param], lr=0.1)
+        for _ in range(3):
+            opt.step()
+    finally:
+        watch.stop(final=True)
+    watch.stop(final=True)  # once per watch
+    assert beats and all(b["worker_id"] == 2 for b in beats)
+    assert beats[-1]["data"].get(agent_worker.EXITING_KEY) is True and beats[-1]["step"] == 3
+    assert sum(bool(b["data"].get(agent_worker.EXITING_KEY)) for b in beats) == 1
+
+
+@pytest.mark.slow  # a worker that imports torch, in a subprocess: ~5 s on 2 cores
 def test_the_last_beat_says_the_process_is_exiting(tmp_path: Path) -> None:
     """At the interpreter's exit the watch records one last beat with data["exiting"]
     (after the script's last step), so the agent tells an ending rank from a stalled one."""
@@ -177,8 +186,8 @@ def test_the_last_beat_says_the_process_is_exiting(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     beats = [json.loads(line) for line in run.stdout.splitlines()]
     assert beats and all(b["worker_id"] == 2 for b in beats)
-    assert beats[-1]["data"].get("exiting") is True and beats[-1]["step"] == 3
-    assert not any(b["data"].get("exiting") for b in beats[:-1])
+    assert beats[-1]["data"].get(agent_worker.EXITING_KEY) is True and beats[-1]["step"] == 3
+    assert not any(b["data"].get(agent_worker.EXITING_KEY) for b in beats[:-1])
 
 
 def test_a_bad_value_is_one_warning_and_the_script_runs(tmp_path: Path) -> None:
@@ -347,8 +356,7 @@ def test_a_hang_gives_idle_beats_where_the_peer_waits_and_fr_dumps_on_request(
         "enqueued"] == beat["data"]["pgs"]["0"]["completed"] + 1
     assert pending["dtypes"] == ["Float"] and len(pending["sizes"]) == 1
 
-    (dumps / "request.tmp").write_text("stall-1\n")
-    os.replace(dumps / "request.tmp", dumps / progress.REQUEST_FILE)
+    agent_worker.write_fr_request(str(dumps), "stall-1")
 
     def dumped() -> list[dict[str, Any]] | None:
         found = [b for r in (0, 1) for b in job.beats(r) if "fr_dump_token" in b["data"]]

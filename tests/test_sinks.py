@@ -45,11 +45,12 @@ def test_tensorboard_writes_each_ranks_scalars_and_the_restart(tmp_path: Path) -
         assert attempts == [(0, 0.0), (3, 1.0)]
         texts = [t.tensor_proto.string_val[0].decode()
                  for t in acc.Tensors("eventbus/text_summary")]
-        assert any("restarts the worker group as attempt 1" in t for t in texts), texts
+        assert any("the group restarts as attempt 1 (0 restarts left)" in t for t in texts), texts
     acc = EventAccumulator(str(tmp_path / "tb" / "rank1"), size_guidance={"tensors": 0})
     acc.Reload()
     texts = [t.tensor_proto.string_val[0].decode() for t in acc.Tensors("eventbus/text_summary")]
-    assert any("Rank 1 exited with code 3 on attempt 0" in t for t in texts), texts
+    assert any(t.startswith("rank 1 failed (exit code 3: boom) [attempt 0, run ")
+               for t in texts), texts
 
 
 def _decode_otlp(requests: list[tuple[str, bytes]]) -> tuple[list, dict[str, float]]:
@@ -107,6 +108,7 @@ def test_otlp_exports_spans_per_worker_per_attempt_and_counters() -> None:
     assert sorted(workers) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     failed = workers[(0, 1)]
     assert failed.status.code == Status.STATUS_CODE_ERROR
+    assert failed.status.message == "rank 1 failed (exit code 3: boom)"  # its sentence
     assert _attrs(failed)["eventbus.exit_code"] == 3 and _attrs(failed)["process.pid"] == 201
     assert workers[(0, 0)].status.code == Status.STATUS_CODE_ERROR  # SIGTERM: -15
     assert _attrs(workers[(0, 0)])["eventbus.signal"] == "SIGTERM"
@@ -152,12 +154,11 @@ def test_webhook_posts_the_failure_with_the_agents_decision() -> None:
         assert sink.close(timeout=10.0)
         bodies = [json.loads(body) for path, body in r.requests if path == "/hook"]
     texts = [b["text"] for b in bodies]
-    assert texts[0].startswith("Rank 1 exited with code 3 on attempt 0 (boom); the agent "
-                               "restarts the worker group as attempt 1 (0 restarts left)"), texts
+    assert texts[0] == ("rank 1 failed (exit code 3: boom); the group restarts as attempt 1 "
+                        f"(0 restarts left) [attempt 0, run {RUN_ID}]"), texts
     assert bodies[0]["event"]["type"] == "WORKER_EXIT" and bodies[0]["event"]["exit_code"] == 3
-    assert RUN_ID in texts[0]
     assert len(bodies) == 3  # both failed exits of attempt 0, then the stall
-    assert texts[2].startswith("Rank 0 stalled on attempt 1: no event for 12.5 s"), texts
+    assert texts[2] == f"rank 0 stalled for 12.5 s [attempt 1, run {RUN_ID}]", texts
     assert sink.stats()["posted"] == 3 and not sink.stats()["dropped"]
 
 
@@ -215,6 +216,7 @@ def test_mlflow_logs_one_run_with_steps_and_the_outcome(tmp_path: Path,
     assert run.info.status == "FINISHED"
     assert run.data.tags["eventbus.run_id"] == RUN_ID
     assert run.data.tags["eventbus.ranks"] == "2" and run.data.tags["eventbus.nodes"] == "1"
+    assert run.data.tags["eventbus.end"] == "the job succeeded"
     history = client.get_metric_history(run.info.run_id, "rank1/loss")
     assert sorted((m.step, round(m.value, 4)) for m in history) == \
         [(s, round(1 + s / 10, 4)) for s in range(6)]

@@ -101,8 +101,8 @@ def test_one_job_feeds_every_sink(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert sums["eventbus.worker.exits{exit_code=3}"] == 1
     assert sums["eventbus.restarts{}"] == 1
     # Webhook: the failure with the agent's decision
-    assert posts and posts[0]["text"].startswith("Rank 1 exited with code 3 on attempt 0"), posts
-    assert "restarts the worker group as attempt 1" in posts[0]["text"]
+    assert posts and posts[0]["text"].startswith("rank 1 failed (exit code 3"), posts
+    assert "; the group restarts as attempt 1 (" in posts[0]["text"]
     # MLflow: one run, every rank's metrics, FINISHED
     client = MlflowClient(tracking_uri=mlruns)
     (run,) = client.search_runs([client.get_experiment_by_name("eventbus").experiment_id])

@@ -42,6 +42,7 @@ def test_redact_uri_hides_credentials(uri: str, keep_path: bool, shown: str) -> 
 
 
 def test_redact_text_hides_userinfo_inside_a_message() -> None:
+    """A URI quoted inside a message keeps its user, loses its password."""
     text = f"could not reach postgresql://admin:{SECRET}@db:5432/mlflow (refused)"
     assert redact_text(text) == "could not reach postgresql://admin:***@db:5432/mlflow (refused)"
 
@@ -150,6 +151,7 @@ def test_webhook_connection_refused_and_timeout_are_named() -> None:
 
 
 def test_failure_reason_of_common_errors() -> None:
+    """Common delivery errors read as the same few words, credentials redacted."""
     import urllib.error
 
     assert failure_reason(urllib.error.URLError(ConnectionRefusedError(111, "x"))) == \

@@ -29,8 +29,8 @@ ANSI = "\x1b["
 
 
 def _line(type_: str = "EPOCH_END", t: float = 1_764_410_000.0, rank: int | None = 0,
-          **fields: object) -> str:
-    return json.dumps({"type": type_, "timestamp": t, **fields, "data": {},
+          data: dict[str, object] | None = None, **fields: object) -> str:
+    return json.dumps({"type": type_, "timestamp": t, **fields, "data": data or {},
                        "context": {"rank": rank, "hostname": "h", "pid": 1}})
 
 
@@ -111,6 +111,22 @@ def test_colour_marks_failures_red_and_user_types_bold() -> None:
     restart = decode_line(_line("WORKER_RESTART", rank=None, attempt=1))
     assert isinstance(restart, Record)
     assert "\x1b[1;33mWORKER_RESTART" in format_record(restart, colour=True)
+
+
+def test_a_worker_the_agent_stopped_is_yellow_from_its_fields() -> None:
+    """A WORKER_EXIT the agent caused (data["stopped_by_agent"], or a cause other than
+    the worker's own failure) is yellow, not a red failure."""
+    marked = _line("WORKER_EXIT", rank=None, data={"stopped_by_agent": True}, worker_id=0,
+                   exit_code=-15)
+    caused = _line("WORKER_EXIT", rank=None, worker_id=0, exit_code=-15, cause="remote_stop")
+    for line in (marked, caused):
+        stopped = decode_line(line)
+        assert isinstance(stopped, Record)
+        assert "\x1b[33mWORKER_EXIT" in format_record(stopped, colour=True)
+    own = decode_line(_line("WORKER_EXIT", rank=None, worker_id=1, exit_code=3,
+                            cause="failure"))
+    assert isinstance(own, Record)
+    assert "\x1b[1;31mWORKER_EXIT" in format_record(own, colour=True)
 
 
 def test_hostile_payloads_stay_on_one_line_without_escape_codes() -> None:

@@ -146,3 +146,15 @@ def test_a_stalled_period_is_drawn_as_stalled(tmp_path: Path) -> None:
         ("node 0", 1, 1_764_410_005.0, 1_764_410_027.0)]
     assert _pixels_of(stalled, timeline._STALLED) > 2000
     assert _pixels_of(calm, timeline._STALLED) < 20
+
+
+def test_marks_are_labelled_with_the_events_short_sentences(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The labels next to a failure's and a stall's marks are their events' sentences in
+    the short form (eventbus.app.sentences), not words of the plot's own."""
+    matplotlib = pytest.importorskip("matplotlib")
+    monkeypatch.setitem(matplotlib.rcParams, "svg.fonttype", "none")  # text kept as text
+    svg = plot_timeline(JobView.from_records(_stalled_job()), tmp_path / "job.svg")
+    text = svg.read_text()
+    assert "stalled for 20.0 s" in text
+    assert text.count("failed (signal SIGTERM)") == 2

@@ -26,6 +26,8 @@ from typing import Any
 
 import pytest
 
+from eventbus.app.readers.records import Record
+from eventbus.app.readers.records import decode_line
 from eventbus.app.ui import UIServer
 from eventbus.app.ui import is_loopback
 from eventbus.app.ui import parse_address
@@ -66,9 +68,9 @@ def _job_events() -> list[Event]:
         _event("WORKER_EXIT", t + 3, worker_id=1, exit_code=3,
                message="Traceback (most recent call last):\n  File \"x\"\nValueError: bad"),
         _event("WORKER_EXIT", t + 3.1, worker_id=0, exit_code=-15, signal="SIGTERM",
-               data={"stopped_by_agent": True}),
+               cause="failure", data={"stopped_by_agent": True}),
         _event("WORKER_RESTART", t + 4, restart=1, attempt=1, restarts_left=1,
-               reason="rank 1 failed"),
+               reason="rank 1 failed", cause="failure"),
         _event("WORKER_START", t + 5, restart=1, worker_id=0),
         _event("WORKER_START", t + 5, restart=1, worker_id=1),
         _event("METRIC", t + 6, rank=0, restart=1, step=7),
@@ -79,9 +81,16 @@ def _job_events() -> list[Event]:
                timeout_s=10.0, data={"stack": "Thread 1 (main):\n  File \"train.py\", "
                                               "line 3 in step", "diagnosis": "Rank 1 is stuck."}),
         _event("EVENTS_LOST", t + 8.5, source="worker:1", count=4, reason="queue full"),
-        _event("AGENT_EXIT", t + 9, restart=1, state="FAILED", exit_code=3,
+        _event("AGENT_EXIT", t + 9, restart=1, state="FAILED", exit_code=3, cause="stop",
                reason="rank 1 stalled; STOP from stop_on_stall"),
     ]
+
+
+def _record(event: Event) -> Record:
+    """``event`` as a file's line read back."""
+    record = decode_line(event.to_json())
+    assert isinstance(record, Record)
+    return record
 
 
 def _fed(events: list[Event], **options: Any) -> JobState:
@@ -139,8 +148,8 @@ def test_state_follows_a_job_through_failure_restart_slow_stall_and_stop() -> No
 
 
 def test_state_statuses_and_exits() -> None:
-    """SUCCEEDED -> succeeded with exited ranks; FAILED without STOP -> failed; another
-    node's AGENT_EXIT does not end the job."""
+    """SUCCEEDED -> succeeded with exited ranks; FAILED without a stop cause -> failed;
+    another node's AGENT_EXIT does not end the job."""
     ok = _fed([_event("WORKER_START", 1, worker_id=0),
                _event("WORKER_EXIT", 2, worker_id=0, exit_code=0),
                _event("AGENT_EXIT", 3, state="SUCCEEDED", exit_code=0)])
@@ -153,6 +162,63 @@ def test_state_statuses_and_exits() -> None:
     other = Event.from_dict({"type": "AGENT_EXIT", "timestamp": 1, "state": "FAILED",
                              "data": {}, "context": {"group_rank": 1}})
     assert _fed([other]).snapshot()["status"] == "running"
+
+
+def test_the_stopped_status_comes_from_the_cause_field() -> None:
+    """AGENT_EXIT.cause "stop" or "remote_stop" -> stopped, with the end's sentence as
+    its mark; a file without the field is "failed", whatever its reason's words."""
+    for cause in ("stop", "remote_stop"):
+        state = _fed([_event("AGENT_EXIT", 3, state="FAILED", exit_code=3, cause=cause,
+                             reason="rank 1 failed (exit code 3); STOP from fatal")])
+        snap = state.snapshot()
+        assert snap["status"] == "stopped" and snap["exit"]["cause"] == cause
+        (mark,) = snap["timeline"][0]["marks"]
+        assert mark["kind"] == "stop"
+        assert mark["text"] == ("the job was stopped (exit code 3): rank 1 failed (exit "
+                                "code 3); STOP from fatal")
+    old = _fed([_event("AGENT_EXIT", 3, state="FAILED", exit_code=3,
+                       reason="rank 1 failed (exit code 3); STOP from fatal")])
+    assert old.snapshot()["status"] == "failed"
+    assert old.snapshot()["exit"]["cause"] == "failure"
+
+
+def test_a_collateral_exit_is_read_from_its_fields() -> None:
+    """A worker the agent stopped (data["stopped_by_agent"], or a cause other than its
+    own failure) is counted as collateral, not marked as a failure nor the problem."""
+    for fields in ({"data": {"stopped_by_agent": True}}, {"cause": "stall"}):
+        state = _fed([_event("WORKER_START", 1, worker_id=0),
+                      _event("WORKER_EXIT", 2, worker_id=0, exit_code=-15, signal="SIGTERM",
+                             **fields)])
+        snap = state.snapshot()
+        assert snap["ranks"][0]["stopped_by_agent"] is True
+        assert snap["timeline"][0]["stopped_by_agent"] == 1
+        assert snap["timeline"][0]["marks"] == [] and snap["problem"] is None
+
+
+def test_marks_and_the_problem_are_the_events_sentences() -> None:
+    """The timeline's marks and the problem panel's diagnosis say each event with
+    eventbus.app.sentences.sentence, from a live event and from a file's record alike."""
+    events = _job_events()
+    live = _fed(events)
+    from_file = JobState(live=False)
+    for event in events:
+        from_file.add_record(_record(event))
+    for state in (live, from_file):
+        snap = state.snapshot()
+        texts = [m["text"] for a in snap["timeline"] for m in a["marks"]]
+        assert texts == [
+            "rank 1 failed (exit code 3: ValueError: bad)",
+            "the group restarts as attempt 1 (1 restart left): rank 1 failed",
+            "rank 0 is slow at step 8: 2.5 x its peers",
+            "rank 1 stalled for 12.5 s",
+            "the job was stopped (exit code 3): rank 1 stalled; STOP from stop_on_stall"]
+        assert snap["ranks"][1]["message"] is None  # restarted since
+    failure = _fed(events[:6]).snapshot()["problem"]
+    assert failure["diagnosis"] == "rank 1 failed (exit code 3: ValueError: bad)"
+    record = JobState(live=False)
+    for event in events[:6]:
+        record.add_record(_record(event))
+    assert record.snapshot()["problem"]["diagnosis"] == failure["diagnosis"]
 
 
 def test_every_nodes_restart_is_one_mark() -> None:
@@ -505,6 +571,7 @@ def test_non_loopback_host_without_token_is_refused() -> None:
         UIServer(JobState(), "0.0.0.0", 0)
 
 
+@pytest.mark.slow  # 50 sockets and 20,000 events: ~8 s on 2 cores
 def test_fifty_clients_that_read_nothing_cost_the_publisher_nothing() -> None:
     """50 open streams that never read, while a publisher records 20,000 events through
     a bus the state listens to: every event is counted, the subscriber never fails, the

@@ -204,7 +204,17 @@ BAD: dict[str, list[Callable[[Path], str]]] = {
 }
 
 
-@pytest.mark.parametrize("variable", sorted(BAD))
+#: a bad value of these still lets the forwarder attach to the store, so each of their
+#: 3-4 processes pushes and flushes at its exit (4-8 s a variable on 2 cores): in
+#: `make test-slow`; the fast loop keeps the variables whose bad value stops the attach,
+#: and the in-process checks of the ledger folder, the doorbell and the stack dump
+#: (test_exit_ledger.py, test_a_stack_dump_that_cannot_start_is_one_warning)
+ATTACHING = {"EVENTBUS_LEDGER_DIR", "EVENTBUS_STACK_DIR", "EVENTBUS_STACK_SIGNAL",
+             "EVENTBUS_STORE_BELL"}
+
+
+@pytest.mark.parametrize("variable", [
+    pytest.param(v, marks=pytest.mark.slow) if v in ATTACHING else v for v in sorted(BAD)])
 def test_a_bad_variable_is_one_warning_and_the_script_runs(
         tmp_path: Path, store: Any, variable: str) -> None:
     """Each bad value of each variable the bootstrap reads: the script runs to its end

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import eventbus
+from eventbus.app.protocol.agent_worker import EXITING_KEY
 from eventbus.app.worker import process_groups
 from eventbus.app.worker import progress
 from eventbus.app.worker.progress import ProgressWatch
@@ -165,12 +166,12 @@ def test_the_exiting_beat_comes_before_the_destroy(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(process_groups, "_pid", None)
     assert process_groups.end_process_groups(timeout=5) is True
     exiting = [i for i, o in enumerate(order)
-               if isinstance(o, dict) and o["data"].get("exiting")]
+               if isinstance(o, dict) and o["data"].get(EXITING_KEY)]
     destroys = [i for i, o in enumerate(order) if isinstance(o, str)]
     assert len(exiting) == 1 and len(destroys) == 1 and exiting[0] < destroys[0], order
     assert not watch.alive
     watch.stop(progress.FINAL_JOIN_S, final=True)  # the atexit call: nothing more
-    assert sum(1 for o in order if isinstance(o, dict) and o["data"].get("exiting")) == 1
+    assert sum(1 for o in order if isinstance(o, dict) and o["data"].get(EXITING_KEY)) == 1
 
 
 def test_a_forked_child_sends_no_exiting_beat_for_its_parent() -> None:
@@ -185,7 +186,7 @@ def test_a_forked_child_sends_no_exiting_beat_for_its_parent() -> None:
         try:
             os.close(r)
             watch.stop(progress.FINAL_JOIN_S, final=True)
-            os.write(w, str(sum(1 for b in beats if b["data"].get("exiting"))).encode())
+            os.write(w, str(sum(1 for b in beats if b["data"].get(EXITING_KEY))).encode())
         finally:
             os._exit(0)
     os.close(w)
@@ -194,4 +195,4 @@ def test_a_forked_child_sends_no_exiting_beat_for_its_parent() -> None:
     os.waitpid(pid, 0)
     assert child == "0"
     watch.stop(progress.FINAL_JOIN_S, final=True)
-    assert sum(1 for b in beats if b["data"].get("exiting")) == 1
+    assert sum(1 for b in beats if b["data"].get(EXITING_KEY)) == 1

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 from typing import NoReturn
 
-from eventbus.app.launcher import health
+from eventbus.app.launcher import options
 from eventbus.app.plugins import AgentPlugin
 from eventbus.bus import ALL
 from eventbus.bus import get_default_bus
@@ -117,35 +117,35 @@ def build_parser() -> argparse.ArgumentParser:
              "webhook:URL, mlflow:TRACKING_URI, or an 'eventbus.sinks' entry point; "
              "repeatable (docs/sinks.md)")
     group.add_argument(
-        "--stall-timeout", metavar="SECONDS|auto", type=health.parse_stall_timeout,
+        "--stall-timeout", metavar="SECONDS|auto", type=options.parse_stall_timeout,
         default=None,
         help="a live worker that makes no progress (collectives, optimizer steps, recorded "
              "events) for SECONDS is stalled: WORKER_STALLED for the culprit rank with a "
              "diagnosis and its stack, reactors decide, the group restarts; "
-             f"auto: max({health.AUTO_FLOOR_S:g} s, {health.AUTO_FACTOR:g} x the longest "
+             f"auto: max({options.AUTO_FLOOR_S:g} s, {options.AUTO_FACTOR:g} x the longest "
              "interval seen between the worker's events). Default: off")
     group.add_argument(
-        "--stall-auto-floor", metavar="SECONDS", type=health.parse_stall_auto_floor,
-        default=health.AUTO_FLOOR_S,
+        "--stall-auto-floor", metavar="SECONDS", type=options.parse_stall_auto_floor,
+        default=options.AUTO_FLOOR_S,
         help=f"--stall-timeout auto never goes below SECONDS (default "
-             f"{health.AUTO_FLOOR_S:g}); lower it for jobs whose every quiet period is short")
+             f"{options.AUTO_FLOOR_S:g}); lower it for jobs whose every quiet period is short")
     group.add_argument(
-        "--slow-factor", metavar="FACTOR|off", type=health.parse_slow_factor,
-        default=health.DEFAULT_SLOW_FACTOR,
+        "--slow-factor", metavar="FACTOR|off", type=options.parse_slow_factor,
+        default=options.DEFAULT_SLOW_FACTOR,
         help="WORKER_SLOW when a rank's recent step time (METRIC step), or its compute time "
              "between collectives, is FACTOR x its "
-             f"peers' median (default {health.DEFAULT_SLOW_FACTOR:g}; off disables)")
+             f"peers' median (default {options.DEFAULT_SLOW_FACTOR:g}; off disables)")
     group.add_argument(
-        "--progress", metavar="SOURCES", type=health.parse_progress,
-        default=health.PROGRESS_SOURCES,
+        "--progress", metavar="SOURCES", type=options.parse_progress,
+        default=options.PROGRESS_SOURCES,
         help="what counts as a worker's progress, sampled with no change to the script: "
              "off, or a comma list of collectives (torch's flight recorder), steps (the "
              "optimizer's step hook), events (what the script records); default: all three")
     group.add_argument(
-        "--stop-exit-code", metavar="N", type=health.parse_stop_exit_code,
-        default=health.DEFAULT_STOP_EXIT_CODE,
+        "--stop-exit-code", metavar="N", type=options.parse_stop_exit_code,
+        default=options.DEFAULT_STOP_EXIT_CODE,
         help="exit code when a reactor's STOP ended the job (default "
-             f"{health.DEFAULT_STOP_EXIT_CODE}: not torchrun's 1, so that a scheduler can "
+             f"{options.DEFAULT_STOP_EXIT_CODE}: not torchrun's 1, so that a scheduler can "
              "tell 'do not retry' from an ordinary failure)")
     group.add_argument(
         "--ui", metavar="[HOST:]PORT", default=None,

@@ -10,55 +10,37 @@ it, and what the agent does next::
         File "train.py", line 18 in main
         ...
 
-A stall's stack follows its line, indented, on several lines: the culprit's main thread
-first, eventbus's own threads last and marked, each with its top frame only
-(:func:`stack_lines`). Torch-free: the readers (``eventbus tail``) use the same
-formatting.
+What happened to a rank is its event's sentence (:func:`eventbus.app.sentences.sentence`,
+the words the page, the webhook and the plot use too). A stall's stack follows its line,
+indented, on several lines: the culprit's main thread first, eventbus's own threads last
+and marked, each with its top frame only (:func:`eventbus.app.stacks.stack_lines`).
+Torch-free.
 """
 
 from __future__ import annotations
 
-import os
-import re
 import sys
 from collections.abc import Iterable
 from collections.abc import Sequence
 from typing import TextIO
 
+from eventbus.app.sentences import sentence
+from eventbus.app.stacks import stack_lines
 from eventbus.events import Event
-from eventbus.events import WorkerExit
 from eventbus.events import WorkerSlow
 from eventbus.events import WorkerStalled
 
 __all__ = [
     "PREFIX",
-    "StackThread",
-    "failure_text",
-    "format_stack",
-    "parse_stack",
+    "culprits_text",
+    "indented",
     "slow_line",
-    "stack_lines",
-    "where_of",
+    "stall_detail_lines",
     "write",
 ]
 
 #: how every console line of the agent starts
 PREFIX = "eventbus: "
-
-#: at most this many lines of a stall's stack on the console (the event keeps it whole)
-MAX_CONSOLE_STACK_LINES = 60
-
-_HEADER = re.compile(
-    r"^(Current thread|Thread) (0x[0-9a-fA-F]+)(.*)\(most recent call first\):\s*$")
-_FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+|\?+) in (?P<func>.*)$')
-#: a heartbeat's stack (eventbus.app.worker.progress.format_stacks): traceback's format,
-#: one header per thread, ``Thread 0x.. "name" (main), most recent call last:``
-_TB_HEADER = re.compile(
-    r'^Thread (0x[0-9a-fA-F]+)(?P<rest>.*), most recent call last:\s*$')
-_TB_FRAME = re.compile(r'^(?P<indent>\s*)File "(?P<file>[^"]*)", line (?P<line>\d+), in '
-                       r'(?P<func>.*)$')
-#: what marks one of eventbus's own threads in a formatted stack
-EVENTBUS_MARK = "[eventbus's own thread]"
 
 
 def write(line: str, *, stream: TextIO | None = None) -> None:
@@ -72,262 +54,25 @@ def write(line: str, *, stream: TextIO | None = None) -> None:
         pass
 
 
-# -- the stacks faulthandler writes ----------------------------------------------------
-
-
-class StackThread:
-    """One thread of a ``faulthandler`` dump: its header and frame lines, innermost first."""
-
-    __slots__ = ("current", "frames", "header", "ident")
-
-    def __init__(self, header: str, ident: str, current: bool) -> None:
-        self.header = header
-        self.ident = ident
-        self.current = current
-        self.frames: list[str] = []
-
-    def files(self) -> list[str]:
-        return [m.group("file") for m in (_FRAME.match(f) for f in self.frames) if m]
-
-    @property
-    def is_main(self) -> bool:
-        """A thread started by ``threading`` has ``_bootstrap`` as its outermost frame;
-        the main thread does not (a heartbeat's stack names it: ``(main)``)."""
-        if self.current and "(main)" in self.header:
-            return True
-        files = self.files()
-        if not files:
-            return self.current
-        return os.path.basename(files[-1]) != "threading.py"
-
-
-def parse_stack(text: str) -> tuple[list[str], list[StackThread]]:
-    """The lines before the first thread header, and the threads of a faulthandler dump
-    (every other line kept with the thread it follows).
-
-    A heartbeat's stack (traceback's format, ``most recent call last``, as
-    :func:`eventbus.app.worker.progress.format_stacks` writes it) is read too: its frames
-    come back in faulthandler's shape and order (``File "x.py", line N in f``, innermost
-    first, the source lines left out), its thread marked ``(main)`` is the main thread and
-    one marked ``(eventbus's own)`` gets :data:`EVENTBUS_MARK`."""
-    preamble: list[str] = []
-    threads: list[StackThread] = []
-    pending: list[str] = []  # a traceback-format thread's frames, outermost first
-    trailer: list[str] = []  # its other lines (a cut note), kept after the frames
-
-    def close_traceback() -> None:
-        if threads and (pending or trailer):
-            threads[-1].frames.extend([*reversed(pending), *trailer])
-        pending.clear()
-        trailer.clear()
-
-    in_traceback = False
-    for raw in text.splitlines():
-        line = raw.rstrip()
-        header = _HEADER.match(line.strip())
-        tb_header = None if header else _TB_HEADER.match(line.strip())
-        if header or tb_header:
-            close_traceback()
-        if header:
-            in_traceback = False
-            threads.append(StackThread(line.strip(), header.group(2),
-                                       header.group(1) == "Current thread"))
-        elif tb_header:
-            in_traceback = True
-            rest = tb_header.group("rest").strip()
-            main = "(main)" in rest
-            own = "(eventbus's own)" in rest
-            rest = rest.replace("(eventbus's own)", "").strip()
-            title = f"Thread {tb_header.group(1)}{' ' + rest if rest else ''} " \
-                "(most recent call first):"
-            if own:
-                title = f"{title} {EVENTBUS_MARK}"
-            threads.append(StackThread(title, tb_header.group(1), main))
-        elif in_traceback:
-            frame = _TB_FRAME.match(line)
-            if frame:
-                pending.append(f'  File "{frame.group("file")}", line {frame.group("line")} '
-                               f'in {frame.group("func")}')
-            elif line and not (pending and line.startswith("    ")):  # not a source line
-                trailer.append(line)
-        elif threads:
-            if line:
-                threads[-1].frames.append(line)
-        elif line:
-            preamble.append(line)
-    close_traceback()
-    return preamble, threads
-
-
-def _own_roots() -> tuple[str, ...]:
-    roots: set[str] = set()
-    for name in ("eventbus", "eventbus.subscribers", "eventbus.publishers", "eventbus.app"):
-        module = sys.modules.get(name)
-        for entry in getattr(module, "__path__", []) if module is not None else []:
-            roots.add(os.path.join(entry, ""))
-            roots.add(os.path.join(os.path.realpath(entry), ""))
-    roots.add(os.sep + os.path.join("site-packages", "eventbus", ""))
-    return tuple(sorted(roots))
-
-
-def _is_own_file(path: str, roots: Sequence[str]) -> bool:
-    return any(path.startswith(root) or root in path for root in roots)
-
-
-def _is_stdlib(path: str) -> bool:
-    return (os.sep + "lib" + os.sep + "python") in path and "site-packages" not in path
-
-
-def _is_eventbus_thread(thread: StackThread, roots: Sequence[str]) -> bool:
-    """Marked already, or a thread of eventbus's own code: at least one eventbus frame and
-    none of the script's (a script's thread that records an event is the script's)."""
-    if EVENTBUS_MARK in thread.header:
-        return True
-    files = thread.files()
-    return (any(_is_own_file(f, roots) for f in files)
-            and all(_is_own_file(f, roots) or _is_stdlib(f) for f in files))
-
-
-def format_stack(text: str, *, roots: Sequence[str] | None = None) -> list[StackThread]:
-    """The threads of ``text`` in reading order: the main thread first (the culprit's
-    current thread: where the script is), the other threads of the script, then
-    eventbus's own threads (the forwarder, the queues), their headers marked."""
-    _, threads = parse_stack(text)
-    own = _own_roots() if roots is None else tuple(roots)
-    main = [t for t in threads if t.is_main]
-    mine = [t for t in threads if t not in main and _is_eventbus_thread(t, own)]
-    others = [t for t in threads if t not in main and t not in mine]
-    for thread in mine:
-        if EVENTBUS_MARK not in thread.header:
-            thread.header = f"{thread.header} {EVENTBUS_MARK}"
-    return [*main, *others, *mine]
-
-
-def stack_lines(text: str, *, full: bool = False,
-                max_lines: int = MAX_CONSOLE_STACK_LINES) -> list[str]:
-    """A stack text as lines a person reads: :func:`format_stack`'s order; eventbus's own
-    threads with their top frame only unless ``full``; at most ``max_lines`` lines unless
-    ``full`` (the last one says how many were left out). Text that is not a faulthandler
-    dump (a note why there is no stack) comes back as its own lines."""
-    preamble, _ = parse_stack(text)
-    own = _own_roots()
-    threads = format_stack(text, roots=own)
-    lines = list(preamble)
-    for thread in threads:
-        if lines:
-            lines.append("")
-        lines.append(thread.header)
-        frames = thread.frames
-        if not full and EVENTBUS_MARK in thread.header and len(frames) > 1:
-            # the frame that says which of eventbus's threads it is (its queue, ...)
-            mine = [f for f in frames if _is_own_frame(f, own)] or frames
-            frames = [mine[0], f"  ... {len(thread.frames) - 1} more frames"]
-        elif not full and thread.is_main:
-            frames = _without_bootstrap(frames, own)
-        lines.extend(frames)
-    if not full and len(lines) > max_lines:
-        left = len(lines) - (max_lines - 1)
-        lines = [*lines[:max_lines - 1],
-                 f"... {left} more lines (the event's data[\"stack\"] has them all)"]
-    return lines
-
-
-def _is_own_frame(frame: str, roots: Sequence[str]) -> bool:
-    match = _FRAME.match(frame)
-    return match is not None and _is_own_file(match.group("file"), roots)
-
-
-def _without_bootstrap(frames: list[str], roots: Sequence[str]) -> list[str]:
-    """The main thread's frames less the outermost ones that are the worker bootstrap's
-    and runpy's (everything outside the script's ``<module>`` frame)."""
-    end = len(frames)
-    while end > 1:
-        match = _FRAME.match(frames[end - 1])
-        if match is None or not (_is_own_file(match.group("file"), roots)
-                                 or match.group("file").startswith("<frozen runpy")
-                                 or os.path.basename(match.group("file")) == "runpy.py"):
-            break
-        end -= 1
-    return frames[:end]
-
-
-def where_of(text: str, *, roots: Sequence[str] | None = None) -> str | None:
-    """``FILE:LINE`` of the main thread's innermost frame in the script's own code (not
-    torch, not eventbus, not the standard library), e.g. ``train.py:18``; None without
-    one."""
-    own = _own_roots() if roots is None else tuple(roots)
-    threads = format_stack(text, roots=own)
-    if not threads:
-        return None
-    skip = (os.sep + "torch" + os.sep, os.sep + "site-packages" + os.sep,
-            os.sep + "lib" + os.sep + "python")
-    frames = [m for m in (_FRAME.match(f) for f in threads[0].frames) if m]
-    for match in frames:
-        path = match.group("file")
-        if _is_own_file(path, own) or any(s in path for s in skip) or path.startswith("<"):
-            continue
-        return f"{os.path.basename(path)}:{match.group('line')}"
-    return None
-
-
 # -- the lines -------------------------------------------------------------------------
 
 
-def failure_text(event: Event) -> str:
-    """What happened to the rank that caused a decision, e.g. ``rank 1 failed (exit code
-    3: RuntimeError: bad config)`` or ``rank 1 stalled for 5.2 s (train.py:18)``."""
-    if isinstance(event, WorkerStalled):
-        where = event.data.get("where")
-        if not isinstance(where, str) or not where:
-            stack = event.data.get("stack")
-            where = where_of(stack) if isinstance(stack, str) and stack else None
-        text = f"rank {event.worker_id} stalled for {event.silent_s:.1f} s"
-        return f"{text} ({where})" if where else text
-    if isinstance(event, WorkerExit):
-        how = f"signal {event.signal}" if event.signal else f"exit code {event.exit_code}"
-        if event.message:
-            first = event.message.strip().splitlines()
-            if first:
-                how += f": {_short(first[-1] if _is_traceback(first) else first[0])}"
-        return f"rank {event.worker_id} failed ({how})"
-    return str(event.type)
-
-
-def _is_traceback(lines: list[str]) -> bool:
-    return lines[0].startswith("Traceback (most recent call last)")
-
-
-def _short(text: str, limit: int = 200) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
 def culprits_text(events: Sequence[Event]) -> str:
-    """:func:`failure_text` of the first event, and the other ranks in one clause."""
-    first = failure_text(events[0])
-    others = [e for e in events[1:]]
+    """The sentence of the first event (the rank that caused the decision), and the other
+    ranks in one clause: the second's sentence, or how many more and which."""
+    first = sentence(events[0])
+    others = list(events[1:])
     if not others:
         return first
     if len(others) == 1:
-        return f"{first}; {failure_text(others[0])}"
+        return f"{first}; {sentence(others[0])}"
     ranks = ", ".join(str(getattr(e, "worker_id", "?")) for e in others)
     return f"{first}; {len(others)} more ranks too ({ranks})"
 
 
-def restarts_text(left: int) -> str:
-    return f"{left} restart{'' if left == 1 else 's'} left"
-
-
 def slow_line(event: WorkerSlow) -> str:
     """The straggler's line (reporting only: no decision follows)."""
-    step = f" at step {event.step}" if event.step is not None else ""
-    # lock-step training compares the compute time between collectives, not step times
-    # (data["basis"], set by the agent from health.StragglerWatch)
-    what = "compute time between collectives" if event.data.get("basis") == "compute_s" \
-        else "step time"
-    return (f"rank {event.worker_id} is slow{step}: {what} {event.step_time_s:.3g} s, "
-            f"{event.factor:.2g} x its peers' median {event.median_step_time_s:.3g} s "
-            "(reported only; no restart)")
+    return f"{sentence(event)} (reported only; no restart)"
 
 
 def stall_detail_lines(event: WorkerStalled, seen: set[str] | None = None) -> list[str]:
@@ -347,4 +92,5 @@ def stall_detail_lines(event: WorkerStalled, seen: set[str] | None = None) -> li
 
 
 def indented(lines: Iterable[str], indent: str = "    ") -> str:
+    """``lines`` as one text, each line but the empty ones indented."""
     return "\n".join(indent + line if line else "" for line in lines)

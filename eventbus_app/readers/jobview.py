@@ -40,6 +40,9 @@ from eventbus.app.readers.records import Record
 from eventbus.app.readers.records import _duration
 from eventbus.app.readers.records import _int_or_none
 from eventbus.app.readers.records import read_records
+from eventbus.app.sentences import cause_of
+from eventbus.app.sentences import job_outcome
+from eventbus.events import Cause
 
 __all__ = [
     "AGENT",
@@ -48,6 +51,7 @@ __all__ = [
     "JobView",
     "Marker",
     "NodeView",
+    "Outcome",
     "RendezvousSpan",
     "WorkerRun",
     "expand_inputs",
@@ -72,15 +76,25 @@ class NodeView:
     ranks: list[int] = attrs.Factory(list)
 
 
+#: how an attempt ended: the words of the job view's page (``timeline[].outcome``)
+Outcome = Literal["failed", "succeeded", "stopped", "restarted", "running"]
+
+
 @attrs.frozen
 class Attempt:
-    """One attempt of one node: ``[start, end]``, cut by the node's ``WORKER_RESTART``s."""
+    """One attempt of one node: ``[start, end]``, cut by the node's ``WORKER_RESTART``s.
+
+    ``outcome``: ``failed`` when the restart that ended it was for a failure or a stall
+    of this node (its ``cause``; a file without it: a worker of this node failed by
+    itself), ``restarted`` for another restart (the group re-formed through the
+    rendezvous); the last attempt: the job's outcome
+    (:func:`eventbus.app.sentences.job_outcome`), ``running`` without an ``AGENT_EXIT``."""
 
     node: str
     index: int
     start: float
     end: float
-    outcome: Literal["failed", "succeeded", "restarted", "running"]
+    outcome: Outcome
     #: the WORKER_RESTART that began it (None for attempt 0)
     restart: Record | None
 
@@ -229,14 +243,26 @@ class JobView:
         return max((a.index for a in self.attempts), default=-1) + 1
 
     def outcome(self) -> str:
-        """``SUCCEEDED`` / ``FAILED`` / ... from AGENT_EXIT, or ``unknown``."""
-        exits = [r for r in self.records if r.type == "AGENT_EXIT"]
-        states = {str(r.fields.get("state")) for r in exits}
-        if not states:
-            return "unknown"
-        if states == {"SUCCEEDED"}:
-            return "SUCCEEDED"
-        return "FAILED" if "FAILED" in states else sorted(states)[0]
+        """How the job ended, from its ``AGENT_EXIT`` events read as the page reads them
+        (:func:`eventbus.app.sentences.job_outcome`), in capitals: ``SUCCEEDED``,
+        ``FAILED``, ``STOPPED`` (a reactor's STOP); the worst of several nodes' ends;
+        ``unknown`` without an ``AGENT_EXIT``."""
+        outcomes = {job_outcome(r) for r in self.records if r.type == "AGENT_EXIT"}
+        for word in ("stopped", "failed", "succeeded"):
+            if word in outcomes:
+                return word.upper()
+        return "unknown"
+
+
+def _failed(restart: Record | None, recs: Sequence[Record], start: float,
+            end: float) -> bool:
+    """Whether the attempt ``[start, end]`` that ``restart`` ended failed on this node: the
+    restart's ``cause`` says a failure or a stall; a file from before the field: a worker
+    of this node failed by itself within it."""
+    if restart is not None and restart.fields.get("cause") is not None:
+        return cause_of(restart) in (Cause.FAILURE.value, Cause.STALL.value)
+    return any(r.is_own_failure and r.type == "WORKER_EXIT" and start <= r.timestamp <= end
+               for r in recs)
 
 
 class _Builder:
@@ -331,18 +357,18 @@ class _Builder:
             agent_exit = next((r for r in recs if r.type == "AGENT_EXIT"), None)
             for i, (start, restart) in enumerate(bounds):
                 if i + 1 < len(bounds):
-                    end = bounds[i + 1][0]
-                    outcome: Literal["failed", "succeeded", "restarted", "running"] = (
-                        "failed" if any(r.is_own_failure and r.type == "WORKER_EXIT"
-                                        and start <= r.timestamp <= end for r in recs)
-                        else "restarted")
+                    end, ended_by = bounds[i + 1]
+                    outcome: Outcome = "failed" if _failed(ended_by, recs, start, end) \
+                        else "restarted"
                 else:
                     end = agent_exit.timestamp if agent_exit is not None else last
                     end = max(end, last)
                     if agent_exit is None:
                         outcome = "running"
                     else:
-                        outcome = "failed" if agent_exit.is_failure else "succeeded"
+                        ended = job_outcome(agent_exit)
+                        outcome = "succeeded" if ended == "succeeded" else (
+                            "stopped" if ended == "stopped" else "failed")
                 attempts.append(Attempt(label, i, start, end, outcome, restart))
         return attempts
 

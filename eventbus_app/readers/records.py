@@ -16,6 +16,7 @@ from typing import Literal
 
 import attrs
 
+from eventbus.app.sentences import stopped_by_agent
 from eventbus.encoding import decode_json
 
 __all__ = ["Problem", "Record", "decode_line", "read_records", "record_from_dict"]
@@ -68,9 +69,10 @@ class Record:
 
     @property
     def stopped_by_agent(self) -> bool:
-        """A WORKER_EXIT of a worker its agent stopped because another one failed (the
-        launcher marks it ``data.stopped_by_agent``): not a failure of its own."""
-        return self.type == "WORKER_EXIT" and self.data.get("stopped_by_agent") is True
+        """A WORKER_EXIT of a worker its agent stopped (another rank failed or stalled, a
+        STOP): not a failure of its own (:func:`eventbus.app.sentences.stopped_by_agent`
+        reads ``data["stopped_by_agent"]`` and ``cause``)."""
+        return stopped_by_agent(self)
 
     @property
     def is_own_failure(self) -> bool:

@@ -46,14 +46,14 @@ from typing import IO
 from typing import Any
 from typing import Literal
 
-from eventbus.app.launcher.console import EVENTBUS_MARK
-from eventbus.app.launcher.console import format_stack
-from eventbus.app.launcher.console import parse_stack
-from eventbus.app.launcher.console import stack_lines
-from eventbus.app.launcher.console import where_of
 from eventbus.app.readers.records import Problem
 from eventbus.app.readers.records import Record
 from eventbus.app.readers.records import decode_line
+from eventbus.app.stacks import EVENTBUS_MARK
+from eventbus.app.stacks import format_stack
+from eventbus.app.stacks import parse_stack
+from eventbus.app.stacks import stack_lines
+from eventbus.app.stacks import where_of
 from eventbus.errors import TYPE_CUTOFF
 from eventbus.errors import did_you_mean
 from eventbus.events import EventType
@@ -118,7 +118,7 @@ _INDENT = "    "
 
 def _top_frame(text: str) -> str | None:
     """``file.py:LINE in func`` of the innermost frame of the first thread
-    :func:`~eventbus.app.launcher.console.format_stack` puts first (the main thread), and
+    :func:`~eventbus.app.stacks.format_stack` puts first (the main thread), and
     how many threads there are; None when ``text`` is no faulthandler dump."""
     threads = format_stack(text)
     if not threads:
@@ -209,7 +209,7 @@ def _blocks(record: Record) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
 
 
 def _text_lines(text: str) -> list[str]:
-    """A stack in reading order (:func:`~eventbus.app.launcher.console.stack_lines`), any
+    """A stack in reading order (:func:`~eventbus.app.stacks.stack_lines`), any
     other text as its lines."""
     if parse_stack(text)[1]:
         return stack_lines(text, full=True)

@@ -28,6 +28,7 @@ from eventbus.app.readers.jobview import JobView
 from eventbus.app.readers.jobview import expand_inputs
 from eventbus.app.readers.jobview import iter_tracks
 from eventbus.app.readers.jobview import load_for_command
+from eventbus.app.sentences import sentence
 
 __all__ = ["PlotUnavailableError", "main", "plot_timeline"]
 
@@ -49,7 +50,7 @@ _DRAWN_APART = frozenset({"WORKER_START", "WORKER_EXIT", "WORKER_RESTART", "REND
                           "AGENT_START", "AGENT_EXIT", "EPOCH_START", "EPOCH_END",
                           "CHECKPOINT_SAVED", "METRIC", "TORCHELASTIC",
                           "WORKER_STALLED", "WORKER_SLOW", "WORKER_PROGRESS"})
-#: above this many failures and stops, their exit codes are left to the trace
+#: above this many failures, stops and stalls, their labels are left to the trace
 _MAX_EXIT_LABELS = 40
 
 
@@ -201,13 +202,13 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
         if found is None:
             continue
         row, t = found, x(m.timestamp)
+        # the labels are the events' sentences in their short form (the row names the rank)
         if r.stopped_by_agent:
             point("stopped", t, row)
-            labelled.append((t, row, r.fields.get("signal")
-                             or f"exit {r.fields.get('exit_code')}", _STOPPED))
+            labelled.append((t, row, sentence(r, short=True), _STOPPED))
         elif r.type == "WORKER_EXIT" and r.is_failure:
             point("failure", t, row)
-            labelled.append((t, row, f"exit {r.fields.get('exit_code')}", _FAILURE))
+            labelled.append((t, row, sentence(r, short=True), _FAILURE))
         elif r.type == "WORKER_RESTART":
             # across the node's rows; the attempt band's label names what follows
             node_rows = [rw for (label, _), rw in rows.items() if label == m.node]
@@ -216,10 +217,7 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
             point("checkpoint", t, row - 0.32)
         elif r.type == "WORKER_STALLED":  # job health
             point("stall", t, row - 0.3)  # above the row: the stop mark follows it
-            silent = r.fields.get("silent_s")
-            label = (f"stalled {silent:.1f} s" if isinstance(silent, (int, float))
-                     and not isinstance(silent, bool) else "stalled")
-            labelled.append((t, row - 0.3, label, _FAILURE))
+            labelled.append((t, row - 0.3, sentence(r, short=True), _FAILURE))
         elif r.type == "WORKER_SLOW":
             point("slow", t, row + 0.3)
         elif r.type in ("METRIC", "WORKER_PROGRESS"):
@@ -251,7 +249,7 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
     }
     for kind, (xs, ys) in points.items():
         ax.plot(xs, ys, linestyle="none", zorder=6, **styles[kind])
-    # exit codes next to their marks, while there are few enough to read
+    # the short sentences next to their marks, while there are few enough to read
     if len(labelled) <= _MAX_EXIT_LABELS:
         for t, y, text, colour in labelled:
             ax.annotate(text, (t, y), xytext=(6, -9), textcoords="offset points",

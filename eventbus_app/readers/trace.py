@@ -171,7 +171,7 @@ def chrome_trace(view: JobView, *, sources: Sequence[str] = ()) -> dict[str, Any
         if a.restart is not None:
             args["restart"] = _args(a.restart)
         span(f"attempt {a.index}", "attempt", a.node, AGENT, a.start, a.end, args,
-             "terrible" if a.outcome == "failed" else None)
+             "terrible" if a.outcome in ("failed", "stopped") else None)
     for z in view.rendezvous:
         # Nest inside its attempt: clamp to the attempt that holds its end.
         holder = [a for a in view.attempts if a.node == z.node and a.start <= z.end <= a.end]

@@ -24,23 +24,24 @@ from typing import Any
 from typing import ClassVar
 
 from eventbus._reporting import RateLimiter
+from eventbus.app.sentences import sentence
+from eventbus.app.sentences import stopped_by_agent
 from eventbus.events import Event
 from eventbus.events import WorkerStalled
 from eventbus.subscribers.queued import QueuedSink
 from eventbus.subscribers.queued import QueueSettings
 
 __all__ = [
+    "FAILURE_REPORT_INTERVAL_S",
+    "MAX_FAILURE_REASONS",
+    "OTHER_REASON",
+    "REDACTED",
     "SINK_CLOSE_TIMEOUT_S",
     "SINK_QUEUE",
     "EventSink",
     "MissingExtraError",
     "SinkArgumentError",
-    "FAILURE_REPORT_INTERVAL_S",
-    "MAX_FAILURE_REASONS",
-    "OTHER_REASON",
-    "REDACTED",
     "attempt_of",
-    "describe",
     "failure_reason",
     "is_stall",
     "numbers_of",
@@ -50,6 +51,7 @@ __all__ = [
     "require_extra",
     "resolve_target",
     "scrub_target",
+    "sink_text",
 ]
 
 logger = logging.getLogger("eventbus")
@@ -244,9 +246,6 @@ def numbers_of(data: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-#: the stall event's type name, matched as a string: the type may not be declared (yet)
-
-
 def is_stall(event: Event) -> bool:
     """Whether ``event`` reports a stalled worker."""
     return isinstance(event, WorkerStalled)
@@ -269,50 +268,19 @@ def attempt_of(event: Event) -> int:
     return event.restart_count or 0
 
 
-def describe(event: Event, *, decision: str | None = None) -> str:
-    """One readable sentence: which rank, what happened, which attempt, what was decided."""
-    kind = str(event.type)
-    attempt = attempt_of(event)
-    if kind == "WORKER_EXIT" and event.data.get("stopped_by_agent"):
-        # collateral: the agent stopped it because another rank failed or stalled; the
-        # decision is that rank's, and this sentence must not blame this one
-        signal = getattr(event, "signal", None)
-        text = (f"Rank {rank_of(event)} was stopped by the agent"
-                + (f" ({signal})" if signal else "")
-                + f" on attempt {attempt} because another rank failed or stalled")
-        decision = None
-    elif kind == "WORKER_EXIT":
-        code = getattr(event, "exit_code", None)
-        signal = getattr(event, "signal", None)
-        how = f"was killed by {signal}" if signal else f"exited with code {code}"
-        text = f"Rank {rank_of(event)} {how} on attempt {attempt}"
-        message = getattr(event, "message", None)
-        if message:
-            text += f" ({str(message).splitlines()[0][:200]})"
-    elif isinstance(event, WorkerStalled):
-        text = (f"Rank {rank_of(event)} stalled on attempt {attempt}: no event for "
-                f"{event.silent_s:.1f} s")
-        if event.timeout_s is not None:
-            text += f" (stall timeout {event.timeout_s:g} s)"
-    elif kind == "WORKER_RESTART":
-        left = getattr(event, "restarts_left", None)
-        text = f"The agent restarts the worker group as attempt {attempt}"
-        if left is not None:
-            text += f" ({left} restarts left)"
-        reason = getattr(event, "reason", None)
-        if reason:
-            text += f" after: {reason}"
-    elif kind == "AGENT_EXIT":
-        text = f"The job ended {getattr(event, 'state', '?')} after attempt {attempt}"
-        reason = getattr(event, "reason", None)
-        if reason:
-            text += f": {reason}"
-    else:
-        text = f"{kind} from rank {rank_of(event)} on attempt {attempt}"
-    if decision:
+def sink_text(event: Event, *, decision: str | None = None) -> str:
+    """What a sink writes for people about ``event``: its sentence
+    (:func:`eventbus.app.sentences.sentence`), the agent's ``decision`` after it (never
+    on a worker the agent stopped: the decision is the culprit's), then the attempt and
+    the run, e.g. ``rank 1 failed (exit code 3: boom); the group restarts as attempt 1 (0
+    restarts left) [attempt 0, run 7f3a]``."""
+    text = sentence(event)
+    if decision and not stopped_by_agent(event):
         text += f"; {decision}"
-    run_id = event.run_id
-    return f"{text}{'' if text.endswith('.') else '.'}" + (f" [run {run_id}]" if run_id else "")
+    tags = [f"attempt {attempt_of(event)}"]
+    if event.run_id:
+        tags.append(f"run {event.run_id}")
+    return f"{text} [{', '.join(tags)}]"
 
 
 class EventSink(QueuedSink):

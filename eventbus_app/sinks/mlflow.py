@@ -7,7 +7,9 @@ and named after the run id. Each number in a ``METRIC``'s ``data`` is logged wit
 ``step`` as ``rank<r>/<key>`` (``<key>`` for an event with no rank); failures, stalls and
 restarts are counted as the metrics ``eventbus/failures``, ``eventbus/stalls`` and
 ``eventbus/attempt``. ``AGENT_EXIT`` sets the run's status: FINISHED when the job
-succeeded, FAILED otherwise; a sink closed without one (the agent was killed) marks it KILLED.
+succeeded, FAILED otherwise (a sink closed without one, the agent killed: KILLED), and the
+tag ``eventbus.end``: how the job ended, its sentence (``the job was stopped (exit code 3):
+...``, :func:`eventbus.app.sentences.sentence`).
 
 ``TRACKING_URI`` may be empty (``--sink mlflow``) to use ``$MLFLOW_TRACKING_URI``, or
 ``env:NAME``; the sink's name and messages show it without ``user:password@`` and query.
@@ -25,6 +27,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from eventbus.app.sentences import sentence
 from eventbus.app.sinks.base import EventSink
 from eventbus.app.sinks.base import SinkArgumentError
 from eventbus.app.sinks.base import attempt_of
@@ -125,6 +128,7 @@ class MlflowSink(EventSink):
             elif kind == "AGENT_EXIT":
                 status = "FAILED" if event.is_failure else "FINISHED"
                 tags["eventbus.state"] = str(getattr(event, "state", ""))
+                tags["eventbus.end"] = sentence(event)
         if run_id is None:
             return
         for start in range(0, len(metrics), _BATCH):

@@ -38,6 +38,7 @@ from collections.abc import Iterator
 from collections.abc import Sequence
 from typing import Any
 
+from eventbus.app.sentences import sentence
 from eventbus.app.sinks.base import EventSink
 from eventbus.app.sinks.base import SinkArgumentError
 from eventbus.app.sinks.base import attempt_of
@@ -319,15 +320,14 @@ class OtlpSink(EventSink):
                 if getattr(event, "signal", None):
                     span.set_attribute("eventbus.signal", str(event.signal))  # type: ignore[attr-defined]
                 if code != 0:
-                    message = getattr(event, "message", None) or f"exit code {code}"
-                    span.set_status(Status(StatusCode.ERROR, str(message)[:500]))
+                    span.set_status(Status(StatusCode.ERROR, sentence(event)))
                 span.end(end_time=_ns(event.timestamp))
                 del self._workers[(attempt, rank)]
             elif is_stall(event):
                 self._stalls.add(1)
                 span = self._worker_span(attempt, rank_of(event) or 0, event)
                 span.add_event("WORKER_STALLED", timestamp=_ns(event.timestamp))
-                span.set_status(Status(StatusCode.ERROR, "stalled"))
+                span.set_status(Status(StatusCode.ERROR, sentence(event)))
             elif kind == "WORKER_RESTART":
                 self._restarts.add(1)
                 self._end_attempt(attempt - 1, _ns(event.timestamp))
@@ -338,8 +338,7 @@ class OtlpSink(EventSink):
                     self._end_attempt(open_attempt, end)
                 job = self._job_span(event)
                 if event.is_failure:
-                    job.set_status(Status(StatusCode.ERROR,
-                                          str(getattr(event, "reason", None) or "failed")))
+                    job.set_status(Status(StatusCode.ERROR, sentence(event)))
                 job.set_attribute("eventbus.state", str(getattr(event, "state", "")))
                 job.end(end_time=end)
                 self._job = None

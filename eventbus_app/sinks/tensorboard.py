@@ -3,8 +3,9 @@
 Each number in a ``METRIC``'s ``data`` is a scalar whose tag is its key, at the event's
 ``step`` (a per-rank counter when it has none), with the event's wall time. The attempt a
 rank's metrics belong to is the scalar ``eventbus/attempt``, so a restart is a step in that
-curve; failures, stalls, restarts and the job's end are text under the tag ``eventbus``
-(a restart and the end in every rank's run). Events with no rank go to ``DIR/agent/``.
+curve; failures, stalls, restarts and the job's end are text under the tag ``eventbus``,
+each its sentence (:func:`eventbus.app.sinks.base.sink_text`; a restart and the end in
+every rank's run). Events with no rank go to ``DIR/agent/``.
 Written with ``torch.utils.tensorboard.SummaryWriter`` (the ``tensorboard`` extra).
 """
 
@@ -17,11 +18,11 @@ from typing import Any
 from eventbus.app.sinks.base import EventSink
 from eventbus.app.sinks.base import SinkArgumentError
 from eventbus.app.sinks.base import attempt_of
-from eventbus.app.sinks.base import describe
 from eventbus.app.sinks.base import is_stall
 from eventbus.app.sinks.base import numbers_of
 from eventbus.app.sinks.base import rank_of
 from eventbus.app.sinks.base import require_extra
+from eventbus.app.sinks.base import sink_text
 from eventbus.events import Event
 from eventbus.subscribers.queued import QueueSettings
 
@@ -68,10 +69,10 @@ class TensorBoardSink(EventSink):
                 self._metric(event)
             elif (kind == "WORKER_EXIT" and event.is_failure) or is_stall(event):
                 run = self._run_of(rank_of(event))
-                self._text(run, describe(event), event)
+                self._text(run, sink_text(event), event)
             elif kind == "WORKER_RESTART" or (kind == "AGENT_EXIT" and event.is_failure):
                 for run in list(self._writers) or [self._run_of(None)]:
-                    self._text(run, describe(event), event)
+                    self._text(run, sink_text(event), event)
         for writer in self._writers.values():
             writer.flush()
 

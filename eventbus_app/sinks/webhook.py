@@ -1,8 +1,9 @@
 """``webhook:URL``: failures, stalls, restarts and an unsuccessful end POSTed as JSON.
 
 Stdlib only (``urllib``). Each post's body is ``{"text": ..., "event": ...}``: ``text`` is
-one readable sentence (which rank, what happened, which attempt, what the agent decided:
-what Slack-compatible incoming webhooks display) and ``event`` the event's ``to_dict()``.
+one readable sentence (the event's sentence, :func:`eventbus.app.sentences.sentence`, with
+what the agent decided, the attempt and the run: what Slack-compatible incoming webhooks
+display) and ``event`` the event's ``to_dict()``.
 A failed worker's post waits for the agent's decision (the ``WORKER_RESTART`` or
 ``AGENT_EXIT`` that follows it, in the same or the next batch) and says it; a restart that
 follows failures already posted with it is not posted again.
@@ -35,14 +36,14 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
+from eventbus.app.sentences import sentence
 from eventbus.app.sinks.base import SINK_QUEUE
 from eventbus.app.sinks.base import EventSink
-from eventbus.app.sinks.base import attempt_of
-from eventbus.app.sinks.base import describe
 from eventbus.app.sinks.base import failure_reason
 from eventbus.app.sinks.base import is_stall
 from eventbus.app.sinks.base import redact_uri
 from eventbus.app.sinks.base import resolve_target
+from eventbus.app.sinks.base import sink_text
 from eventbus.app.sinks.otlp import check_url
 from eventbus.events import Event
 from eventbus.subscribers.queued import QueueSettings
@@ -98,26 +99,23 @@ class WebhookSink(EventSink):
             if kind == "WORKER_EXIT" and event.is_failure:
                 self._pending.append(event)
             elif is_stall(event):
-                self._post(describe(event), event)
+                self._post(sink_text(event), event)
             elif kind == "WORKER_RESTART":
                 if self._pending:
-                    left = getattr(event, "restarts_left", None)
-                    self._post_pending(
-                        f"the agent restarts the worker group as attempt {attempt_of(event)}"
-                        + (f" ({left} restarts left)" if left is not None else ""))
+                    # the decision is the restart's own sentence, without its reason:
+                    # the failure it would repeat is the post's subject
+                    self._post_pending(sentence(event, short=True))
                 else:
-                    self._post(describe(event), event)
+                    self._post(sink_text(event), event)
             elif kind == "AGENT_EXIT":
-                decision = ("the agent stops the job" if event.is_failure
-                            else "the job then succeeded")
-                self._post_pending(decision)
+                self._post_pending(sentence(event, short=True))
                 if event.is_failure:
-                    self._post(describe(event), event)
+                    self._post(sink_text(event), event)
 
     def _post_pending(self, decision: str) -> None:
         pending, self._pending = self._pending, []
         for event in pending:
-            self._post(describe(event, decision=decision), event)
+            self._post(sink_text(event, decision=decision), event)
 
     def _post(self, text: str, event: Event) -> None:
         now = time.monotonic()

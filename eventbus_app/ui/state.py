@@ -38,7 +38,6 @@ import collections
 import json
 import logging
 import math
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -46,6 +45,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from eventbus.app.readers.records import Record
+from eventbus.app.sentences import as_int as _int
+from eventbus.app.sentences import as_number as _num
+from eventbus.app.sentences import cause_of
+from eventbus.app.sentences import first_line
+from eventbus.app.sentences import job_outcome
+from eventbus.app.sentences import sentence
+from eventbus.app.sentences import stopped_by_agent
 from eventbus.events import Event
 
 __all__ = [
@@ -94,18 +100,6 @@ LINE_CHARS = 300
 
 logger = logging.getLogger("eventbus")
 
-_STOP = re.compile(r"; STOP from |^STOP on another node|STOP on another node:")
-
-
-def _int(value: object) -> int | None:
-    return value if type(value) is int else None
-
-
-def _num(value: object) -> float | None:
-    if type(value) in (int, float) and math.isfinite(value):  # type: ignore[arg-type]
-        return float(value)  # type: ignore[arg-type]
-    return None
-
 
 def _str(value: object) -> str | None:
     return value if isinstance(value, str) else None
@@ -125,6 +119,10 @@ class _FromRecord:
         if name.startswith("__"):
             raise AttributeError(name)
         return self._record.fields.get(name)
+
+    @property
+    def type(self) -> str:
+        return self._record.type
 
     @property
     def timestamp(self) -> float:
@@ -554,7 +552,8 @@ class JobState:
         r = self._touch(ev, name, arrived, rank)
         code = _int(getattr(ev, "exit_code", None))
         data = ev.data if isinstance(ev.data, dict) else {}
-        stopped = data.get("stopped_by_agent") is True
+        # a collateral exit is a fact of the event (data["stopped_by_agent"], cause)
+        stopped = stopped_by_agent(ev)
         signal = _str(getattr(ev, "signal", None))
         message = _str(getattr(ev, "message", None))
         if r is not None:
@@ -562,19 +561,16 @@ class JobState:
             if not (stopped and data.get("stalled") is True and r.state == "stalled"):
                 r.state = "exited" if code == 0 else "failed"
             r.exit_code, r.signal, r.stopped = code, signal, stopped
-            r.message = _headline(message)
+            r.message = first_line(message) or None
         if code == 0:
             return
-        how = f"killed by {signal}" if signal else f"exit code {code}"
         if stopped:
             number = self._attempt_of(ev)
             target = self._attempts.get(number) or self._open_attempt(number, arrived, None)
             target.stopped += 1
             return
         self._problem = (seq, "failure", ev)
-        headline = _headline(message)
-        self._mark(ev, "failure", arrived, rank,
-                   f"rank {rank} failed ({how})" + (f": {headline}" if headline else ""))
+        self._mark(ev, "failure", arrived, rank, sentence(ev))
 
     def _on_stalled(self, ev: Any, name: str, arrived: float, seq: int) -> None:
         rank = _int(getattr(ev, "worker_id", None))
@@ -583,9 +579,7 @@ class JobState:
             r.state = "stalled"
             r.progress = None
         self._problem = (seq, "stall", ev)
-        silent = _num(getattr(ev, "silent_s", None))
-        text = f"rank {rank} stalled" + (f" (silent {silent:.1f} s)" if silent else "")
-        self._mark(ev, "stall", arrived, rank, text)
+        self._mark(ev, "stall", arrived, rank, sentence(ev))
 
     def _on_slow(self, ev: Any, name: str, arrived: float, seq: int) -> None:
         rank = _int(getattr(ev, "worker_id", None))
@@ -598,8 +592,7 @@ class JobState:
             step = _int(getattr(ev, "step", None))
             if step is not None:
                 r.step = step
-        text = f"rank {rank} slow" + (f" ({factor:.1f}x its peers)" if factor else "")
-        self._mark(ev, "slow", arrived, rank, text)
+        self._mark(ev, "slow", arrived, rank, sentence(ev))
 
     def _on_progress(self, ev: Any, name: str, arrived: float, seq: int) -> None:
         rank = _int(getattr(ev, "worker_id", None))
@@ -638,11 +631,7 @@ class JobState:
         target = attempt - 1 if attempt - 1 in self._attempts else attempt
         if any(m["kind"] == "restart" for m in self._attempts[target].marks):
             return  # every node's agent reports the same restart: one mark
-        left = _int(getattr(ev, "restarts_left", None))
-        text = f"restart as attempt {attempt}" + (
-            f" ({left} left)" if left is not None else "")
-        self._mark(ev, "restart", arrived, None, text + (f": {reason}" if reason else ""),
-                   attempt=target)
+        self._mark(ev, "restart", arrived, None, sentence(ev), attempt=target)
 
     def _on_agent_start(self, ev: Any, name: str, arrived: float, seq: int) -> None:
         if self._started_at is None:
@@ -655,25 +644,18 @@ class JobState:
             self._mark(ev, "node", arrived, None,
                        f"node {ev.group_rank}'s agent ended {getattr(ev, 'state', '?')}")
             return
-        state = _str(getattr(ev, "state", None)) or "?"
-        reason = _str(getattr(ev, "reason", None)) or ""
-        if state == "SUCCEEDED":
-            status = "succeeded"
-        elif _STOP.search(reason):
-            status = "stopped"
-        else:
-            status = "failed"
+        # the job's status is a fact of the event (state, cause), never read from prose
+        status = job_outcome(ev)
         self._status, self._exit, self._ended_at = status, ev, arrived
         attempt = self._attempts.get(self._attempt_of(ev))
         if attempt is not None:
             if attempt.end is None:
                 attempt.end = arrived
-            attempt.outcome = {"succeeded": "succeeded", "stopped": "stopped"}.get(
-                status, "failed")
+            attempt.outcome = status
         if status == "stopped":
-            self._mark(ev, "stop", arrived, None, f"STOP: {reason}")
+            self._mark(ev, "stop", arrived, None, sentence(ev))
         elif status == "failed":
-            self._mark(ev, "end", arrived, None, f"the job failed: {reason or state}")
+            self._mark(ev, "end", arrived, None, sentence(ev))
 
     def _on_lost(self, ev: Any, name: str, arrived: float, seq: int) -> None:
         key = (_str(getattr(ev, "source", None)) or "?", _str(getattr(ev, "reason", None))
@@ -686,8 +668,7 @@ class JobState:
 
     def _on_rendezvous(self, ev: Any, name: str, arrived: float, seq: int) -> None:
         if getattr(ev, "state", None) == "FAILED":
-            self._mark(ev, "failure", arrived, None,
-                       f"rendezvous failed: {_str(getattr(ev, 'message', None)) or '?'}")
+            self._mark(ev, "failure", arrived, None, sentence(ev))
 
     # -- reading (any thread) -------------------------------------------------------------
     @property
@@ -758,6 +739,7 @@ class JobState:
             "exit": None if exit_event is None else {
                 "state": _str(getattr(exit_event, "state", None)),
                 "exit_code": _int(getattr(exit_event, "exit_code", None)),
+                "cause": cause_of(exit_event),
                 "reason": _clip(_str(getattr(exit_event, "reason", None)), 2000)},
             "states": {s: counts.get(s, 0) for s in RANK_STATES},
             "timeline": [
@@ -862,18 +844,6 @@ class JobState:
         return out
 
 
-def _headline(message: str | None) -> str | None:
-    """A failure message's line that says the most: a traceback's last line (the
-    exception), else its first line; at most 200 characters."""
-    if not message:
-        return None
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    if not lines:
-        return None
-    line = lines[-1] if lines[0].startswith("Traceback") else lines[0]
-    return line[:200]
-
-
 def _clip(text: str | None, limit: int) -> str | None:
     if text is None or len(text) <= limit:
         return text
@@ -897,14 +867,12 @@ def _stack_text(value: object) -> str | None:
 
 def _problem_json(seq: int, kind: str, ev: Any) -> dict[str, Any]:
     """The latest failure or stall as the panel shows it (built on the reader's thread)."""
-    from eventbus.app.sinks.base import describe
-
     data = ev.data if isinstance(ev.data, dict) else {}
     diagnosis = _str(data.get("diagnosis"))
     if diagnosis is None:
         try:
-            diagnosis = describe(ev) if isinstance(ev, Event) else _describe_record(ev)
-        except Exception:
+            diagnosis = sentence(ev)
+        except Exception:  # a record this version cannot say must not break the page
             diagnosis = None
     stack = _stack_text(data.get("stack") or data.get("traceback"))
     peers = data.get("peer_stacks")
@@ -932,19 +900,6 @@ def _problem_json(seq: int, kind: str, ev: Any) -> dict[str, Any]:
         "collective": data.get("collective") if isinstance(
             data.get("collective"), dict) else None,
     }
-
-
-def _describe_record(ev: _FromRecord) -> str:
-    """The sentence of a failure read back from a file (the typed one when it decodes)."""
-    from eventbus.app.sinks.base import describe
-
-    try:
-        return describe(Event.from_dict(ev.to_dict()))
-    except Exception:
-        rank = getattr(ev, "worker_id", None)
-        if getattr(ev, "silent_s", None) is not None:
-            return f"Rank {rank} stalled on attempt {ev.restart_count}."
-        return f"Rank {rank} failed on attempt {ev.restart_count}."
 
 
 #: data keys shown as a line count in the events list, not in full

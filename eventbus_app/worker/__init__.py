@@ -42,17 +42,16 @@ from typing import TypeVar
 
 import attrs
 
+from eventbus.app.protocol.agent_worker import ENV_FR_DUMP_DIR
+from eventbus.app.protocol.agent_worker import ENV_PROGRESS
+from eventbus.app.protocol.agent_worker import ENV_STACK_DIR
+from eventbus.app.protocol.agent_worker import ENV_STACK_SIGNAL
+from eventbus.app.protocol.agent_worker import PROGRESS_SOURCES
+from eventbus.app.protocol.agent_worker import parse_progress
 from eventbus.app.worker.error_file import record_uncaught
 from eventbus.app.worker.process_groups import install as end_process_groups_at_exit
-from eventbus.app.worker.progress import ENV_FR_DUMP_DIR
-from eventbus.app.worker.progress import ENV_PROGRESS
-from eventbus.app.worker.progress import check_dump_dir
-from eventbus.app.worker.progress import parse_progress
 from eventbus.app.worker.progress import start_progress_watch
-from eventbus.app.worker.stack_dump import ENV_STACK_DIR
-from eventbus.app.worker.stack_dump import ENV_STACK_SIGNAL
 from eventbus.app.worker.stack_dump import arm_stack_dump
-from eventbus.app.worker.stack_dump import check_stack_dir
 from eventbus.app.worker.stack_dump import parse_stack_signal
 from eventbus.ledger import ENV_LEDGER_DIR
 from eventbus.wire import ENV_BELL
@@ -124,6 +123,18 @@ def _rank(value: str) -> int:
     return int(value)
 
 
+def _agent_folder(value: str) -> str:
+    # The folders the agent names for the stack dump and the flight-recorder dumps: an
+    # absolute directory this worker can write.
+    if not os.path.isabs(value):
+        raise ValueError("is not an absolute path")
+    if not os.path.isdir(value):
+        raise ValueError("is not a directory")
+    if not os.access(value, os.W_OK | os.X_OK):
+        raise ValueError(f"is not a directory this worker (uid {os.getuid()}) can write")
+    return value
+
+
 def _ledger_dir(value: str) -> str:
     # The agent names an absolute directory it created (".../eventbus-ledgers-*/
     # attempt-<n>"); anything else is not the agent's, and a worker must not drop files
@@ -192,7 +203,7 @@ def _forward(env: Mapping[str, str], notes: list[str]) -> bool:
 
 def _stack_dump(env: Mapping[str, str], notes: list[str]) -> str | None:
     without = "A stall of this worker is reported without its stack."
-    directory = _read(env, ENV_STACK_DIR, check_stack_dir, without, notes)
+    directory = _read(env, ENV_STACK_DIR, _agent_folder, without, notes)
     if directory is None:
         return None
     # None for "off" too: the script uses the signal itself, and the agent sends nothing
@@ -201,26 +212,31 @@ def _stack_dump(env: Mapping[str, str], notes: list[str]) -> str | None:
         return None
     path: str | None = _read(env, ENV_STACK_DIR, lambda d: arm_stack_dump(d, signum),
                              without, notes, fix="give this worker a directory it can write "
-                             "there, or set EVENTBUS_STACK_SIGNAL=off")
+                             f"there, or set {ENV_STACK_SIGNAL}=off")
     return path
 
 
+def _progress_sources(env: Mapping[str, str], notes: list[str]) -> tuple[str, ...]:
+    # the one grammar the agent writes (agent_worker.format_progress); its message says
+    # what is accepted
+    sources: tuple[str, ...] | None = _read(
+        env, ENV_PROGRESS, parse_progress, "The progress watch uses all three.", notes,
+        fix="")
+    return PROGRESS_SOURCES if sources is None else sources
+
+
 def _progress(env: Mapping[str, str], notes: list[str]) -> tuple[str, ...]:
-    sources = _read(env, ENV_PROGRESS, parse_progress,
-                    "The progress watch uses all three.", notes,
-                    fix="use off, or a comma list of collectives, steps, events")
-    if sources is None:
-        sources = parse_progress("")
+    sources = _progress_sources(env, notes)
     if not sources:
         return ()
     dump_dir = None
     if env.get(ENV_FR_DUMP_DIR):
-        dump_dir = _read(env, ENV_FR_DUMP_DIR, check_dump_dir,
+        dump_dir = _read(env, ENV_FR_DUMP_DIR, _agent_folder,
                          "This worker writes no flight-recorder dump at a stall.", notes)
     rank_text = env.get(ENV_RANK, "")
     rank = int(rank_text) if _decimal(rank_text) else None
     start_progress_watch(sources, dump_dir=dump_dir, rank=rank)
-    return tuple(sorted(sources))
+    return sources
 
 
 def attach(environ: Mapping[str, str] | None = None) -> WorkerSide:

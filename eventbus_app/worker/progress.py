@@ -33,26 +33,28 @@ beat has no ``pgs`` and ``collectives`` is None), and a last one with
 ``data["exiting"] = True`` at the interpreter's exit (before the forwarder's flush): the
 silence after it is the process ending (torch's teardown can take seconds), not a stall.
 
-Flight-recorder dump on request (the agent's side of it):
+Flight-recorder dump on request (the names, files and rules are
+:mod:`eventbus.app.protocol.agent_worker`'s, which the agent uses too):
 
-1. the agent sets ``EVENTBUS_FR_DUMP_DIR`` to an existing absolute folder (per run or
-   per attempt) in each worker's environment;
+1. the agent sets ``EVENTBUS_FR_DUMP_DIR`` to an existing absolute folder (per attempt)
+   in each worker's environment;
 2. at a stall it writes a token (a short line, e.g. ``stall-1``; at most 200 characters)
-   to ``<dir>/request`` (write ``request.tmp`` and rename it, so a worker never reads half
-   a token). Each new token is served once by each worker;
+   to ``<dir>/request``, whole (``write_fr_request``). Each new token is served once by
+   each worker (``FrRequestReader``), and one written before the worker started never;
 3. within a tick each worker writes its whole trace, in the pickle format torch's
    ``fr_trace`` tool reads (``torch._C._distributed_c10d._dump_fr_trace(True, True,
-   False)``), to ``<dir>/fr_trace_rank_<global rank>`` (written under a temporary name
-   and renamed), then records a heartbeat with ``data["fr_dump"]`` (the path) and
-   ``data["fr_dump_token"]``; where it cannot (no flight recorder, not initialised, an
-   OS error) the beat carries ``data["fr_dump_error"]`` instead. ``fr_trace <dir>``
-   (``python -m torch.distributed.flight_recorder.fr_trace``) infers the prefix
-   ``fr_trace_rank_``; the ``request`` file does not match it.
+   False)``), to ``<dir>/fr_trace_rank_<global rank>`` (``fr_dump_path``; written under a
+   temporary name and renamed), then records a heartbeat with ``data["fr_dump"]`` (the
+   path) and ``data["fr_dump_token"]``; where it cannot (no flight recorder, not
+   initialised, an OS error) the beat carries ``data["fr_dump_error"]`` instead.
+   ``fr_trace <dir>`` (``python -m torch.distributed.flight_recorder.fr_trace``) infers
+   the prefix ``fr_trace_rank_``; the ``request`` file does not match it.
 
 A rank blocked in C code while holding the GIL answers nothing: the agent bounds its wait.
 
-``EVENTBUS_PROGRESS``: ``off``, or a comma list of ``collectives``, ``steps``, ``events``
-(default: all three). A bad value is one warning naming the variable; the watch then uses
+``EVENTBUS_PROGRESS``: ``off``, ``all``, or a comma list of ``collectives``, ``steps``,
+``events``; empty or unset: all three (``agent_worker.parse_progress``, the grammar of
+``--progress`` too). A bad value is one warning naming the variable; the watch then uses
 all three.
 """
 
@@ -72,40 +74,31 @@ import time
 import traceback
 import types
 from collections.abc import Callable
+from collections.abc import Iterable
 from typing import Any
 
-from eventbus.app.worker.stack_dump import check_stack_dir
+from eventbus.app.protocol.agent_worker import EXITING_KEY
+from eventbus.app.protocol.agent_worker import FR_DUMP_ERROR_KEY
+from eventbus.app.protocol.agent_worker import FR_DUMP_KEY
+from eventbus.app.protocol.agent_worker import FR_DUMP_TOKEN_KEY
+from eventbus.app.protocol.agent_worker import PROGRESS_SOURCES
+from eventbus.app.protocol.agent_worker import FrRequestReader
+from eventbus.app.protocol.agent_worker import fr_dump_path
 
 __all__ = [
     "BEAT_S",
-    "DUMP_PREFIX",
-    "ENV_FR_DUMP_DIR",
-    "ENV_PROGRESS",
     "IDLE_BEAT_S",
     "PENDING_AFTER_S",
-    "REQUEST_FILE",
-    "SOURCES",
     "STACK_AFTER_S",
     "THREAD_NAME",
     "TICK_S",
     "ProgressWatch",
     "StepCounter",
-    "check_dump_dir",
     "format_stacks",
-    "parse_progress",
     "start_progress_watch",
     "user_frame",
 ]
 
-#: the progress sources: ``off`` or a comma list of these
-ENV_PROGRESS = "EVENTBUS_PROGRESS"
-#: the folder the agent asks for flight-recorder dumps in (see the module docstring)
-ENV_FR_DUMP_DIR = "EVENTBUS_FR_DUMP_DIR"
-SOURCES = ("collectives", "steps", "events")
-#: the request file's name in ``EVENTBUS_FR_DUMP_DIR``
-REQUEST_FILE = "request"
-#: dump file name: ``<prefix><global rank>``, as torch's fr_trace loader reads it
-DUMP_PREFIX = "fr_trace_rank_"
 THREAD_NAME = "eventbus-progress"
 
 TICK_S = 0.1
@@ -118,28 +111,6 @@ STACK_AFTER_S = 1.0
 PENDING_AFTER_S = 0.2
 #: characters of ``data["stack"]`` kept (the event's string limit is 16,384)
 MAX_STACK_CHARS = 12_000
-MAX_TOKEN_CHARS = 200
-
-
-def parse_progress(text: str) -> frozenset[str]:
-    """The sources ``EVENTBUS_PROGRESS`` names: ``""`` is all three, ``off`` none.
-    Raises ``ValueError`` saying what is accepted."""
-    text = text.strip().lower()
-    if not text:
-        return frozenset(SOURCES)
-    if text == "off":
-        return frozenset()
-    names = [part.strip() for part in text.split(",")]
-    bad = [name for name in names if name not in SOURCES]
-    if bad:
-        raise ValueError(f"names no progress source {bad[0]!r}")
-    return frozenset(names)
-
-
-def check_dump_dir(path: str) -> str:
-    """``path`` if it is an absolute folder this process can write; else ``ValueError``
-    (the stack dump's folder rule, :func:`~eventbus.app.worker.stack_dump.check_stack_dir`)."""
-    return check_stack_dir(path)
 
 
 class StepCounter:
@@ -271,10 +242,10 @@ def _pg_ranks() -> dict[str, list[int]]:
 class ProgressWatch:
     """The sampling thread (see the module docstring); :meth:`tick` is one sample."""
 
-    def __init__(self, sources: frozenset[str], *, dump_dir: str | None = None,
+    def __init__(self, sources: Iterable[str], *, dump_dir: str | None = None,
                  rank: int | None = None, record: Callable[..., None] | None = None,
                  bus: Any = None) -> None:
-        self.sources = sources
+        self.sources = frozenset(sources)
         self.dump_dir = dump_dir
         self._rank = rank
         #: whether the beats go to the bus whose events are counted
@@ -306,10 +277,9 @@ class ProgressWatch:
         self._inside_s = self._outside_s = 0.0
         self._beat_completed = 0
         self._beat_steps = (0, 0.0)
-        self._request: tuple[int, int] | None = None
         self._failed = False
         # a request older than this worker is not for it (a former attempt's)
-        self._request = self._request_stamp()
+        self._requests = FrRequestReader(dump_dir)
         self._counter = itertools.count()
         self._subscription: Any = None
         #: heartbeats recorded on the counted bus
@@ -338,7 +308,7 @@ class ProgressWatch:
             thread.join(timeout)
         if final and self.armed and not (thread is not None and thread.is_alive()):
             with contextlib.suppress(Exception):
-                self._beat(time.monotonic(), idle=False, extra={"exiting": True}, final=True)
+                self._beat(time.monotonic(), idle=False, extra={EXITING_KEY: True}, final=True)
         self.steps.remove()
         if self._subscription is not None:
             self._subscription.cancel()
@@ -448,7 +418,7 @@ class ProgressWatch:
         if worker_id is None:
             return
         idle_s = max(0.0, now - self._progress_t)
-        data: dict[str, Any] = {"sources": [s for s in SOURCES if self._live(s)]}
+        data: dict[str, Any] = {"sources": [s for s in PROGRESS_SOURCES if self._live(s)]}
         completed = sum(max(0, c) for _, c in self._pgs.values())  # -1: none yet
         if self._pgs:
             data["pgs"] = {pg: {"enqueued": e, "completed": c, "ranks": self._ranks.get(pg, []),
@@ -516,26 +486,10 @@ class ProgressWatch:
 
     # -- the agent's dump requests
     def _serve_request(self) -> dict[str, Any] | None:
-        stamp = self._request_stamp()
-        if stamp is None or stamp == self._request:
+        token = self._requests.take()
+        if token is None:
             return None
-        self._request = stamp
-        path = os.path.join(str(self.dump_dir), REQUEST_FILE)
-        try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                token = f.read(MAX_TOKEN_CHARS + 1).strip()[:MAX_TOKEN_CHARS]
-        except OSError:
-            return None
-        return {"fr_dump_token": token, **self.write_dump()}
-
-    def _request_stamp(self) -> tuple[int, int] | None:
-        if self.dump_dir is None:
-            return None
-        try:
-            st = os.stat(os.path.join(self.dump_dir, REQUEST_FILE))
-        except OSError:
-            return None
-        return (st.st_mtime_ns, st.st_ino)
+        return {FR_DUMP_TOKEN_KEY: token, **self.write_dump()}
 
     def write_dump(self) -> dict[str, str]:
         """Write the whole flight-recorder trace to ``<dump_dir>/fr_trace_rank_<rank>``;
@@ -544,9 +498,9 @@ class ProgressWatch:
         dump = getattr(c10d, "_dump_fr_trace", None)
         rank = self._worker_id()
         if dump is None or rank is None or self.dump_dir is None:
-            return {"fr_dump_error": "torch.distributed is not initialised in this worker, "
-                                     "or its torch has no flight recorder"}
-        path = os.path.join(self.dump_dir, f"{DUMP_PREFIX}{rank}")
+            return {FR_DUMP_ERROR_KEY: "torch.distributed is not initialised in this worker, "
+                                       "or its torch has no flight recorder"}
+        path = fr_dump_path(self.dump_dir, rank)
         partial = os.path.join(self.dump_dir, f"partial.{rank}.tmp")
         try:
             blob = dump(True, True, False)
@@ -556,8 +510,8 @@ class ProgressWatch:
         except Exception as exc:
             with contextlib.suppress(OSError):
                 os.unlink(partial)
-            return {"fr_dump_error": f"{type(exc).__name__}: {exc}"}
-        return {"fr_dump": path}
+            return {FR_DUMP_ERROR_KEY: f"{type(exc).__name__}: {exc}"}
+        return {FR_DUMP_KEY: path}
 
 
 _watch: ProgressWatch | None = None
@@ -573,10 +527,11 @@ def end_progress_watch() -> None:
         watch.stop(FINAL_JOIN_S, final=True)
 
 
-def start_progress_watch(sources: frozenset[str], *, dump_dir: str | None = None,
+def start_progress_watch(sources: Iterable[str], *, dump_dir: str | None = None,
                          rank: int | None = None) -> ProgressWatch | None:
     """Start this process's one watch (None for no sources); again: the running one."""
     global _watch
+    sources = frozenset(sources)
     if not sources - {"events"}:
         return None  # events alone: nothing to sample (the agent counts them itself)
     with _lock:

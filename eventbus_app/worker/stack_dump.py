@@ -1,7 +1,8 @@
 """The stall watch's stack dump, armed in each worker by the bootstrap
 (:mod:`eventbus.app.worker`): on the agent's signal, every thread's Python stack is
 written to ``$EVENTBUS_STACK_DIR/<pid>.stack``, which the agent's
-:class:`eventbus.app.launcher.health.StackDumper` reads."""
+:class:`eventbus.app.launcher.probes.StackDumper` reads (the files and variables of
+:mod:`eventbus.app.protocol.agent_worker`)."""
 
 from __future__ import annotations
 
@@ -10,19 +11,14 @@ import os
 import signal
 from typing import IO
 
+from eventbus.app.protocol.agent_worker import stack_file_path
+from eventbus.app.protocol.agent_worker import stack_signal_path
+
 __all__ = [
-    "ENV_STACK_DIR",
-    "ENV_STACK_SIGNAL",
     "arm_stack_dump",
     "default_stack_signal",
     "parse_stack_signal",
 ]
-
-#: the directory the agent reads stacks from; set only when ``--stall-timeout`` is on
-ENV_STACK_DIR = "EVENTBUS_STACK_DIR"
-#: the signal the worker dumps its stacks on: a name (``SIGUSR2``), a number, or ``off``
-#: for a script that uses the default signal itself (the agent then sends nothing)
-ENV_STACK_SIGNAL = "EVENTBUS_STACK_SIGNAL"
 
 #: the open file faulthandler writes to; kept for the life of the process
 _stack_file: IO[str] | None = None
@@ -75,17 +71,6 @@ def parse_stack_signal(text: str) -> int | None:
     return number
 
 
-def check_stack_dir(path: str) -> str:
-    """``path`` if it is an absolute directory this process can write; else ``ValueError``."""
-    if not os.path.isabs(path):
-        raise ValueError("is not an absolute path")
-    if not os.path.isdir(path):
-        raise ValueError("is not a directory")
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise ValueError(f"is not a directory this worker (uid {os.getuid()}) can write")
-    return path
-
-
 def arm_stack_dump(directory: str, signum: int) -> str:
     """Make this process write every thread's Python stack to ``<directory>/<pid>.stack``
     when it gets ``signum``, and say so in ``<pid>.sig`` (the signal's number), which the
@@ -100,12 +85,12 @@ def arm_stack_dump(directory: str, signum: int) -> str:
     import faulthandler
 
     pid = os.getpid()
-    path = os.path.join(directory, f"{pid}.stack")
+    path = stack_file_path(directory, pid)
     if _stack_file is not None:
         return path
     previous = signal.getsignal(signum)
     stack_file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives with the process
-    marker = os.path.join(directory, f"{pid}.sig")
+    marker = stack_signal_path(directory, pid)
     try:
         with open(marker + ".part", "w", encoding="utf-8") as out:
             out.write(str(signum))

@@ -1,8 +1,9 @@
-"""Job health on the agent: stalled workers, stragglers, and the stacks of a stalled node.
+"""What the agent knows of each worker's progress: stalled workers and stragglers.
 
 Torch-free and clock-injectable, so that the rules are unit-tested without a job; the agent
-(:mod:`eventbus.app.launcher.agent`) feeds the watches the events that reach its bus and
-asks them once per monitor interval. The rules (docs/run.md, "Job health"):
+(:mod:`eventbus.app.launcher.agent`) feeds the watches every event that reaches its bus
+(:func:`observer`), and the judge (:mod:`eventbus.app.launcher.judge`) asks them once per
+monitor interval. The rules (docs/run.md, "Job health"):
 
 * **stall**: after a worker's first progress in an attempt, none for longer than the
   timeout while its process lives. Any event type counts, and a ``WORKER_PROGRESS``
@@ -33,13 +34,8 @@ dict lookup and store (stall), and for ``METRIC`` events one deque append (strag
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import math
-import os
-import signal
 import statistics
-import tempfile
 import threading
 import time
 from collections import deque
@@ -52,141 +48,22 @@ from typing import NamedTuple
 
 import attrs
 
+from eventbus.app.launcher.options import AUTO_FACTOR
+from eventbus.app.launcher.options import AUTO_FLOOR_S
+from eventbus.app.launcher.options import DEFAULT_SLOW_FACTOR
+from eventbus.app.protocol.agent_worker import EXITING_KEY
+from eventbus.app.protocol.agent_worker import EXPECT_SILENCE_KEY
 from eventbus.events import Event
 from eventbus.events import Metric
 from eventbus.events import WorkerProgress
 
 __all__ = [
-    "AUTO_FACTOR",
-    "AUTO_FLOOR_S",
-    "DEFAULT_SLOW_FACTOR",
-    "DEFAULT_STOP_EXIT_CODE",
-    "EXPECT_SILENCE_KEY",
-    "MAX_STACK_CHARS",
-    "STALL_STOP_GRACE_S",
     "Slow",
-    "StackDumper",
     "Stall",
     "StallWatch",
     "StragglerWatch",
     "observer",
-    "parse_slow_factor",
-    "parse_stall_auto_floor",
-    "parse_stall_timeout",
-    "parse_stop_exit_code",
-    "stop_processes",
 ]
-
-#: ``--stop-exit-code`` default: not 1 (torchrun's ordinary failure, which schedulers
-#: retry), not 2 (a usage error), below 126 (the shell's) and 128 (killed by a signal);
-#: Kubeflow's ``restartPolicy: ExitCode`` treats 1-127 as permanent: "do not retry"
-DEFAULT_STOP_EXIT_CODE = 3
-#: ``--slow-factor`` default
-DEFAULT_SLOW_FACTOR = 2.0
-#: ``--stall-timeout auto``: never below this many seconds...
-AUTO_FLOOR_S = 60.0
-#: ... and this many times the longest interval the worker came back from
-AUTO_FACTOR = 5.0
-#: ``data[EXPECT_SILENCE_KEY] = seconds`` in any event announces a quiet period
-EXPECT_SILENCE_KEY = "expect_silence_s"
-#: ``data[EXITING_KEY] = True`` in a worker's last heartbeat: its script has ended
-EXITING_KEY = "exiting"
-#: a stalled group is stopped by SIGTERM, then SIGKILL after this many seconds (a worker
-#: blocked in a C call, a collective say, never runs its Python SIGTERM handler)
-STALL_STOP_GRACE_S = 5.0
-#: each stack in an event is cut to this many characters (its end, the innermost frames
-#: of the last thread, is kept whole by faulthandler's "most recent call first" order)
-MAX_STACK_CHARS = 32_000
-
-
-#: ``--progress`` sources, and the default (all of them)
-PROGRESS_SOURCES = ("collectives", "steps", "events")
-DEFAULT_PROGRESS = ",".join(PROGRESS_SOURCES)
-#: the workers' environment: their progress sources (eventbus_app/worker/progress.py)
-ENV_PROGRESS = "EVENTBUS_PROGRESS"
-#: the flight recorder's ring size, set for the workers unless the user set one of
-#: :data:`FR_USER_SETTINGS` (torch reads it when a process group is created)
-ENV_FR_BUFFER = "TORCH_FR_BUFFER_SIZE"
-FR_USER_SETTINGS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
-FR_BUFFER_SIZE = 64
-#: the workers' environment: the run's folder of flight-recorder dumps
-ENV_FR_DUMP_DIR = "EVENTBUS_FR_DUMP_DIR"
-#: the request file in that folder, and how long the agent waits for the dumps
-FR_REQUEST_FILE = "request"
-FR_DUMP_WAIT_S = 2.0
-#: the file name prefix of each rank's dump (``fr_trace`` infers it)
-FR_DUMP_PREFIX = "fr_trace_rank_"
-#: a node other than group rank 0 acts on its own stalled ranks only this many seconds
-#: after their timeout (group rank 0 judges the job; its restart normally comes first)
-JUDGE_GRACE_S = 15.0
-#: a rank whose latest heartbeat is older than this has stopped sending them (its progress
-#: thread sends an idle beat every 2 s while it lives): its script is likely ending
-BEATS_STOPPED_S = 3.5
-
-
-# -- the command line ----------------------------------------------------------------------
-
-
-def _number_or(text: str, keyword: str | None, *, above: float, what: str) -> float | None:
-    """A finite number > ``above``, or None for ``keyword``; anything else is a usage error
-    that says what is expected."""
-    if keyword is not None and text.strip().lower() == keyword:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= above:
-        expected = what if keyword is None else f"{what} or {keyword!r}"
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
-    return value
-
-
-def parse_stall_timeout(text: str) -> float | Literal["auto"]:
-    """``--stall-timeout``: seconds > 0 (finite) or ``auto``."""
-    value = _number_or(text, "auto", above=0, what="seconds > 0")
-    return "auto" if value is None else value
-
-
-def parse_stall_auto_floor(text: str) -> float:
-    """``--stall-auto-floor``: seconds > 0 (finite)."""
-    value = _number_or(text, None, above=0, what="seconds > 0")
-    assert value is not None  # no keyword: a number or a usage error
-    return value
-
-
-def parse_slow_factor(text: str) -> float | None:
-    """``--slow-factor``: a number > 1, or ``off`` (None)."""
-    return _number_or(text, "off", above=1, what="a factor > 1")
-
-
-def parse_progress(text: str) -> tuple[str, ...]:
-    """``--progress``: ``off``, or a comma list of ``collectives``, ``steps``, ``events``
-    (``all``: the three). Returns the sources in their canonical order."""
-    tokens = [t.strip().lower() for t in text.split(",") if t.strip()]
-    valid = f"off, or a comma list of {', '.join(PROGRESS_SOURCES)} (default: all three)"
-    if tokens == ["off"]:
-        return ()
-    if tokens == ["all"]:
-        return PROGRESS_SOURCES
-    bad = [t for t in tokens if t not in PROGRESS_SOURCES]
-    if not tokens or bad:
-        raise argparse.ArgumentTypeError(
-            f"expected {valid}, got {text!r}" + (f" ({', '.join(map(repr, bad))} is not a "
-                                                  "source)" if bad else ""))
-    return tuple(src for src in PROGRESS_SOURCES if src in tokens)
-
-
-def parse_stop_exit_code(text: str) -> int:
-    """``--stop-exit-code``: an int from 1 to 125 (0 would say "succeeded")."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an exit code 1-125, got {text!r}") from None
-    if not 1 <= value <= 125:
-        raise argparse.ArgumentTypeError(f"expected an exit code 1-125, got {text!r}")
-    return value
-
 
 # -- stalls --------------------------------------------------------------------------------
 
@@ -274,33 +151,49 @@ class StallWatch:
         self._reported: set[tuple[int, int]] = set()
         self._lock = threading.Lock()
         self._auto = timeout == "auto"
+        #: the previous event's context and its rank's entry (see observe)
+        self._hit: tuple[Any, _Seen | None] = (None, None)
 
     def observe(self, event: Event) -> None:
         """Note a worker's event (events without a rank, the agents' own, are skipped).
 
-        The agent pays this per event: kept to a clock read, a dict lookup and stores.
+        The agent pays this for every event that reaches its bus (8 workers x 1,000
+        events/s is 8,000 calls a second): a clock read and a few stores. The store
+        receiver's decoder hands every event of one worker the same context object (it
+        caches decoded contexts), so the previous event's entry is reused while the context
+        repeats: no key built, no lookup. One tuple, replaced whole: safe with several
+        receiver threads.
         """
         ctx = event.context
-        rank = ctx.rank
-        if rank is None:
-            return
-        key = (ctx.restart_count or 0, rank)
+        cached_ctx, seen = self._hit
         now = self._clock()
-        seen = self._seen.get(key)
-        if isinstance(event, WorkerProgress):
-            self.observe_progress(key, event, now, seen)
-            return
-        if seen is None:
-            self._seen[key] = seen = _Seen(now)
+        if ctx is not cached_ctx or seen is None or event.__class__ is WorkerProgress:
+            rank = ctx.rank
+            if rank is None:
+                return
+            key = (ctx.restart_count or 0, rank)
+            seen = self._seen.get(key)
+            if event.__class__ is WorkerProgress:
+                self.observe_progress(key, event, now, seen)
+                self._hit = (None, None)  # the heartbeat may have made the rank's entry
+                return
+            if seen is None:
+                self._seen[key] = seen = _Seen(now)
+            else:
+                self._advance(seen, now)
+            self._hit = (ctx, seen)
         else:
-            if self._auto and now - seen.last > seen.longest:
-                seen.longest = now - seen.last
-            seen.last = now
+            self._advance(seen, now)
         data = event.data
         if data and EXPECT_SILENCE_KEY in data:
             quiet = data[EXPECT_SILENCE_KEY]
             if isinstance(quiet, (int, float)) and not isinstance(quiet, bool) and quiet > 0:
                 seen.quiet_until = now + float(quiet)
+
+    def _advance(self, seen: _Seen, now: float) -> None:
+        if self._auto and now - seen.last > seen.longest:
+            seen.longest = now - seen.last
+        seen.last = now
 
     def observe_progress(self, key: tuple[int, int], beat: WorkerProgress, now: float,
                          seen: _Seen | None) -> None:
@@ -400,6 +293,7 @@ class StallWatch:
     def forget_before(self, attempt: int) -> None:
         """Drop what older attempts left (they can no longer stall)."""
         with self._lock:
+            self._hit = (None, None)
             for key in [k for k in self._seen if k[0] < attempt]:
                 del self._seen[key]
             for key in [k for k in self._early if k[0] < attempt]:
@@ -464,6 +358,8 @@ class StragglerWatch:
         #: (attempt, rank) -> recent heartbeats' compute_s (time outside collectives)
         self._compute: dict[tuple[int, int], deque[float]] = {}
         self._last_report: dict[int, float] = {}
+        #: the previous METRIC's context and its rank's steps (see observe)
+        self._hit: tuple[Any, deque[_Step] | None] = (None, None)
 
     def observe_progress(self, beat: WorkerProgress) -> None:
         """Note a heartbeat's ``data["compute_s"]`` (the rank's own clock; idle beats,
@@ -482,25 +378,35 @@ class StragglerWatch:
 
     def observe(self, event: Event) -> None:
         """Note a ``METRIC`` event's step, or a heartbeat's compute time (others, and those
-        without step or rank, skip)."""
-        if isinstance(event, WorkerProgress):
-            self.observe_progress(event)
+        without step or rank, skip). Like :meth:`StallWatch.observe`, it reuses the previous
+        event's entry while the context object repeats."""
+        cls = event.__class__
+        if cls is WorkerProgress:
+            self.observe_progress(event)  # type: ignore[arg-type]
             return
-        if not isinstance(event, Metric) or event.step is None:
+        if cls is not Metric and not isinstance(event, Metric):
+            return
+        step = event.step  # type: ignore[attr-defined]
+        if step is None:
             return
         ctx = event.context
-        if ctx.rank is None:
-            return
-        key = (ctx.restart_count or 0, ctx.rank)
-        own = event.data.get("step_time_s") if event.data else None
-        if not isinstance(own, (int, float)) or isinstance(own, bool):
-            own = None
-        steps = self._steps.get(key)
-        if steps is None:
-            steps = self._steps[key] = deque(maxlen=self.window + 1)
-        elif steps and event.step <= steps[-1].step:
+        cached_ctx, steps = self._hit
+        if ctx is not cached_ctx or steps is None:
+            if ctx.rank is None:
+                return
+            key = (ctx.restart_count or 0, ctx.rank)
+            steps = self._steps.get(key)
+            if steps is None:
+                steps = self._steps[key] = deque(maxlen=self.window + 1)
+            self._hit = (ctx, steps)
+        data = event.data
+        own = data.get("step_time_s") if data else None
+        if own is not None:
+            own = float(own) if isinstance(own, (int, float)) and not isinstance(own, bool) \
+                else None
+        if steps and step <= steps[-1].step:
             steps.clear()  # the step counter went back: a new epoch's numbering, say
-        steps.append(_Step(event.step, event.timestamp, None if own is None else float(own)))
+        steps.append(_Step(step, event.timestamp, own))
 
     def step_time(self, attempt: int, rank: int) -> float | None:
         """The rank's recent step time, or None while it has too few steps."""
@@ -573,6 +479,7 @@ class StragglerWatch:
 
     def forget_before(self, attempt: int) -> None:
         """Drop older attempts' steps."""
+        self._hit = (None, None)
         for key in [k for k in self._steps if k[0] < attempt]:
             del self._steps[key]
         for key in [k for k in self._compute if k[0] < attempt]:
@@ -583,234 +490,25 @@ def observer(stall: StallWatch | None, straggler: StragglerWatch | None
              ) -> Callable[[Event], None] | None:
     """One bus subscriber (``ALL``) feeding both watches: one dispatch per event, not two.
 
-    The agent pays it for every event that reaches its bus (8 workers x 1,000 events/s is
-    8,000 calls a second), so it is the two ``observe`` methods fused into one function with
-    everything it touches bound once: per worker event one clock read, one dict lookup and
-    a few stores; per ``METRIC`` with a ``step`` one more lookup and a deque append. It
-    writes exactly what :meth:`StallWatch.observe` and :meth:`StragglerWatch.observe`
-    write (``tests/test_health.py`` feeds both the same events and compares).
+    Each watch's ``observe`` is its own fast path (it reuses the previous event's entry
+    while the context object repeats); this only routes: every event to the stall watch,
+    ``METRIC`` and ``WORKER_PROGRESS`` to the straggler watch. None when neither is on.
     """
     if stall is None and straggler is None:
         return None
-    if stall is not None:
-        seen_map = stall._seen
-        clock = stall._clock
-        auto = stall._auto
-        new_seen = _Seen
-    if straggler is not None:
-        steps_map = straggler._steps
-        maxlen = straggler.window + 1
-    watch_stalls = stall is not None
-    watch_steps = straggler is not None
-    metric_class = Metric
-    quiet_key = EXPECT_SILENCE_KEY
-
-    # The store receiver's decoder hands every event of one worker the same context object
-    # (it caches decoded contexts): the entries of the previous event's context are reused,
-    # no key built, no lookup. One tuple, replaced whole: safe with several receiver threads.
-    hit: list[tuple[Any, Any, _Seen | None, Any]] = [(None, None, None, None)]
-
-    progress_class = WorkerProgress
+    if straggler is None:
+        assert stall is not None
+        return stall.observe
+    straggler_observe = straggler.observe
+    if stall is None:
+        return straggler_observe
+    stall_observe = stall.observe
+    metric, progress = Metric, WorkerProgress
 
     def observe(event: Event) -> None:
-        if event.__class__ is progress_class:  # about one a second per worker
-            if stall is not None:
-                stall.observe(event)
-            if straggler is not None:
-                straggler.observe(event)
-            hit[0] = (None, None, None, None)  # the heartbeat may have made the rank's entry
-            return
-        ctx = event.context
-        cached_ctx, key, seen, steps = hit[0]
-        if ctx is not cached_ctx:
-            rank = ctx.rank
-            if rank is None:
-                return  # the agents' own events
-            key = (ctx.restart_count or 0, rank)
-            seen = seen_map.get(key) if watch_stalls else None
-            steps = steps_map.get(key) if watch_steps else None
-            miss = True
-        else:
-            miss = False
-        data = event.data
-        if watch_stalls:
-            now = clock()
-            if seen is None:
-                seen_map[key] = seen = new_seen(now)
-                miss = True
-            else:
-                if auto and now - seen.last > seen.longest:
-                    seen.longest = now - seen.last
-                seen.last = now
-            if data and quiet_key in data:
-                quiet = data[quiet_key]
-                if isinstance(quiet, (int, float)) and not isinstance(quiet, bool) \
-                        and quiet > 0:
-                    seen.quiet_until = now + float(quiet)
-        if watch_steps and event.__class__ is metric_class:
-            step = event.step
-            if step is not None:
-                own = data.get("step_time_s") if data else None
-                if own is not None:
-                    own = (float(own) if isinstance(own, (int, float))
-                           and not isinstance(own, bool) else None)
-                if steps is None:
-                    steps = steps_map.get(key)
-                    if steps is None:
-                        steps = steps_map[key] = deque(maxlen=maxlen)
-                    miss = True
-                elif steps and step <= steps[-1].step:
-                    steps.clear()  # the step counter went back: a new epoch's numbering
-                steps.append(_Step(step, event.timestamp, own))
-        if miss:
-            hit[0] = (ctx, key, seen, steps)
+        stall_observe(event)
+        cls = event.__class__
+        if cls is metric or cls is progress:
+            straggler_observe(event)
 
     return observe
-
-
-# -- stacks --------------------------------------------------------------------------------
-
-
-class StackDumper:
-    """Ask workers for their Python stacks through the files of ``directory``.
-
-    A worker of ``eventbus run`` with ``EVENTBUS_STACK_DIR`` set arms ``faulthandler`` on
-    a signal and writes the signal's number to ``<dir>/<pid>.sig``
-    (:func:`eventbus.app.worker.stack_dump.arm_stack_dump`); this sends that signal and reads
-    what the worker's C handler appended to ``<dir>/<pid>.stack``. A worker without the
-    ``.sig`` file (opted out, or not started through the worker bootstrap) is never
-    signalled.
-    """
-
-    def __init__(self, directory: str, *, wait_s: float = 1.0) -> None:
-        self.directory = directory
-        self.wait_s = wait_s
-
-    def _path(self, pid: int, suffix: str) -> str:
-        return os.path.join(self.directory, f"{pid}.{suffix}")
-
-    def capture(self, pids: Iterable[int]) -> dict[int, str]:
-        """pid -> the stack text each armed, live worker wrote (others: a note why not)."""
-        offsets: dict[int, int] = {}
-        result: dict[int, str] = {}
-        for pid in pids:
-            try:
-                with open(self._path(pid, "sig"), encoding="utf-8") as f:
-                    signum = int(f.read().strip())
-            except (OSError, ValueError):
-                result[pid] = ("(no stack: the worker did not arm the stack dump; "
-                               "EVENTBUS_STACK_SIGNAL=off, or it did not start through the worker "
-                               "bootstrap: a --no-python program)")
-                continue
-            try:
-                offsets[pid] = os.path.getsize(self._path(pid, "stack"))
-                os.kill(pid, signum)
-            except OSError as exc:
-                result[pid] = f"(no stack: {exc})"
-                offsets.pop(pid, None)
-        deadline = time.monotonic() + self.wait_s
-        sizes = {pid: -1 for pid in offsets}
-        stable = 0
-        while offsets and time.monotonic() < deadline:
-            time.sleep(0.05)
-            now = {pid: _size(self._path(pid, "stack")) for pid in offsets}
-            grown = all(now[pid] > offsets[pid] for pid in offsets)
-            if grown and now == sizes:
-                stable += 1
-                if stable >= 2:
-                    break
-            else:
-                stable = 0
-            sizes = now
-        for pid, offset in offsets.items():
-            try:
-                with open(self._path(pid, "stack"), encoding="utf-8",
-                          errors="replace") as f:
-                    f.seek(offset)
-                    text = f.read()
-            except OSError as exc:
-                text = f"(no stack: {exc})"
-            if not text:
-                text = "(no stack: the worker wrote nothing within the wait)"
-            result[pid] = text[-MAX_STACK_CHARS:]
-        return result
-
-
-# -- flight-recorder dumps -----------------------------------------------------------------
-
-
-def fr_dump_root(run_id: str) -> str:
-    """The run's folder of flight-recorder dumps: the same path on every node, kept after
-    the job (``$TMPDIR/eventbus-fr/<run id>``); each attempt's dumps go to its
-    ``attempt<A>`` folder, which the agent names in the workers' ``EVENTBUS_FR_DUMP_DIR``."""
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id) or "run"
-    return os.path.join(tempfile.gettempdir(), "eventbus-fr", safe)
-
-
-def ask_fr_dumps(folder: str, token: str) -> int:
-    """Ask the workers whose ``EVENTBUS_FR_DUMP_DIR`` is ``folder`` for their traces:
-    ``token`` goes to ``<folder>/request`` whole (a temp file and a rename); each worker
-    serves a new token once (eventbus_app/worker/progress.py). Returns when it asked
-    (``time.time_ns()``, less a second for coarse file times), for :func:`wait_fr_dumps`."""
-    os.makedirs(folder, exist_ok=True)
-    asked = time.time_ns() - 1_000_000_000
-    tmp = os.path.join(folder, f".{FR_REQUEST_FILE}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(token + "\n")
-    os.replace(tmp, os.path.join(folder, FR_REQUEST_FILE))
-    return asked
-
-
-def wait_fr_dumps(folder: str, ranks: Iterable[int], asked: int, *,
-                  wait_s: float = FR_DUMP_WAIT_S) -> bool:
-    """Wait up to ``wait_s`` for a ``fr_trace_rank_<r>`` newer than ``asked`` of each of
-    ``ranks``; whether at least one came."""
-    want = [os.path.join(folder, f"{FR_DUMP_PREFIX}{r}") for r in ranks]
-
-    def fresh(path: str) -> bool:
-        try:
-            return os.stat(path).st_mtime_ns >= asked
-        except OSError:
-            return False
-
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline and not all(fresh(p) for p in want):
-        time.sleep(0.05)
-    return any(fresh(p) for p in want)
-
-
-def request_fr_dumps(folder: str, token: str, ranks: Iterable[int], *,
-                     wait_s: float = FR_DUMP_WAIT_S) -> str | None:
-    """:func:`ask_fr_dumps` and :func:`wait_fr_dumps`: ``folder`` when at least one dump
-    came, else None (workers without the progress watch, or opted out)."""
-    asked = ask_fr_dumps(folder, token)
-    return folder if wait_fr_dumps(folder, ranks, asked, wait_s=wait_s) else None
-
-
-def _size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return -1
-
-
-def stop_processes(pids: Mapping[int, Any], *, grace_s: float,
-                   alive: Callable[[int], bool]) -> None:
-    """SIGTERM each pid, and SIGKILL those still ``alive`` after ``grace_s`` seconds."""
-    for pid in pids:
-        if alive(pid):
-            _kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
-        time.sleep(0.05)
-    for pid in pids:
-        if alive(pid):
-            _kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
-        time.sleep(0.05)
-
-
-def _kill(pid: int, signum: int) -> None:
-    with contextlib.suppress(OSError):
-        os.kill(pid, signum)

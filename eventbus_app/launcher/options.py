@@ -1,0 +1,103 @@
+"""The options of ``eventbus run`` that are eventbus's own job-health settings: their
+defaults and their parsers (each a usage error that says what is expected).
+
+Torch-free; :mod:`eventbus.app.launcher.command` builds the parser with them, and the
+agent takes the parsed values (docs/run.md, "Job health").
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Literal
+
+from eventbus.app.protocol import agent_worker
+from eventbus.app.protocol.agent_worker import PROGRESS_SOURCES
+
+__all__ = [
+    "AUTO_FACTOR",
+    "AUTO_FLOOR_S",
+    "DEFAULT_PROGRESS",
+    "DEFAULT_SLOW_FACTOR",
+    "DEFAULT_STOP_EXIT_CODE",
+    "PROGRESS_SOURCES",
+    "STALL_STOP_GRACE_S",
+    "parse_progress",
+    "parse_slow_factor",
+    "parse_stall_auto_floor",
+    "parse_stall_timeout",
+    "parse_stop_exit_code",
+]
+
+#: ``--stop-exit-code`` default: not 1 (torchrun's ordinary failure, which schedulers
+#: retry), not 2 (a usage error), below 126 (the shell's) and 128 (killed by a signal);
+#: Kubeflow's ``restartPolicy: ExitCode`` treats 1-127 as permanent: "do not retry"
+DEFAULT_STOP_EXIT_CODE = 3
+#: ``--slow-factor`` default
+DEFAULT_SLOW_FACTOR = 2.0
+#: ``--stall-timeout auto``: never below this many seconds...
+AUTO_FLOOR_S = 60.0
+#: ... and this many times the longest interval the worker came back from
+AUTO_FACTOR = 5.0
+#: a stalled group is stopped by SIGTERM, then SIGKILL after this many seconds (a worker
+#: blocked in a C call, a collective say, never runs its Python SIGTERM handler)
+STALL_STOP_GRACE_S = 5.0
+
+
+#: ``--progress`` default: all of :data:`PROGRESS_SOURCES`
+DEFAULT_PROGRESS = agent_worker.format_progress(PROGRESS_SOURCES)
+
+
+def _number_or(text: str, keyword: str | None, *, above: float, what: str) -> float | None:
+    """A finite number > ``above``, or None for ``keyword``; anything else is a usage error
+    that says what is expected."""
+    if keyword is not None and text.strip().lower() == keyword:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= above:
+        expected = what if keyword is None else f"{what} or {keyword!r}"
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return value
+
+
+def parse_stall_timeout(text: str) -> float | Literal["auto"]:
+    """``--stall-timeout``: seconds > 0 (finite) or ``auto``."""
+    value = _number_or(text, "auto", above=0, what="seconds > 0")
+    return "auto" if value is None else value
+
+
+def parse_stall_auto_floor(text: str) -> float:
+    """``--stall-auto-floor``: seconds > 0 (finite)."""
+    value = _number_or(text, None, above=0, what="seconds > 0")
+    assert value is not None  # no keyword: a number or a usage error
+    return value
+
+
+def parse_slow_factor(text: str) -> float | None:
+    """``--slow-factor``: a number > 1, or ``off`` (None)."""
+    return _number_or(text, "off", above=1, what="a factor > 1")
+
+
+def parse_progress(text: str) -> tuple[str, ...]:
+    """``--progress``: the grammar of the workers' ``EVENTBUS_PROGRESS``
+    (:func:`eventbus.app.protocol.agent_worker.parse_progress`: ``off``, ``all``, or a comma
+    list of ``collectives``, ``steps``, ``events``; empty: all), its ``ValueError`` a usage
+    error. Returns the sources in their canonical order."""
+    try:
+        return agent_worker.parse_progress(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} {exc}") from None
+
+
+def parse_stop_exit_code(text: str) -> int:
+    """``--stop-exit-code``: an int from 1 to 125 (0 would say "succeeded")."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an exit code 1-125, got {text!r}") from None
+    if not 1 <= value <= 125:
+        raise argparse.ArgumentTypeError(f"expected an exit code 1-125, got {text!r}")
+    return value

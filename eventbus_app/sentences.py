@@ -1,0 +1,352 @@
+"""One sentence per event, for people: the agent's console, the job view's page, the
+webhook and TensorBoard's text, and the timeline plot all say an event with
+:func:`sentence`, so a failure reads the same wherever it is read::
+
+    rank 1 failed (exit code 3: RuntimeError: bad config)
+    rank 0 was stopped by the agent (SIGTERM) because another rank failed
+    rank 1 stalled for 5.2 s (train.py:18)
+    rank 2 is slow at step 120: step time 0.41 s, 2.6 x its peers' median 0.16 s
+    the group restarts as attempt 1 (1 restart left): rank 1 failed (exit code 3)
+    the job was stopped (exit code 3): rank 1 failed (exit code 3); STOP from fatal
+
+Facts travel as fields, prose is made here, once: what a reader decides on (a stop, a
+collateral exit, the job's outcome) is read from the events' fields (``cause``,
+``data["stopped_by_agent"]``, ``state``) by :func:`cause_of`, :func:`stopped_by_agent` and
+:func:`job_outcome`, never from a sentence. A long message is cut by one rule,
+:func:`first_line`.
+
+An event is anything shaped like one (:class:`EventLike`): a typed :class:`eventbus.Event`,
+a :class:`~eventbus.app.readers.records.Record` read back from a file (typed fields in its
+``fields`` mapping, the context in its ``context`` mapping), or an adapter that shows a
+record's fields as attributes. A file written before a field existed is read with a
+fallback, never with a pattern over prose.
+
+A base module of the application: torch-free, it imports only the core and
+:mod:`eventbus.app.stacks`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from collections.abc import Mapping
+from typing import Any
+from typing import Protocol
+
+from eventbus.app.stacks import where_of
+from eventbus.events import Cause
+
+__all__ = [
+    "MESSAGE_CHARS",
+    "REASON_CHARS",
+    "EventLike",
+    "as_int",
+    "as_number",
+    "cause_of",
+    "first_line",
+    "job_outcome",
+    "restarts_text",
+    "sentence",
+    "stopped_by_agent",
+]
+
+#: characters of a failure's message in its sentence (a traceback's exception line)
+MESSAGE_CHARS = 200
+#: characters of a restart's or an end's ``reason`` in its sentence (the reason holds a
+#: failure's sentence and the decision, so it is allowed more)
+REASON_CHARS = 400
+
+_CAUSES = frozenset(c.value for c in Cause)
+
+
+class EventLike(Protocol):
+    """What :func:`sentence` reads: ``type`` (an :class:`~eventbus.EventType` or its name)
+    and ``data``; the typed fields as attributes or in a ``fields`` mapping; the context
+    (``rank``, ``restart_count``, ...) in a ``context`` mapping or object, or as
+    attributes."""
+
+    @property
+    def type(self) -> str: ...
+
+    @property
+    def data(self) -> Mapping[str, Any]: ...
+
+
+# -- reading an event, typed or read back ------------------------------------------------
+
+
+def _type_name(event: EventLike) -> str:
+    return str(event.type)
+
+
+def _field(event: EventLike, name: str) -> Any:
+    """A typed field: from a record's ``fields`` mapping, else the attribute (None when the
+    event has no such field)."""
+    fields = getattr(event, "fields", None)
+    if isinstance(fields, Mapping):
+        return fields.get(name)
+    return getattr(event, name, None)
+
+
+def _context(event: EventLike, name: str) -> Any:
+    context = getattr(event, "context", None)
+    if isinstance(context, Mapping):
+        return context.get(name)
+    if context is not None:
+        return getattr(context, name, None)
+    return getattr(event, name, None)
+
+
+def _data(event: EventLike) -> Mapping[str, Any]:
+    data = getattr(event, "data", None)
+    return data if isinstance(data, Mapping) else {}
+
+
+def as_int(value: object) -> int | None:
+    """``value`` if it is an int (not a bool), else None: a field read back may be anything."""
+    return value if type(value) is int else None
+
+
+def as_number(value: object) -> float | None:
+    """``value`` as a float if it is a finite int or float (not a bool), else None."""
+    if type(value) in (int, float) and math.isfinite(value):  # type: ignore[arg-type]
+        return float(value)  # type: ignore[arg-type]
+    return None
+
+
+def _str(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _rank(event: EventLike) -> int | None:
+    """The worker an event is about: ``worker_id`` for the agent's worker events, the
+    recording process's rank otherwise."""
+    worker = as_int(_field(event, "worker_id"))
+    return worker if worker is not None else as_int(_context(event, "rank"))
+
+
+def _who(event: EventLike) -> str:
+    rank = _rank(event)
+    return f"rank {rank}" if rank is not None else "a worker"
+
+
+# -- the facts ---------------------------------------------------------------------------
+
+
+def first_line(message: str | None, *, limit: int = MESSAGE_CHARS) -> str:
+    """The line of a message that says the most, in at most ``limit`` characters: a
+    traceback's last line (the exception), else the first line that is not blank; its
+    whitespace collapsed, cut with ``...``. ``""`` for no message."""
+    if not message:
+        return ""
+    lines = [line for line in message.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    line = lines[-1] if lines[0].lstrip().startswith("Traceback") else lines[0]
+    text = " ".join(line.split())
+    return text if len(text) <= limit else text[:max(0, limit - 3)] + "..."
+
+
+def cause_of(event: EventLike) -> str | None:
+    """Why a worker exited, the group restarted or the job ended: the event's ``cause``
+    field (a :class:`~eventbus.Cause` value; one this version does not know reads as
+    ``"failure"``). A file written before the field: ``"failure"`` for a non-zero
+    ``WORKER_EXIT`` and an unsuccessful ``AGENT_EXIT``, ``"stall"`` for
+    ``WORKER_STALLED``; None for a success and for what says no cause."""
+    kind = _type_name(event)
+    cause = _str(_field(event, "cause"))
+    if cause is not None:
+        return cause if cause in _CAUSES else Cause.FAILURE.value
+    if kind == "WORKER_EXIT":
+        return Cause.FAILURE.value if _field(event, "exit_code") not in (0, None) else None
+    if kind == "AGENT_EXIT":
+        state = _field(event, "state")
+        return Cause.FAILURE.value if state not in ("SUCCEEDED", None) else None
+    if kind == "WORKER_STALLED":
+        return Cause.STALL.value
+    return None
+
+
+def stopped_by_agent(event: EventLike) -> bool:
+    """A ``WORKER_EXIT`` of a worker its agent stopped (a collateral exit: another rank
+    failed or stalled, a STOP, the group re-formed), not a failure of its own: the agent
+    marks it ``data["stopped_by_agent"]``, and its ``cause`` is then what made the agent
+    stop the group; a worker's own failure has the cause ``"failure"`` and no mark."""
+    if _type_name(event) != "WORKER_EXIT":
+        return False
+    if _data(event).get("stopped_by_agent") is True:
+        return True
+    cause = _str(_field(event, "cause"))
+    return cause is not None and cause != Cause.FAILURE.value
+
+
+def job_outcome(event: EventLike) -> str:
+    """How a job ended, from its ``AGENT_EXIT``: ``"succeeded"``, ``"stopped"`` (a
+    reactor's STOP here or on another node: ``cause`` ``"stop"`` or ``"remote_stop"``) or
+    ``"failed"`` (anything else, a file without ``cause`` included) - the words of
+    ``/api/state``'s ``status``, and of ``eventbus plot``'s heading."""
+    if _field(event, "state") == "SUCCEEDED":
+        return "succeeded"
+    if cause_of(event) in (Cause.STOP.value, Cause.REMOTE_STOP.value):
+        return "stopped"
+    return "failed"
+
+
+def restarts_text(left: int) -> str:
+    """``1 restart left``, ``2 restarts left``."""
+    return f"{left} restart{'' if left == 1 else 's'} left"
+
+
+# -- the sentences -----------------------------------------------------------------------
+
+#: why the agent stopped a worker, by the cause it stopped the group for
+_STOPPED_BECAUSE = {
+    Cause.FAILURE.value: "because another rank failed",
+    Cause.STALL.value: "because a rank stalled",
+    Cause.STOP.value: "because a reactor stopped the job",
+    Cause.REMOTE_STOP.value: "because another node stopped the job",
+    Cause.MEMBERSHIP.value: "because the group re-forms through the rendezvous",
+    Cause.ERROR.value: "because the agent failed",
+}
+
+
+def _worker_exit(event: EventLike, short: bool) -> str:
+    code = _field(event, "exit_code")
+    signal = _str(_field(event, "signal"))
+    how = f"signal {signal}" if signal else f"exit code {code}"
+    if stopped_by_agent(event):
+        text = f"stopped by the agent ({signal or how})"
+        if short:
+            return text
+        if _data(event).get("stalled") is True:
+            why = "because it stalled"
+        else:
+            # a file from before the cause field cannot tell which
+            cause = _str(_field(event, "cause"))
+            why = _STOPPED_BECAUSE.get(cause or "", "because another rank failed or stalled")
+        return f"{_who(event)} was {text} {why}"
+    if code == 0:
+        text = f"finished ({how})"
+        return text if short else f"{_who(event)} {text}"
+    if short:
+        return f"failed ({how})"
+    message = first_line(_str(_field(event, "message")))
+    return f"{_who(event)} failed ({how}{': ' + message if message else ''})"
+
+
+def _worker_stalled(event: EventLike, short: bool) -> str:
+    silent = as_number(_field(event, "silent_s"))
+    text = "stalled" + (f" for {silent:.1f} s" if silent is not None else "")
+    if short:
+        return text
+    data = _data(event)
+    where = _str(data.get("where"))
+    if where is None:
+        stack = _str(data.get("stack"))
+        where = where_of(stack) if stack else None
+    return f"{_who(event)} {text}" + (f" ({first_line(where)})" if where else "")
+
+
+def _worker_slow(event: EventLike, short: bool) -> str:
+    factor = as_number(_field(event, "factor"))
+    if short:
+        return "slow" + (f" ({factor:.2g} x its peers)" if factor is not None else "")
+    step = as_int(_field(event, "step"))
+    text = f"{_who(event)} is slow" + (f" at step {step}" if step is not None else "")
+    took = as_number(_field(event, "step_time_s"))
+    median = as_number(_field(event, "median_step_time_s"))
+    # lock-step training compares the compute time between collectives, not step times
+    # (data["basis"], set by the agent's straggler watch)
+    what = ("compute time between collectives" if _data(event).get("basis") == "compute_s"
+            else "step time")
+    if took is not None and median is not None and factor is not None:
+        return (f"{text}: {what} {took:.3g} s, {factor:.2g} x its peers' median "
+                f"{median:.3g} s")
+    return text + (f": {factor:.2g} x its peers" if factor is not None else "")
+
+
+def _worker_start(event: EventLike, short: bool) -> str:
+    return "started" if short else f"{_who(event)} started"
+
+
+def _worker_restart(event: EventLike, short: bool) -> str:
+    attempt = as_int(_field(event, "attempt"))
+    number = f" as attempt {attempt}" if attempt is not None else ""
+    left = as_int(_field(event, "restarts_left"))
+    if _str(_field(event, "cause")) == Cause.MEMBERSHIP.value:
+        # torch's decision, not a failure's: which of the two it was is not known here
+        return (f"the group re-forms through the rendezvous{number} (another node "
+                "restarted it, or nodes joined; this uses no restart"
+                + (f"; {restarts_text(left)})" if left is not None else ")"))
+    text = f"the group restarts{number}" + (f" ({restarts_text(left)})"
+                                              if left is not None else "")
+    reason = first_line(_str(_field(event, "reason")), limit=REASON_CHARS)
+    return text if short or not reason else f"{text}: {reason}"
+
+
+def _agent_exit(event: EventLike, short: bool) -> str:
+    state = _str(_field(event, "state")) or "?"
+    outcome = job_outcome(event)
+    if outcome == "succeeded":
+        return "the job succeeded"
+    cause = cause_of(event)
+    if outcome == "stopped":
+        text = "the job was stopped"
+    elif cause == Cause.ERROR.value:
+        text = "the agent failed"
+    elif state == "FAILED" or _str(_field(event, "cause")) is not None:
+        text = "the job failed"
+    else:
+        text = f"the job ended {state}"  # a state of torch's this version does not name
+    code = as_int(_field(event, "exit_code"))
+    if code is not None:
+        text += f" (exit code {code})"
+    reason = first_line(_str(_field(event, "reason")), limit=REASON_CHARS)
+    return text if short or not reason else f"{text}: {reason}"
+
+
+def _rendezvous(event: EventLike, short: bool) -> str:
+    state = _str(_field(event, "state")) or "SUCCEEDED"
+    if state == "FAILED":
+        message = "" if short else first_line(_str(_field(event, "message")))
+        return "the rendezvous failed" + (f": {message}" if message else "")
+    duration = as_number(_field(event, "duration_s"))
+    text = "the rendezvous succeeded" if state == "SUCCEEDED" else \
+        f"the rendezvous ended {state}"
+    return text + (f" in {duration:.1f} s" if duration is not None and not short else "")
+
+
+def _events_lost(event: EventLike, short: bool) -> str:
+    count = as_int(_field(event, "count"))
+    text = f"{count if count is not None else 'some'} events lost"
+    if short:
+        return text
+    source = _str(_field(event, "source")) or "?"
+    reason = first_line(_str(_field(event, "reason")))
+    return f"{text} ({source}{': ' + reason if reason else ''})"
+
+
+_SENTENCES: dict[str, Callable[[EventLike, bool], str]] = {
+    "WORKER_START": _worker_start,
+    "WORKER_EXIT": _worker_exit,
+    "WORKER_STALLED": _worker_stalled,
+    "WORKER_SLOW": _worker_slow,
+    "WORKER_RESTART": _worker_restart,
+    "AGENT_EXIT": _agent_exit,
+    "RENDEZVOUS": _rendezvous,
+    "EVENTS_LOST": _events_lost,
+}
+
+
+def sentence(event: EventLike, *, short: bool = False) -> str:
+    """The event said for people, in one line with no final period: see the module
+    docstring for examples. ``short``: the form a mark next to the rank's row reads (the
+    plot): without the rank, the message, the place and the reason, e.g. ``failed (exit
+    code 3)``, ``stalled for 5.2 s``, ``the group restarts as attempt 1 (1 restart
+    left)``. Any other type: its name, and the rank it comes from."""
+    kind = _type_name(event)
+    say = _SENTENCES.get(kind)
+    if say is not None:
+        return say(event, short)
+    rank = _rank(event)
+    return kind if short or rank is None else f"{kind} from rank {rank}"
