@@ -243,8 +243,10 @@ class JsonlRead:
                     value = decode_json(text)
                 except (ValueError, TypeError):
                     # A line that does not parse and starts like ours (or is last and
-                    # unterminated) was cut short by a crash.
-                    if not complete or text.startswith(_LINE_PREFIX):
+                    # unterminated) was cut short by a crash or a full disk; a cut as
+                    # short as b"{" is a start of ours too (the next write ends it).
+                    if not complete or text.startswith(_LINE_PREFIX) or \
+                            _LINE_PREFIX.startswith(text):
                         self.torn += 1
                     else:
                         self.foreign += 1

@@ -144,6 +144,20 @@ def test_torn_last_line_is_skipped_and_the_next_writer_starts_fresh(tmp_path: Pa
     assert read.torn == 1 and read.foreign == 0
 
 
+@pytest.mark.parametrize("cut", [1, 5, 8, 9])
+def test_a_cut_shorter_than_the_line_prefix_is_torn_not_foreign(tmp_path: Path,
+                                                                 cut: int) -> None:
+    """A full disk that lets only the first bytes of a line land (b"{", b'{"typ'), ended by
+    the next write's newline, is a torn line, not a foreign one (seen in the disk-full job
+    test: one write landed a single "{")."""
+    path = tmp_path / "events.jsonl"
+    good = eventbus.EpochEnd(epoch=1).to_json().encode()
+    path.write_bytes(good + b"\n" + good[:cut] + b"\n" + good + b"\n")
+    read = read_jsonl(path)
+    assert len(list(read)) == 2
+    assert (read.torn, read.foreign) == (1, 0)
+
+
 def test_foreign_lines_are_counted_not_fatal(tmp_path: Path) -> None:
     """Lines that are not events (a stray print, other JSON) are skipped and counted."""
     path = tmp_path / "events.jsonl"

@@ -107,11 +107,25 @@ def _run_with_fault(tmp_path: Path, disk: Path,
     return done, (note or ["the fault never ran"])[0], recorded, events
 
 
+def _foreign_lines(events: Path) -> list[str]:
+    """The complete lines of ``events`` that are no JSON object with a type, each cut to
+    300 characters (what a failing check shows)."""
+    found = []
+    for line in events.read_bytes().split(b"\n")[:-1]:
+        try:
+            value = json.loads(line)
+        except ValueError:
+            value = None
+        if not (isinstance(value, dict) and isinstance(value.get("type"), str)):
+            found.append(repr(line[:300]))
+    return found
+
+
 def _check_lines(events: Path, recorded: dict[int, int]) -> tuple[int, int, int]:
     """Every line parses, per rank the epochs rise; returns (lines, EPOCH_END lines, torn)."""
     read = read_jsonl(events)
     records = list(read)
-    assert read.foreign == 0
+    assert read.foreign == 0, _foreign_lines(events)
     epochs = 0
     for rank in recorded:
         mine = [r["epoch"] for r in records
