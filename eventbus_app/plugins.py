@@ -51,7 +51,9 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 from collections.abc import Callable
+from collections.abc import Iterable
 from collections.abc import Mapping
+from collections.abc import MutableMapping
 from typing import Protocol
 from typing import runtime_checkable
 
@@ -65,7 +67,11 @@ __all__ = [
     "AgentPlugin",
     "PluginFactory",
     "RendezvousInfo",
+    "after_rendezvous",
+    "before_exit",
+    "drain",
     "entry_point_plugins",
+    "plugin_name",
 ]
 
 
@@ -143,3 +149,55 @@ def entry_point_plugins(group: str = PLUGIN_ENTRY_POINT_GROUP) -> list[AgentPlug
             logger.exception("agent plugin entry point %r (%s) failed to load; the plugin is "
                              "skipped", entry.name, entry.value)
     return plugins
+
+
+# -- the lifecycle, as the agent runs it: a plugin's error never fails the job ----------
+
+
+def plugin_name(plugin: object) -> str:
+    """module.qualname of a plugin's class (or of a function, a reactor, a factory)."""
+    name = getattr(plugin, "__qualname__", None) or type(plugin).__qualname__
+    module = getattr(plugin, "__module__", None) or type(plugin).__module__
+    return f"{module}.{name}"
+
+
+def after_rendezvous(plugins: Iterable[AgentPlugin], info: RendezvousInfo,
+                     environ: MutableMapping[str, str]) -> None:
+    """Each plugin's ``after_rendezvous(info)``, in order; what it returns goes into
+    ``environ`` (the agent's ``os.environ``, which the attempt's workers inherit). A plugin
+    that raises, or returns anything but ``str -> str``, is reported and skipped."""
+    for plugin in plugins:
+        try:
+            env = plugin.after_rendezvous(info)
+            for key, value in (env or {}).items():
+                if not isinstance(key, str) or not isinstance(value, str):
+                    raise TypeError(f"after_rendezvous() must return str -> str env vars, "
+                                    f"got {key!r}: {value!r}")
+                environ[key] = value
+        except Exception:
+            logger.exception("agent plugin %s raised in after_rendezvous",
+                             plugin_name(plugin))
+
+
+def drain(plugins: Iterable[AgentPlugin], *,
+          timeout: float = FAILURE_DRAIN_TIMEOUT_S) -> None:
+    """Each plugin's optional ``drain(timeout=...)`` (before failures are decided on: what
+    the failed workers sent first goes on the bus first)."""
+    for plugin in plugins:
+        method = getattr(plugin, "drain", None)
+        if not callable(method):
+            continue
+        try:
+            method(timeout=timeout)
+        except Exception:
+            logger.exception("agent plugin %s raised in drain", plugin_name(plugin))
+
+
+def before_exit(plugins: Iterable[AgentPlugin], *, timeout: float) -> None:
+    """Each plugin's ``before_exit(timeout=...)``, once, before ``AGENT_EXIT``."""
+    for plugin in plugins:
+        try:
+            plugin.before_exit(timeout=timeout)
+        except Exception:
+            logger.exception("agent plugin %s raised in before_exit", plugin_name(plugin))
+

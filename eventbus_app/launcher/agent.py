@@ -57,6 +57,7 @@ from torch.distributed.elastic.agent.server.api import WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
+from eventbus.app import plugins as plugin_api
 from eventbus.app.launcher import console
 from eventbus.app.launcher import options
 from eventbus.app.launcher import probes
@@ -65,7 +66,6 @@ from eventbus.app.launcher.decider import REACTOR_ANSWERS
 from eventbus.app.launcher.decider import Decider
 from eventbus.app.launcher.decider import Outcome
 from eventbus.app.launcher.decider import Reactor
-from eventbus.app.launcher.decider import name_of
 from eventbus.app.launcher.exits import DYING_GRACE_S
 from eventbus.app.launcher.exits import ExitBook
 from eventbus.app.launcher.exits import Proc
@@ -77,7 +77,6 @@ from eventbus.app.launcher.store_transport import StoreTransport
 from eventbus.app.launcher.torch_records import TORCH_RECORDS_DESTINATION
 from eventbus.app.launcher.torch_records import route_torch_records
 from eventbus.app.launcher.torch_records import unroute_torch_records
-from eventbus.app.plugins import FAILURE_DRAIN_TIMEOUT_S
 from eventbus.app.plugins import AgentPlugin
 from eventbus.app.plugins import RendezvousInfo
 from eventbus.app.plugins import entry_point_plugins
@@ -330,12 +329,11 @@ class EventAgent(LocalElasticAgent):
                            why: str, data: Mapping[int, Mapping[str, Any]] | None = None
                            ) -> RunResult:
         """Stop the workers ``live`` (rank -> (local rank, pid); one that already exited is
-        reported with its exit code) at once: SIGTERM, SIGKILL after the
-        stall grace (a worker blocked in a collective ignores SIGTERM until the
-        collective's own timeout: 30 min with gloo/NCCL). Each is reported as stopped by
-        the agent (``WORKER_EXIT``, ``cause``, ``message`` "stopped by the agent: WHY",
-        ``data[rank]`` added), and the FAILED result torch's loop restarts or ends the job
-        with is returned."""
+        reported with its exit code) at once: SIGTERM, SIGKILL after the stall grace (a
+        worker blocked in a collective ignores SIGTERM until the collective's own timeout:
+        30 min with gloo/NCCL). Each is reported as stopped by the agent (``WORKER_EXIT``
+        with ``cause``, ``message`` "stopped by the agent: WHY", ``data[rank]`` added), and
+        the FAILED result that torch's loop restarts or ends the job with is returned."""
         stop_processes({pid: rank for rank, (_, pid) in live.items()},
                        grace_s=self.stall_stop_grace_s, alive=lambda pid: peek_exit(pid) is None)
         attempt = self.attempt
@@ -415,7 +413,7 @@ class EventAgent(LocalElasticAgent):
         ranks = judge.ranks_to_watch(attempt, live, is_judge=is_judge)
         if not judge.overdue(attempt, ranks):
             return None
-        self._drain_plugins()  # what the worker sent just now counts as progress
+        plugin_api.drain(self.plugins)  # what the worker sent just now counts as progress
         overdue = judge.overdue(attempt, ranks)
         if not is_judge and overdue:
             self.fr_dumps.request(attempt, live)
@@ -467,22 +465,12 @@ class EventAgent(LocalElasticAgent):
         decision and is reported (see :meth:`Decider.add_reactor`)."""
         return self.decider.add_reactor(reactor)
 
-    def _drain_plugins(self) -> None:
-        for plugin in self.plugins:
-            drain = getattr(plugin, "drain", None)
-            if not callable(drain):
-                continue
-            try:
-                drain(timeout=FAILURE_DRAIN_TIMEOUT_S)
-            except Exception:
-                logger.exception("agent plugin %s raised in drain", name_of(plugin))
-
     def _decide(self, failures: Sequence[WorkerExit | WorkerStalled]) -> Outcome:
         """Publish each failure, let the decider collect the reactors' answers, and apply
         its outcome: a STOP uses up the restarts (torch's loop then fails the group) and,
         with several nodes, reaches the others; its console line goes out."""
         # What the failed workers sent before they died goes first (see AgentPlugin).
-        self._drain_plugins()
+        plugin_api.drain(self.plugins)
         for event in failures:
             if isinstance(event, WorkerExit):
                 self.exits.decided(self.attempt, event.worker_id, event.data.get("error_file"))
@@ -554,11 +542,7 @@ class EventAgent(LocalElasticAgent):
             self._finish(result, error)
 
     def _finish(self, result: RunResult | None, error: BaseException | None) -> None:
-        for plugin in self.plugins:
-            try:
-                plugin.before_exit(timeout=self.plugin_exit_timeout)
-            except Exception:
-                logger.exception("agent plugin %s raised in before_exit", name_of(plugin))
+        plugin_api.before_exit(self.plugins, timeout=self.plugin_exit_timeout)
         if result is not None:
             ending = self.decider.ending(succeeded=not result.is_failed(),
                                          state=str(result.state.value))
@@ -644,17 +628,7 @@ class EventAgent(LocalElasticAgent):
         except Exception:
             logger.exception("agent plugins get no rendezvous info")
             return
-        for plugin in self.plugins:
-            try:
-                env = plugin.after_rendezvous(info)
-                for key, value in (env or {}).items():
-                    if not isinstance(key, str) or not isinstance(value, str):
-                        raise TypeError(f"after_rendezvous() must return str -> str env "
-                                        f"vars, got {key!r}: {value!r}")
-                    os.environ[key] = value  # workers inherit the agent's environment
-            except Exception:
-                logger.exception("agent plugin %s raised in after_rendezvous",
-                                 name_of(plugin))
+        plugin_api.after_rendezvous(self.plugins, info, os.environ)  # the workers inherit it
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         pids: dict[int, Any] = super()._start_workers(worker_group)
