@@ -179,21 +179,15 @@ class StallWatch:
                 return
             if seen is None:
                 self._seen[key] = seen = _Seen(now)
-            else:
-                self._advance(seen, now)
             self._hit = (ctx, seen)
-        else:
-            self._advance(seen, now)
+        if self._auto and now - seen.last > seen.longest:
+            seen.longest = now - seen.last
+        seen.last = now
         data = event.data
         if data and EXPECT_SILENCE_KEY in data:
             quiet = data[EXPECT_SILENCE_KEY]
             if isinstance(quiet, (int, float)) and not isinstance(quiet, bool) and quiet > 0:
                 seen.quiet_until = now + float(quiet)
-
-    def _advance(self, seen: _Seen, now: float) -> None:
-        if self._auto and now - seen.last > seen.longest:
-            seen.longest = now - seen.last
-        seen.last = now
 
     def observe_progress(self, key: tuple[int, int], beat: WorkerProgress, now: float,
                          seen: _Seen | None) -> None:
