@@ -264,21 +264,6 @@ class EventAgent(LocalElasticAgent):
         self._observe_health(steps=True)
 
     @property
-    def stall_watch(self) -> watches.StallWatch | None:
-        """The stall watch (None without ``--stall-timeout``)."""
-        return self.judge.stall
-
-    @property
-    def straggler_watch(self) -> watches.StragglerWatch | None:
-        """The straggler watch (None with ``--slow-factor off``)."""
-        return self.judge.straggler
-
-    @property
-    def stalls(self) -> int:
-        """Stalled ranks reported so far."""
-        return self.judge.stalls
-
-    @property
     def reactor_errors(self) -> int:
         """Reactors that raised or answered something other than a decision."""
         return self.decider.reactor_errors
@@ -287,12 +272,12 @@ class EventAgent(LocalElasticAgent):
         """(Re)subscribe the health watches: every worker event is a heartbeat (``ALL``, one
         subscriber for both watches); step times only where they are judged, on group
         rank 0 (the others' agents would pay for a straggler watch nobody asks)."""
-        steps = steps and self.straggler_watch is not None
+        steps = steps and self.judge.straggler is not None
         if steps == self._observing_steps:
             return
         self._observing_steps = steps
-        observe = watches.observer(self.stall_watch,
-                                   self.straggler_watch if steps else None)
+        observe = watches.observer(self.judge.stall,
+                                   self.judge.straggler if steps else None)
         old, self._health_subs = self._health_subs, []
         if observe is not None:  # the new one first: no event falls between the two
             self._health_subs.append(self.bus.subscribe(ALL, on_event=observe))
