@@ -146,7 +146,7 @@
       if (r.host) tip.push("host " + r.host + (r.pid ? " pid " + r.pid : ""));
       if (r.attempt !== null && r.attempt !== undefined) tip.push("attempt " + r.attempt);
       if (r.exit_code !== null) tip.push("exit code " + r.exit_code + (r.signal ? " (" + r.signal + ")" : ""));
-      if (r.stopped_by_agent) tip.push("stopped by the agent after another rank's failure");
+      if (r.stopped_by_agent) tip.push("stopped by the agent: not a failure of its own");
       if (r.message) tip.push(r.message);
       if (r.where) tip.push("at " + r.where);
       if (r.last_type) tip.push("last event " + r.last_type);
