@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import logging
 import os
+import signal
 import threading
 import time
 import weakref
 from collections.abc import Callable
+from collections.abc import Iterator
 from collections.abc import Sequence
 from typing import Any
 from typing import Final
@@ -393,7 +396,14 @@ class QueuedSink:
         self._thread = thread
         self._kick_at = self._max_batch  # from now on, _kick wakes it for a full batch
         self._sync_direct()
-        thread.start()
+        # A signal handler that raises (a script's SIGTERM handler, say) must not cut
+        # Thread.start() short: an exception between its bookkeeping and the new thread's
+        # spawn leaves a thread that never runs, and the queue never drains (flush fails,
+        # close cannot join it: seen with a handler raising every 0.2 ms). Signals are held
+        # for the microseconds of the start and handled right after it; the sink's thread
+        # keeps them blocked, as only the main thread runs Python's handlers anyway.
+        with _signals_held():
+            thread.start()
 
     def _take(self) -> list[Event]:
         # Called with the lock held: up to max_batch events off the queue, in order.
@@ -552,6 +562,21 @@ def flush_all(timeout: float = 5.0) -> bool:
             continue
         ok = sink.flush(max(0.0, deadline - time.monotonic())) and ok
     return ok
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Block every signal in this thread while the body runs (where the platform can);
+    what arrives meanwhile is delivered when the mask is restored."""
+    mask = getattr(signal, "pthread_sigmask", None)
+    if mask is None:
+        yield
+        return
+    old = mask(signal.SIG_BLOCK, signal.valid_signals())
+    try:
+        yield
+    finally:
+        mask(signal.SIG_SETMASK, old)
 
 
 def _close_all_at_exit() -> None:

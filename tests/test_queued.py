@@ -415,6 +415,45 @@ def test_the_jsonl_recorder_queue_is_flow_controlled_by_default(tmp_path: os.Pat
         off.close()
 
 
+def test_a_signal_handler_raising_while_the_thread_starts_leaves_a_running_thread(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A signal that arrives while the first enqueue starts the queue's thread, with a
+    handler that raises, is handled after the start: the thread runs, the queue drains and
+    closes (before, the handler could cut Thread.start() short: a thread that never ran,
+    flush() False, close() raising; seen in CI under the sanitizers)."""
+    import signal
+
+    class Interrupt(Exception):
+        pass
+
+    def handler(signum: int, frame: object) -> None:
+        raise Interrupt()
+
+    real_start = threading.Thread.start
+
+    def start_with_a_signal(thread: threading.Thread) -> None:
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+        time.sleep(0.01)  # a handler not held back runs here, before the real start
+        real_start(thread)
+
+    handled: list[Event] = []
+    sink = QueuedSink(handled.extend, name="start-interrupted")
+    previous = signal.signal(signal.SIGUSR1, handler)
+    try:
+        monkeypatch.setattr(threading.Thread, "start", start_with_a_signal)
+        with pytest.raises(Interrupt):
+            sink(eventbus.EpochEnd(epoch=1))  # the handler's exception reaches the caller
+        monkeypatch.undo()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    thread = sink._thread
+    assert thread is not None and thread.is_alive()
+    sink(eventbus.EpochEnd(epoch=2))
+    assert sink.flush(10)
+    assert [e.epoch for e in handled] == [1, 2]  # type: ignore[attr-defined]
+    assert sink.close(5)
+
+
 SIGNAL_RACE = r"""
 import os, signal, sys, threading, time
 import eventbus
