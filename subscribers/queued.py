@@ -564,15 +564,23 @@ def flush_all(timeout: float = 5.0) -> bool:
     return ok
 
 
+#: the signals a fault raises in the thread that caused it: never blocked (a crash must
+#: still reach faulthandler; a blocked fault signal just kills the process)
+_FAULTS = frozenset(getattr(signal, name) for name in
+                    ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT", "SIGTRAP", "SIGSYS")
+                    if hasattr(signal, name))
+
+
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """Block every signal in this thread while the body runs (where the platform can);
-    what arrives meanwhile is delivered when the mask is restored."""
+    """Block the asynchronous signals in this thread while the body runs (where the
+    platform can); what arrives meanwhile is delivered when the mask is restored. A thread
+    started in the body keeps them blocked for its life."""
     mask = getattr(signal, "pthread_sigmask", None)
     if mask is None:
         yield
         return
-    old = mask(signal.SIG_BLOCK, signal.valid_signals())
+    old = mask(signal.SIG_BLOCK, signal.valid_signals() - _FAULTS)
     try:
         yield
     finally:
