@@ -129,7 +129,11 @@ def test_a_size_mismatch_aborts_a_rank_and_the_group_restarts(tmp_path: Path) ->
     """Rank 1's all_reduce has one element more: gloo aborts the receiving rank (SIGABRT);
     its WORKER_EXIT carries a diagnosis (its last collective, gloo's way of ending a size
     mismatch), no rank is reported stalled, and the group restarts."""
-    run, _ = _plain_job(tmp_path, mode="size_mismatch", step="30", steps="40")
+    # Step 100 (about 2 s of training): the diagnosis reads the aborted rank's last
+    # heartbeat with its process group, and a progressing rank beats once a second; at
+    # step 30 (0.6 s) whether one was sent before the abort was the phase of the idle
+    # beats (2 of 5 runs had none: no diagnosis).
+    run, _ = _plain_job(tmp_path, mode="size_mismatch", step="100", steps="110")
     assert run.returncode == 0, run.describe()
     aborted = [e for e in run.of("WORKER_EXIT", restart_count=0) if e["signal"] == "SIGABRT"]
     assert aborted, run.describe()
