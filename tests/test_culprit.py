@@ -243,7 +243,9 @@ def test_balanced_or_tiny_compute_times_are_never_slow() -> None:
     assert few.check(0) == []
 
 
-def test_the_fused_observer_feeds_heartbeats_to_both_watches() -> None:
+def test_the_observer_feeds_heartbeats_to_both_watches() -> None:
+    """The agent's one subscriber hands each heartbeat to the stall watch (both ranks seen)
+    and to the straggler watch (the rank with the long compute time is late)."""
     clock = Clock()
     stall, straggler = watches.StallWatch(5.0, clock=clock), watches.StragglerWatch(2.0)
     observe = watches.observer(stall, straggler)

@@ -362,10 +362,11 @@ def test_health_benchmark_reports_worker_and_agent_costs() -> None:
     assert result["per_event_ns"] >= 0 and result["core_share_8_workers"] > 0
 
 
-def test_fused_observer_writes_what_the_two_watches_write() -> None:
-    """watches.observer (the agent's one subscriber, fused for speed) leaves both watches in
-    the state their own observe() methods leave: heartbeats, quiet periods, auto's longest
-    interval, step windows (with a step counter going back), agents' events skipped."""
+def test_the_observer_writes_what_the_two_watches_write() -> None:
+    """watches.observer (the agent's one subscriber, routing to each watch) leaves both
+    watches in the state their own observe() methods leave: heartbeats, quiet periods,
+    auto's longest interval, step windows (with a step counter going back), agents' events
+    skipped."""
     clock = Clock()
     events = []
     contexts: dict[tuple[int, int], JobContext] = {}

@@ -38,8 +38,8 @@ import attrs
 from eventbus.app.readers.records import Problem
 from eventbus.app.readers.records import Record
 from eventbus.app.readers.records import _duration
-from eventbus.app.readers.records import _int_or_none
 from eventbus.app.readers.records import read_records
+from eventbus.app.sentences import as_int
 from eventbus.app.sentences import cause_of
 from eventbus.app.sentences import job_outcome
 from eventbus.events import Cause
@@ -305,7 +305,7 @@ class _Builder:
             if r.group_rank is not None:
                 self.agent_node[key] = self._node_for_group(r.group_rank, r.hostname)
             elif key not in self.agent_node and r.type in ("WORKER_START", "WORKER_EXIT"):
-                worker = (r.hostname, _int_or_none(r.fields.get("worker_pid")))
+                worker = (r.hostname, as_int(r.fields.get("worker_pid")))
                 if worker in self.worker_node:
                     self.agent_node[key] = self.worker_node[worker]
         # The agents left: under their hostname.
@@ -315,7 +315,7 @@ class _Builder:
         for host, pid in sorted(loose, key=lambda k: (k[0], k[1] or 0)):
             self.agent_node[(host, pid)] = self._node_for_host(host, pid, hosts.count(host) == 1)
         # Workers without a group rank: through the agent that started them.
-        started_by = {(a.hostname, _int_or_none(a.fields.get("worker_pid"))): (a.hostname, a.pid)
+        started_by = {(a.hostname, as_int(a.fields.get("worker_pid"))): (a.hostname, a.pid)
                       for a in self.records if a.rank is None and a.type == "WORKER_START"}
         for r in self.records:
             if r.rank is None or r.group_rank is not None:
@@ -337,7 +337,7 @@ class _Builder:
         if r.rank is not None:
             return r.rank
         if r.type in ("WORKER_START", "WORKER_EXIT", "WORKER_STALLED", "WORKER_SLOW"):
-            worker_id = _int_or_none(r.fields.get("worker_id"))
+            worker_id = as_int(r.fields.get("worker_id"))
             if worker_id is not None:
                 return worker_id
         return AGENT
@@ -389,7 +389,7 @@ class _Builder:
         key: tuple[str, int | None]
         for r in self.records:
             if r.type == "WORKER_START" and r.rank is None:
-                pid = _int_or_none(r.fields.get("worker_pid"))
+                pid = as_int(r.fields.get("worker_pid"))
                 # no pid: a key of its own (negative: never a real pid)
                 key = (r.hostname, pid) if pid is not None else (r.hostname, -len(starts) - 1)
                 starts.setdefault(key, r)
@@ -407,14 +407,14 @@ class _Builder:
             if start_rec is not None:
                 self.consumed.add(id(start_rec))
                 node = self.node_of(start_rec)
-                rank = _int_or_none(start_rec.fields.get("worker_id"))
-                local_rank = _int_or_none(start_rec.fields.get("worker_local_rank"))
+                rank = as_int(start_rec.fields.get("worker_id"))
+                local_rank = as_int(start_rec.fields.get("worker_local_rank"))
                 start = start_rec.timestamp
             else:
                 assert own is not None
                 node = self.node_of(own)
                 rank = own.rank
-                local_rank = _int_or_none(own.context.get("local_rank"))
+                local_rank = as_int(own.context.get("local_rank"))
                 start = own.timestamp
             if rank is None and own is not None:
                 rank = own.rank
@@ -437,7 +437,7 @@ class _Builder:
                 end, ended_by = (tail.timestamp if tail is not None else start), "last event"
             if own is not None:
                 end = max(end, last[key].timestamp) if ended_by != "exit" else end
-            exit_code = (_int_or_none(exit_rec.fields.get("exit_code"))
+            exit_code = (as_int(exit_rec.fields.get("exit_code"))
                          if exit_rec is not None else None)
             if exit_rec is not None and exit_code == 0:
                 self.consumed.add(id(exit_rec))
@@ -464,12 +464,12 @@ class _Builder:
         for r in exits:
             if id(r) in used or self.node_of(r) != node:
                 continue
-            worker_pid = _int_or_none(r.fields.get("worker_pid"))
+            worker_pid = as_int(r.fields.get("worker_pid"))
             if pid is not None and worker_pid is not None:
                 if worker_pid == pid:
                     return r
                 continue
-            if _int_or_none(r.fields.get("worker_id")) != rank:
+            if as_int(r.fields.get("worker_id")) != rank:
                 continue
             if attempt is None or attempt.start <= r.timestamp <= attempt.end:
                 return r

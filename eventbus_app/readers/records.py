@@ -9,13 +9,14 @@ becomes a :class:`Problem`, never an exception.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 from typing import Literal
 
 import attrs
 
+from eventbus.app.sentences import as_int
+from eventbus.app.sentences import as_number
 from eventbus.app.sentences import stopped_by_agent
 from eventbus.encoding import decode_json
 
@@ -50,10 +51,10 @@ class Record:
     def __attrs_post_init__(self) -> None:
         ctx = self.context
         host = ctx.get("hostname")
-        object.__setattr__(self, "rank", _int_or_none(ctx.get("rank")))
-        object.__setattr__(self, "group_rank", _int_or_none(ctx.get("group_rank")))
+        object.__setattr__(self, "rank", as_int(ctx.get("rank")))
+        object.__setattr__(self, "group_rank", as_int(ctx.get("group_rank")))
         object.__setattr__(self, "hostname", host if isinstance(host, str) else "")
-        object.__setattr__(self, "pid", _int_or_none(ctx.get("pid")))
+        object.__setattr__(self, "pid", as_int(ctx.get("pid")))
 
     @property
     def is_failure(self) -> bool:
@@ -116,20 +117,9 @@ class Problem:
         return f"{where}: {self.kind} line ({self.reason}): {snippet!r}"
 
 
-def _int_or_none(value: object) -> int | None:
-    return value if type(value) is int else None
-
-
-def _finite(value: object) -> float | None:
-    """``value`` as a float when it is a finite JSON number (not a bool), else None."""
-    if type(value) in (int, float) and math.isfinite(value):  # type: ignore[arg-type]
-        return float(value)  # type: ignore[arg-type]
-    return None
-
-
 def _duration(r: Record) -> float | None:
     """A rendezvous' ``duration_s``, when it is a usable one."""
-    duration = _finite(r.fields.get("duration_s"))
+    duration = as_number(r.fields.get("duration_s"))
     return duration if duration is not None and duration >= 0 else None
 
 
@@ -169,7 +159,7 @@ def _from_object(raw: dict[str, Any], *, source: str, line: int,
     name = raw.get("type")
     if not isinstance(name, str) or not name:
         return problem("no string 'type'")
-    timestamp = _finite(raw.get("timestamp"))
+    timestamp = as_number(raw.get("timestamp"))
     if timestamp is None:
         return problem("no finite numeric 'timestamp'")
     data = raw.get("data")
