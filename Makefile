@@ -13,9 +13,12 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml setup.py eventbus/_speedups.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.
+	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build. Then
+	# everything else with torch held where it is (a constraint file of the installed
+	# version): Lightning and transformers (the trainer extras) never pull another torch.
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[test,plot,bench,sinks]"
+	$(PY) -c "import importlib.metadata as m; print('torch==' + m.version('torch'))" > $(VENV)/torch-constraint.txt
+	$(PY) -m pip install -q -c $(VENV)/torch-constraint.txt -e ".[test,plot,bench,sinks,trainers]"
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -41,6 +41,7 @@ from eventbus.events import Event
 from eventbus.events import EventsLost
 from eventbus.events import EventType
 from eventbus.events import Metric
+from eventbus.events import Preempting
 from eventbus.events import Rendezvous
 from eventbus.events import TorchelasticRecord
 from eventbus.events import WorkerExit
@@ -78,6 +79,7 @@ __all__ = [
     "LIMITS",
     "Metric",
     "MissingFieldError",
+    "Preempting",
     "Rendezvous",
     "Subscription",
     "TorchelasticRecord",

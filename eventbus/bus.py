@@ -454,6 +454,28 @@ class Bus:
             except Exception as exc:
                 self._failed(slot, call, event, exc)
 
+    def deliveries(self, event: Event) -> list[tuple[Any, Callable[[], None]]]:
+        """``event``'s delivery, one call per subscriber, for a caller that runs each on a
+        thread of its own (the worker's job-wide notices: a subscriber that blocks then
+        delays only itself). Each item is (the subscription, or a foreign receiver; a
+        function that delivers ``event`` to it alone, a failure handled as
+        :meth:`publish` handles it). The event counts as published once, now."""
+        try:
+            slot = self._slots[type(event)]
+        except KeyError:
+            slot = self._slot(type(event))
+        next(slot.published)
+        calls, subs = slot.snapshot
+        out: list[tuple[Any, Callable[[], None]]] = []
+        for call, sub in zip(calls, subs, strict=False):
+            def deliver(call: Handler = call) -> None:
+                try:
+                    call(event)
+                except Exception as exc:
+                    self._failed(slot, call, event, exc)
+            out.append((sub, deliver))
+        return out
+
     # -- failures -------------------------------------------------------------------------
     def _failed(self, slot: _Slot, call: Handler, event: Event, exc: Exception) -> None:
         calls, subs = slot.snapshot

@@ -53,6 +53,7 @@ __all__ = [
     "EventType",
     "EventsLost",
     "Metric",
+    "Preempting",
     "Rendezvous",
     "TorchelasticRecord",
     "WorkerExit",
@@ -92,6 +93,8 @@ class EventType(str, Enum):
     WORKER_SLOW = "WORKER_SLOW"
     #: a worker's progress heartbeat (steps, collectives), sent by the worker bootstrap
     WORKER_PROGRESS = "WORKER_PROGRESS"
+    #: a drain started: every rank should save and stop before ``deadline_s`` (preemption)
+    PREEMPTING = "PREEMPTING"
 
     __str__ = str.__str__
     __format__ = str.__format__  # type: ignore[assignment]
@@ -128,6 +131,9 @@ class Cause(str, Enum):
     MEMBERSHIP = "membership"
     #: the agent itself raised (torch's agent loop, a rendezvous that failed)
     ERROR = "error"
+    #: a drain signal (a scheduler's preemption) drained the job: ``AGENT_EXIT`` state
+    #: ``PREEMPTED``, and the workers that did not stop within the grace
+    PREEMPTION = "preemption"
 
     __str__ = str.__str__
     __format__ = str.__format__  # type: ignore[assignment]
@@ -558,6 +564,8 @@ class CheckpointSaved(Event):
     path: str
     epoch: int | None = None
     step: int | None = None
+    #: seconds the save took (the goodput's checkpoint time)
+    duration_s: float | None = None
 
 
 @event_type(EventType.METRIC)
@@ -617,6 +625,26 @@ class WorkerSlow(Event):
     step_time_s: float | None = None
     median_step_time_s: float | None = None
     step: int | None = None
+
+
+@event_type(EventType.PREEMPTING)
+class Preempting(Event):
+    """A drain of the whole job started (``eventbus run``'s drain signals: a scheduler is
+    about to take a node). Every rank should save its checkpoint and stop within
+    ``deadline_s`` seconds (the time left of the grace when the event was made); after
+    that the agents forward the signal to the workers still running, then kill them.
+
+    ``reason`` says why, for people ("SIGTERM on node 1"); ``signal`` is the signal's name,
+    ``node`` the group rank of the agent that received it, ``grace_s`` the whole grace.
+    Training code hears it on its default bus (``eventbus.preemption.should_stop()`` is
+    the way to act on it at the same step on every rank).
+    """
+
+    deadline_s: float
+    reason: str
+    signal: str | None = None
+    node: int | None = None
+    grace_s: float | None = None
 
 
 @event_type(EventType.WORKER_PROGRESS)

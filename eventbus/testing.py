@@ -18,7 +18,7 @@ from eventbus.bus import Bus
 from eventbus.bus import get_default_bus
 from eventbus.events import Event
 
-__all__ = ["capture_events", "strict_bus"]
+__all__ = ["capture_events", "drain", "strict_bus"]
 
 
 @contextmanager
@@ -41,3 +41,22 @@ def strict_bus(bus: Bus | None = None) -> Iterator[Bus]:
         yield target
     finally:
         target.strict = previous
+
+
+@contextmanager
+def drain(*, stop_at: int | None = None, deadline_s: float = 60.0,
+          reason: str = "a test drain") -> Iterator[Any]:
+    """Inside the block, this process is draining as if ``PREEMPTING`` had arrived under
+    ``eventbus run``: :func:`eventbus.preemption.should_stop` returns ``True`` from step
+    ``stop_at`` on (default: the step after the current one). For tests of training code
+    and trainer integrations; the drain is forgotten on the way out (with the step count).
+    Yields the :class:`eventbus.preemption.Drain`."""
+    from eventbus import preemption
+
+    state = preemption.begin(deadline_s=deadline_s, reason=reason)
+    state.settle(preemption.position() + 1 if stop_at is None else stop_at)
+    try:
+        yield state
+    finally:
+        preemption.reset()
+

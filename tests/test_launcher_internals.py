@@ -151,7 +151,7 @@ def test_plugins_are_found_through_entry_points(tmp_path: Path,
     assert "'broken'" in caplog.text and "eventbus_test_plugin:Missing" in caplog.text
     defaults = default_plugins()
     assert isinstance(defaults[0], StoreTransport)
-    assert [type(p).__name__ for p in defaults[1:]] == ["Plugin"]
+    assert [type(p).__name__ for p in defaults[1:]] == ["NoticeBoard", "Plugin"]
 
 
 _PLUGIN_LAUNCHER = '''

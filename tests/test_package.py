@@ -131,3 +131,30 @@ def test_the_wheel_installs_one_import_name(tmp_path: Path) -> None:
     (entry_points,) = (n for n in names if n.endswith("entry_points.txt"))
     with zipfile.ZipFile(wheel) as zf:
         assert "eventbus = eventbus.app.cli:main" in zf.read(entry_points).decode()
+
+
+def test_every_package_of_the_tree_is_in_the_wheel() -> None:
+    """pyproject's package list is explicit: a folder with an __init__.py that it misses
+    would import here (from the checkout) and be absent from the wheel
+    (eventbus.app.protocol was, once)."""
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")  # 3.11+
+
+    root = Path(__file__).resolve().parents[1]
+    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    folders = {"eventbus": "eventbus", **{name: folder for name, folder in
+                                          config["package-dir"].items()}}
+    found = set()
+    for name, folder in folders.items():
+        base = root / folder
+        for init in base.rglob("__init__.py"):
+            rel = init.parent.relative_to(base)
+            if any(part.startswith((".", "__")) for part in rel.parts):
+                continue
+            if name == "eventbus" and rel.parts[:1] in (("publishers",), ("subscribers",),
+                                                        ("app",)):
+                continue  # the links to the other folders
+            found.add(".".join([name, *rel.parts]))
+    assert found - listed == set(), f"add these to [tool.setuptools] packages: {found - listed}"

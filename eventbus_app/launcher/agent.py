@@ -66,10 +66,12 @@ from eventbus.app.launcher.decider import REACTOR_ANSWERS
 from eventbus.app.launcher.decider import Decider
 from eventbus.app.launcher.decider import Outcome
 from eventbus.app.launcher.decider import Reactor
+from eventbus.app.launcher.drain import Drain
 from eventbus.app.launcher.exits import DYING_GRACE_S
 from eventbus.app.launcher.exits import ExitBook
 from eventbus.app.launcher.exits import Proc
 from eventbus.app.launcher.judge import Judge
+from eventbus.app.launcher.notices import NoticeBoard
 from eventbus.app.launcher.processes import peek_exit
 from eventbus.app.launcher.processes import stop_processes
 from eventbus.app.launcher.stop_signal import StopSignal
@@ -92,6 +94,7 @@ from eventbus.context import set_context
 from eventbus.events import Cause
 from eventbus.events import Event
 from eventbus.events import EventType
+from eventbus.events import Preempting
 from eventbus.events import WorkerExit
 from eventbus.events import WorkerRestart
 from eventbus.events import WorkerSlow
@@ -147,8 +150,14 @@ def _find_tcp_store(store: Any) -> Any:
 
 def default_plugins() -> list[AgentPlugin]:
     """The plugins an agent runs unless it is given a list: the store transport (worker and
-    node events onto the agent's bus), then one per ``eventbus.agent_plugins`` entry point."""
-    return [StoreTransport(), *entry_point_plugins()]
+    node events onto the agent's bus), the notice board (the agents' decisions onto every
+    worker's bus, and the drain across nodes), then one per ``eventbus.agent_plugins``
+    entry point."""
+    return [StoreTransport(), NoticeBoard(), *entry_point_plugins()]
+
+
+class _DrainEnded(Exception):
+    """Raised out of torch's agent loop where it would start workers during a drain."""
 
 
 class EventAgent(LocalElasticAgent):
@@ -172,7 +181,10 @@ class EventAgent(LocalElasticAgent):
     * ``stall_timeout``, ``stall_auto_floor_s``, ``slow_factor``, ``stop_exit_code``,
       ``stall_stop_grace_s``, ``progress``: job health, as ``--stall-timeout``,
       ``--stall-auto-floor``, ``--slow-factor``, ``--stop-exit-code`` and ``--progress``
-      (docs/run.md, "Job health").
+      (docs/run.md, "Job health");
+    * ``drain_signals``, ``drain_grace_s``, ``drain_exit_code``: the drain, as
+      ``--drain-signals``, ``--drain-grace`` and ``--drain-exit-code``
+      (docs/preemption.md).
     """
 
     def __init__(
@@ -190,6 +202,9 @@ class EventAgent(LocalElasticAgent):
         stall_stop_grace_s: float = options.STALL_STOP_GRACE_S,
         stall_auto_floor_s: float = options.AUTO_FLOOR_S,
         progress: str | None = None,
+        drain_signals: Sequence[str] = options.DEFAULT_DRAIN_SIGNALS,
+        drain_grace_s: float = options.DEFAULT_DRAIN_GRACE_S,
+        drain_exit_code: int = options.DEFAULT_DRAIN_EXIT_CODE,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -217,10 +232,17 @@ class EventAgent(LocalElasticAgent):
                                                else plugins)
         #: the job-wide STOP key (several nodes only; see stop_signal.py)
         self._stop_signal: StopSignal | None = None
+        #: the drain: its signals, deadline and console line (drain.py)
+        self.drain = Drain(signals_=drain_signals, grace_s=drain_grace_s,
+                           exit_code=drain_exit_code, kill_grace_s=self.stall_stop_grace_s,
+                           on_begin=self._announce_drain)
+        for plugin in self.plugins:
+            if isinstance(plugin, NoticeBoard) and plugin.on_drain is None:
+                plugin.on_drain = self._remote_drain
         #: the reactors, the restart budget, STOP and the ending (decider.py)
         self.decider = Decider(self.bus, max_restarts=spec.max_restarts,
                                stop_exit_code=self.stop_exit_code,
-                               remote_stop=self._remote_stop)
+                               remote_stop=self._remote_stop, drain=self.drain)
         #: who failed first, who was stopped because of it, what is reported (exits.py)
         self.exits = ExitBook()
         for reactor in reactors:
@@ -311,7 +333,8 @@ class EventAgent(LocalElasticAgent):
                 if peek_exit(pid) is None}
 
     def _stop_live_workers(self, live: Mapping[int, tuple[int, int]], *, cause: str,
-                           why: str, data: Mapping[int, Mapping[str, Any]] | None = None
+                           why: str, data: Mapping[int, Mapping[str, Any]] | None = None,
+                           signum: int = signal.SIGTERM, grace_s: float | None = None
                            ) -> RunResult:
         """Stop the workers ``live`` (rank -> (local rank, pid); one that already exited is
         reported with its exit code) at once: SIGTERM, SIGKILL after the stall grace (a
@@ -320,7 +343,8 @@ class EventAgent(LocalElasticAgent):
         with ``cause``, ``message`` "stopped by the agent: WHY", ``data[rank]`` added), and
         the FAILED result that torch's loop restarts or ends the job with is returned."""
         stop_processes({pid: rank for rank, (_, pid) in live.items()},
-                       grace_s=self.stall_stop_grace_s, alive=lambda pid: peek_exit(pid) is None)
+                       grace_s=self.stall_stop_grace_s if grace_s is None else grace_s,
+                       alive=lambda pid: peek_exit(pid) is None, signum=signum)
         attempt = self.attempt
         failures: dict[int, ProcessFailure] = {}
         for rank, (local_rank, pid) in sorted(live.items()):
@@ -337,6 +361,69 @@ class EventAgent(LocalElasticAgent):
                     data={"attempt": attempt, "stopped_by_agent": True,
                           **((data or {}).get(rank) or {})}))
         return RunResult(state=WorkerState.FAILED, failures=failures)
+
+    # -- the drain (drain.py decides the rules; the agent acts) ----------------------------
+    def _announce_drain(self, drain: Drain) -> None:
+        """A drain signal reached this agent (the drain thread): ``PREEMPTING`` on the bus,
+        which the notice board tells every worker and every other agent."""
+        self.bus.publish(Preempting(deadline_s=round(drain.seconds_left(), 3),
+                                    reason=drain.reason(), signal=drain.signal,
+                                    node=drain.origin, grace_s=drain.grace_s))
+
+    def _remote_drain(self, event: Preempting, seq: int) -> None:
+        """Another node's drain reached this one (the notice board's thread)."""
+        self.drain.begin(event.signal or "SIGTERM", origin=event.node, local=False,
+                         deadline_s=event.deadline_s)
+
+    def _drain_tick(self, worker_group: WorkerGroup) -> RunResult:
+        """The monitor during a drain: no restart, no stall verdict; the workers stop by
+        themselves until the deadline, then get the signal (SIGKILL after the kill grace).
+        Torch's own monitor is asked only once none is running: on a first non-zero exit it
+        would stop the others, who may still be saving their checkpoint."""
+        drain = self.drain
+        self._remaining_restarts = 0
+        live = self._live()
+        if live and drain.due():
+            drain.forwarded_at = drain.forwarded_at or drain.clock()
+            drain.late_ranks.update(live)
+            why = (f"did not stop within the drain's grace ({drain.grace_s:g} s): "
+                   f"{drain.signal}, then SIGKILL")
+            return self._stop_live_workers(live, cause=str(Cause.PREEMPTION), why=why,
+                                           signum=drain.signum, grace_s=drain.kill_grace_s)
+        if live:
+            return RunResult(state=WorkerState.HEALTHY)
+        drain.ended_at = drain.ended_at or drain.clock()
+        try:
+            result: RunResult = super()._monitor_workers(worker_group)
+        except _ERROR_FILE_ERRORS as exc:
+            result = self._result_without_torn_error_files(worker_group, exc)
+        self._report_drained(worker_group, result)
+        return result
+
+    def _report_drained(self, worker_group: WorkerGroup, result: RunResult) -> None:
+        """Each worker's exit at the end of a drain, unreported so far: 0 (it stopped by
+        itself), or its code with cause ``preemption`` (the drain signal it got)."""
+        attempt = self.attempt
+        for worker in worker_group.workers:
+            rank = worker.global_rank
+            if not self.exits.report(attempt, rank):
+                continue
+            failure = result.failures.get(rank)
+            code = int(failure.exitcode) if failure is not None else 0
+            if code and rank not in self.drain.late_ranks:
+                self.drain.failed_ranks[rank] = code
+            pid = worker.id if isinstance(worker.id, int) else None
+            self.bus.publish(WorkerExit(
+                worker_id=rank, exit_code=code, worker_local_rank=worker.local_rank,
+                worker_pid=pid, signal=signal_name(code) if code else None,
+                message=_failure_message(failure) if failure is not None else None,
+                cause=str(Cause.PREEMPTION) if code else None,
+                data={"attempt": attempt, "drained": True}))
+
+    def _drain_result(self) -> RunResult:
+        """What torch's launcher gets after a drain: not a failure (it would print its
+        failure table; the drain's line and ``AGENT_EXIT`` say what happened)."""
+        return RunResult(state=WorkerState.SUCCEEDED)
 
     # -- STOP across nodes (stop_signal.py) ------------------------------------------------
     @property
@@ -517,16 +604,36 @@ class EventAgent(LocalElasticAgent):
                         max_restarts=spec.max_restarts, nproc_per_node=spec.local_world_size)
         result: RunResult | None = None
         error: BaseException | None = None
+        self.drain.install()
         try:
             result = super().run(role)
+            return self._drain_result() if self.drain.active else result
+        except _DrainEnded:
+            result = self._drain_result()
             return result
+        except Exception as exc:
+            if self.drain.active:  # e.g. the rendezvous closed under a drained node
+                logger.info("eventbus: during the drain the agent's loop ended with %s: %s",
+                            type(exc).__name__, exc)
+                result = self._drain_result()
+                return result
+            error = exc
+            raise
         except BaseException as exc:
             error = exc
             raise
         finally:
             self._finish(result, error)
+            self.drain.uninstall()
 
     def _finish(self, result: RunResult | None, error: BaseException | None) -> None:
+        drain_data: dict[str, Any] = {}
+        if self.drain.active:
+            self.drain.ended_at = self.drain.ended_at or self.drain.clock()
+            for plugin in self.plugins:
+                if isinstance(plugin, NoticeBoard):
+                    self.drain.stop_step = plugin.stop_step()
+            drain_data = {"drain": self.drain.facts()}
         plugin_api.before_exit(self.plugins, timeout=self.plugin_exit_timeout)
         if result is not None:
             ending = self.decider.ending(succeeded=not result.is_failed(),
@@ -538,7 +645,9 @@ class EventAgent(LocalElasticAgent):
                 self._stop_signal.wait_for_acks()  # our process may host the store
             self._stop_signal.close()
         self.bus.record(EventType.AGENT_EXIT, state=ending.state, exit_code=ending.exit_code,
-                        reason=ending.reason, cause=ending.cause)
+                        reason=ending.reason, cause=ending.cause, data=drain_data)
+        if self.drain.active:
+            console.write(self.drain.summary_line())
         self.decider.close()
         for sub in [*self._subs, *self._health_subs]:
             sub.cancel()
@@ -571,6 +680,9 @@ class EventAgent(LocalElasticAgent):
         if self.plugins:
             self._after_rendezvous(worker_group)
         self._freeze_heap()
+        self.drain.node = int(worker_group.group_rank or 0)
+        if self.drain.active:  # checked after the plugins read the notices' head
+            raise _DrainEnded
 
     def _freeze_heap(self) -> None:
         """Once, after the first rendezvous: move the agent's heap so far (torch, the
@@ -617,6 +729,7 @@ class EventAgent(LocalElasticAgent):
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         pids: dict[int, Any] = super()._start_workers(worker_group)
+        self.drain.install()  # torch's process context took SIGTERM for itself
         for worker in worker_group.workers:
             pid = pids.get(worker.local_rank)
             self.bus.record(EventType.WORKER_START, worker_id=worker.global_rank,
@@ -625,6 +738,9 @@ class EventAgent(LocalElasticAgent):
         return pids
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        # 0. A drain: the workers stop by themselves until the deadline (drain.py).
+        if self.drain.active:
+            return self._drain_tick(worker_group)
         # 0. Another node's STOP: stop ours, no restart.
         remote = self._stop_for_remote()
         if remote is not None:
@@ -790,7 +906,18 @@ class EventAgent(LocalElasticAgent):
             cause=str(Cause.FAILURE), data=data,
         )
 
+    def _exit_barrier(self) -> None:
+        # After a drain the other nodes end within their deadline and kill grace: torch's
+        # 300 s default would hold this node long after a node that ended FAILED (killed
+        # ranks), which never comes to the barrier.
+        if self.drain.active:
+            bound = self.drain.seconds_left() + self.drain.kill_grace_s + 5.0
+            self._exit_barrier_timeout = min(self._exit_barrier_timeout, bound)
+        super()._exit_barrier()  # type: ignore[no-untyped-call]
+
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
+        if self.drain.active:  # a drain starts no new attempt
+            raise _DrainEnded
         reason, cause, decided = self.decider.next_restart()
         # a membership change keeps the attempt's number: its grace and failures are done
         self.exits.new_attempt()

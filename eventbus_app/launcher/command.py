@@ -148,6 +148,23 @@ def build_parser() -> argparse.ArgumentParser:
              f"{options.DEFAULT_STOP_EXIT_CODE}: not torchrun's 1, so that a scheduler can "
              "tell 'do not retry' from an ordinary failure)")
     group.add_argument(
+        "--drain-signals", metavar="SIGNALS", type=options.parse_drain_signals,
+        default=options.DEFAULT_DRAIN_SIGNALS,
+        help="signals that drain the whole job instead of killing it (PREEMPTING to every "
+             "rank; eventbus.preemption.should_stop() true at one step everywhere): a comma "
+             f"list or off (default {','.join(options.DEFAULT_DRAIN_SIGNALS)})")
+    group.add_argument(
+        "--drain-grace", metavar="SECONDS", type=options.parse_drain_grace,
+        default=options.DEFAULT_DRAIN_GRACE_S,
+        help="seconds the workers get to save and stop after a drain signal; then they get "
+             f"the signal, and SIGKILL {options.STALL_STOP_GRACE_S:g} s later (default "
+             f"{options.DEFAULT_DRAIN_GRACE_S:g})")
+    group.add_argument(
+        "--drain-exit-code", metavar="N", type=options.parse_drain_exit_code,
+        default=options.DEFAULT_DRAIN_EXIT_CODE,
+        help=f"exit code of a drained job (default {options.DEFAULT_DRAIN_EXIT_CODE}, "
+             "EX_TEMPFAIL: retry later; not 0, 1 nor --stop-exit-code)")
+    group.add_argument(
         "--ui", metavar="[HOST:]PORT", default=None,
         help="serve a live job page from the agent of group rank 0 at http://HOST:PORT/ "
              "(host 127.0.0.1 unless given; port 0: a free one; the address is printed); "
@@ -239,6 +256,10 @@ def main(argv: Sequence[str] | None = None, *,
 
     parser = build_parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.drain_exit_code == args.stop_exit_code:
+        parser.error(f"--drain-exit-code {args.drain_exit_code} is --stop-exit-code too: a "
+                     "scheduler could not tell a drained job from a stopped one; give "
+                     "them different codes")
     try:
         reactors = [load_reactor(spec) for spec in args.reactor]
     except ValueError as exc:
@@ -292,16 +313,26 @@ def main(argv: Sequence[str] | None = None, *,
                          stall_timeout=args.stall_timeout, slow_factor=args.slow_factor,
                          stall_auto_floor_s=args.stall_auto_floor,
                          progress=",".join(args.progress) or "off",
-                         stop_exit_code=args.stop_exit_code) as agents:
+                         stop_exit_code=args.stop_exit_code,
+                         drain_signals=args.drain_signals, drain_grace_s=args.drain_grace,
+                         drain_exit_code=args.drain_exit_code) as agents:
             # torchrun's own error handling: the failure table and the root cause's error
             # file copied to the launcher's TORCHELASTIC_ERROR_FILE.
             record(torchrun_run)(args)
+        if any(agent.drain.active for agent in agents):
+            return int(args.drain_exit_code)
     except ChildFailedError as exc:
+        if any(agent.drain.active for agent in agents):
+            return int(args.drain_exit_code)
         print(str(exc), file=sys.stderr)
         if any(agent.stopped_by_reactor for agent in agents):
             return int(args.stop_exit_code)
         return 1
     except Exception as exc:
+        if any(agent.drain.active for agent in agents):
+            print(f"eventbus: the drained job's launcher ended with {type(exc).__name__}: "
+                  f"{exc}", file=sys.stderr)
+            return int(args.drain_exit_code)
         # e.g. the rendezvous closed under this node after another node's STOP
         if not any(agent.stopped_by_reactor for agent in agents):
             raise

@@ -24,6 +24,7 @@ from typing import Literal
 import attrs
 
 from eventbus.app.launcher import console
+from eventbus.app.launcher.drain import Drain
 from eventbus.app.sentences import restarts_text
 from eventbus.app.sentences import sentence
 from eventbus.bus import Bus
@@ -89,8 +90,11 @@ class Decider:
     """
 
     def __init__(self, bus: Bus, *, max_restarts: int, stop_exit_code: int,
-                 remote_stop: Callable[[], str | None] = lambda: None) -> None:
+                 remote_stop: Callable[[], str | None] = lambda: None,
+                 drain: Drain | None = None) -> None:
         self.bus = bus
+        #: the job's drain (drain.py): once it started, the job ends PREEMPTED
+        self.drain = drain
         self.max_restarts = int(max_restarts)
         self.stop_exit_code = int(stop_exit_code)
         self.remote_stop = remote_stop
@@ -198,6 +202,10 @@ class Decider:
         if not stops and remote is not None:
             stops, stop_cause = (f"another node ({remote})",), str(Cause.REMOTE_STOP)
         culprits = console.culprits_text(failures)
+        drain = self.drain
+        if drain is not None and drain.active:
+            line = f"{culprits}; the job is draining ({drain.reason()}): no restart"
+            return Outcome("fail", cause, line, restart_by=restarts)
         if stops:
             self.stop_reason = f"{summary}; STOP from {', '.join(stops)}"
             self.stop_cause = stop_cause
@@ -249,7 +257,12 @@ class Decider:
     def ending(self, *, succeeded: bool | None, state: str | None = None,
                error: BaseException | None = None) -> Ending:
         """``AGENT_EXIT``: ``succeeded`` True (``state`` is torch's, e.g. SUCCEEDED), False
-        (the group failed) or None (the agent raised ``error``)."""
+        (the group failed) or None (the agent raised ``error``). A drain that started
+        decides the ending whatever the group did: ``PREEMPTED``, the drain's code."""
+        drain = self.drain
+        if drain is not None and drain.active:
+            return Ending("PREEMPTED", drain.exit_code, drain.summary_line(),
+                          str(Cause.PREEMPTION))
         if succeeded:
             return Ending(state or "SUCCEEDED", 0, None, None)
         remote = self.remote_stop()

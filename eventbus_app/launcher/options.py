@@ -11,10 +11,14 @@ import argparse
 import math
 from typing import Literal
 
+from eventbus.app.launcher import drain
 from eventbus.app.protocol import agent_worker
 from eventbus.app.protocol.agent_worker import PROGRESS_SOURCES
 
 __all__ = [
+    "DEFAULT_DRAIN_EXIT_CODE",
+    "DEFAULT_DRAIN_GRACE_S",
+    "DEFAULT_DRAIN_SIGNALS",
     "AUTO_FACTOR",
     "AUTO_FLOOR_S",
     "DEFAULT_PROGRESS",
@@ -22,6 +26,9 @@ __all__ = [
     "DEFAULT_STOP_EXIT_CODE",
     "PROGRESS_SOURCES",
     "STALL_STOP_GRACE_S",
+    "parse_drain_exit_code",
+    "parse_drain_grace",
+    "parse_drain_signals",
     "parse_progress",
     "parse_slow_factor",
     "parse_stall_auto_floor",
@@ -33,6 +40,10 @@ __all__ = [
 #: retry), not 2 (a usage error), below 126 (the shell's) and 128 (killed by a signal);
 #: Kubeflow's ``restartPolicy: ExitCode`` treats 1-127 as permanent: "do not retry"
 DEFAULT_STOP_EXIT_CODE = 3
+#: ``--drain-signals``, ``--drain-grace``, ``--drain-exit-code`` defaults (drain.py)
+DEFAULT_DRAIN_SIGNALS = drain.DEFAULT_DRAIN_SIGNALS
+DEFAULT_DRAIN_GRACE_S = drain.DEFAULT_DRAIN_GRACE_S
+DEFAULT_DRAIN_EXIT_CODE = drain.DEFAULT_DRAIN_EXIT_CODE
 #: ``--slow-factor`` default
 DEFAULT_SLOW_FACTOR = 2.0
 #: ``--stall-timeout auto``: never below this many seconds...
@@ -101,3 +112,37 @@ def parse_stop_exit_code(text: str) -> int:
     if not 1 <= value <= 125:
         raise argparse.ArgumentTypeError(f"expected an exit code 1-125, got {text!r}")
     return value
+
+
+def parse_drain_signals(text: str) -> tuple[str, ...]:
+    """``--drain-signals``: a comma list of signal names, or ``off``."""
+    try:
+        return drain.parse_drain_signals(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def parse_drain_grace(text: str) -> float:
+    """``--drain-grace``: seconds, > 0 (finite)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds (e.g. 20 or 90.5), got "
+                                         f"{text!r}") from None
+    if not 0 < value < 86_400:
+        raise argparse.ArgumentTypeError(f"expected seconds above 0 and below a day, got "
+                                         f"{text!r}")
+    return value
+
+
+def parse_drain_exit_code(text: str) -> int:
+    """``--drain-exit-code``: an int from 2 to 255 (0 says "succeeded", 1 "failed")."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an exit code 2-255, got {text!r}") from None
+    if not 2 <= value <= 255:
+        raise argparse.ArgumentTypeError(f"expected an exit code 2-255 (0 says succeeded, 1 "
+                                         f"failed), got {text!r}")
+    return value
+

@@ -37,11 +37,12 @@ def peek_exit(pid: int) -> int | None:
 
 
 def stop_processes(pids: Mapping[int, Any], *, grace_s: float,
-                   alive: Callable[[int], bool]) -> None:
-    """SIGTERM each pid, and SIGKILL those still ``alive`` after ``grace_s`` seconds."""
+                   alive: Callable[[int], bool], signum: int = signal.SIGTERM) -> None:
+    """``signum`` (SIGTERM) to each pid, and SIGKILL to those still ``alive`` after
+    ``grace_s`` seconds."""
     for pid in pids:
         if alive(pid):
-            _kill(pid, signal.SIGTERM)
+            _kill(pid, signum)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and any(alive(pid) for pid in pids):
         time.sleep(0.05)

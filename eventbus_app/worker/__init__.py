@@ -9,11 +9,13 @@ The agent starts every worker as ``python -u -m eventbus.app.worker SCRIPT ARGS.
    runs without the part it configures;
 2. attaches the store forwarder, so that the script's events reach the agent, and
    installs the exit hooks that flush it (:mod:`eventbus.subscribers.worker_exit`);
-3. arms the stall watch's stack dump (:mod:`eventbus.app.worker.stack_dump`) and, with
+3. starts the ear for the job-wide notices (:mod:`eventbus.app.worker.notices`:
+   ``PREEMPTING`` and its peers' failures, on the default bus; the drain's agreement);
+4. arms the stall watch's stack dump (:mod:`eventbus.app.worker.stack_dump`) and, with
    the forwarder or ``EVENTBUS_PROGRESS``, the progress watch
    (:mod:`eventbus.app.worker.progress`: heartbeats from torch's collectives and optimizer
    steps, with no call in the script);
-4. runs the script as ``__main__``, as ``python SCRIPT`` would: the same ``sys.argv``,
+5. runs the script as ``__main__``, as ``python SCRIPT`` would: the same ``sys.argv``,
    the same ``sys.path[0]``, the same exit code, and an uncaught exception printed by
    ``sys.excepthook`` with the script's own frames, exit code 1; under torch's agent the
    exception is also written to the worker's error file, as torch's ``@record`` writes it
@@ -48,6 +50,8 @@ from eventbus.app.protocol.agent_worker import ENV_STACK_DIR
 from eventbus.app.protocol.agent_worker import ENV_STACK_SIGNAL
 from eventbus.app.protocol.agent_worker import PROGRESS_SOURCES
 from eventbus.app.protocol.agent_worker import parse_progress
+from eventbus.app.protocol.notices import ENV_NOTICE_FROM
+from eventbus.app.protocol.notices import ENV_NOTICES
 from eventbus.app.worker.error_file import record_uncaught
 from eventbus.app.worker.process_groups import install as end_process_groups_at_exit
 from eventbus.app.worker.progress import start_progress_watch
@@ -88,6 +92,8 @@ class WorkerSide:
     stack_file: str | None = None
     #: the progress watch's sources, when it runs
     progress: tuple[str, ...] = ()
+    #: the job-wide notices are heard (or will be, once the script imports torch)
+    notices: bool = False
     #: one line per bad variable, as logged
     warnings: tuple[str, ...] = ()
 
@@ -201,6 +207,32 @@ def _forward(env: Mapping[str, str], notes: list[str]) -> bool:
     return True
 
 
+def _count(value: str) -> int:
+    if not _decimal(value.strip()):
+        raise ValueError("is not a count (an int from 0)")
+    return int(value)
+
+
+def _notices(env: Mapping[str, str], notes: list[str]) -> bool:
+    deaf = "This worker hears no job-wide notices (PREEMPTING, its peers' failures)."
+    address = _read(env, ENV_STORE, _store_address, deaf, notes)
+    root = _read(env, ENV_NOTICES, _plain_key, deaf, notes) if address else None
+    start_after = _read(env, ENV_NOTICE_FROM, _count, deaf, notes) if root else None
+    if address is None or root is None or start_after is None:
+        return False
+    from eventbus.app.worker import notices
+
+    def optional(name: str) -> int | None:
+        text = env.get(name, "")
+        return int(text) if _decimal(text) else None
+
+    host, port = address
+    notices.start(host=host, port=port, root=root, start_after=start_after,
+                  rank=optional(ENV_RANK), world_size=optional("WORLD_SIZE"),
+                  attempt=optional("TORCHELASTIC_RESTART_COUNT"))
+    return True
+
+
 def _stack_dump(env: Mapping[str, str], notes: list[str]) -> str | None:
     without = "A stall of this worker is reported without its stack."
     directory = _read(env, ENV_STACK_DIR, _agent_folder, without, notes)
@@ -256,8 +288,10 @@ def attach(environ: Mapping[str, str] | None = None) -> WorkerSide:
         else None
     progress = (_guarded("progress watch", _progress, env, notes) or ()) \
         if forwarding or env.get(ENV_PROGRESS) else ()
+    hearing = bool(_guarded("notices", _notices, env, notes)) if env.get(ENV_NOTICES) \
+        else False
     return WorkerSide(forwarding=forwarding, stack_file=stack_file, progress=progress,
-                      warnings=tuple(notes))
+                      notices=hearing, warnings=tuple(notes))
 
 
 def _guarded(part: str, start: Callable[[Mapping[str, str], list[str]], _T],

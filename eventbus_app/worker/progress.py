@@ -371,6 +371,8 @@ class ProgressWatch:
             def count(event: Any) -> None:
                 next(counter)
 
+            count._eventbus_local_only = True  # type: ignore[attr-defined]  # notices.local_only
+
             self._subscription = self._bus.subscribe(ALL, on_event=count)
         return int(repr(self._counter)[6:-1]) - self._own
 

@@ -1,0 +1,216 @@
+"""The agent half of the job-wide notices: what this agent decides reaches every worker.
+
+An agent plugin (:class:`NoticeBoard`, one of :func:`~eventbus.app.launcher.agent.default_plugins`):
+
+* it appends to the job's notice log (:mod:`eventbus.app.protocol.notices`) each event of
+  its own that :func:`~eventbus.app.protocol.notices.is_notice` selects: its
+  ``PREEMPTING``, its workers' failures, and (group rank 0) the stalls and stragglers it
+  judged; from a thread of its own, so that a slow store never holds the monitor;
+* at each rendezvous it reads the log's head and gives the attempt's workers the root and
+  that position (their bootstrap's ear starts there: nothing earlier is heard);
+* with several nodes it also hears the log itself, for another node's ``PREEMPTING``
+  (``on_drain``): that is how a drain signal at one node drains them all;
+* at the end it waits (within the exit budget) for what it still has to append, and reads
+  the drain's agreed stop step for the console line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable
+from collections.abc import Mapping
+from typing import Any
+
+from eventbus.app.plugins import RendezvousInfo
+from eventbus.app.protocol import notices as log
+from eventbus.bus import ALL
+from eventbus.bus import Subscription
+from eventbus.events import Event
+from eventbus.events import Preempting
+from eventbus.subscribers.queued import _signals_held
+
+__all__ = ["NoticeBoard"]
+
+logger = logging.getLogger("eventbus")
+
+_HOST = socket.gethostname()
+
+
+class NoticeBoard:
+    """The agent plugin (see the module's docstring). ``on_drain(event, seq)``: another
+    node's ``PREEMPTING`` arrived; ``connect(host, port)``: a store client (tests)."""
+
+    def __init__(self, *, on_drain: Callable[[Preempting, int], object] | None = None,
+                 connect: Callable[[str, int], Any] | None = None,
+                 connect_timeout: float = 30.0) -> None:
+        self.on_drain = on_drain
+        self._connect = connect
+        self.connect_timeout = connect_timeout
+        self.info: RendezvousInfo | None = None
+        self.root: str | None = None
+        self._client: Any = None
+        self._client_lock = threading.Lock()
+        self._queue: queue.SimpleQueue[Event | None] = queue.SimpleQueue()
+        self._pending = 0
+        self._pending_lock = threading.Condition()
+        self._writer: threading.Thread | None = None
+        self._listener: threading.Thread | None = None
+        self._sub: Subscription | None = None
+        self._closed = False
+        #: notices appended, failed, heard from other nodes
+        self.stats = {"told": 0, "failed": 0, "heard": 0}
+        #: the seq of the drain's PREEMPTING (this node's or another's), once known
+        self.drain_seq: int | None = None
+        self._warned = False
+        self._ear: log.WaitingClient | None = None
+
+    def _new_client(self, info: RendezvousInfo) -> Any:
+        if self._connect is not None:
+            return self._connect(info.store_host, info.store_port)
+        from eventbus.wire import connect_store
+
+        return connect_store(info.store_host, info.store_port, timeout=self.connect_timeout)
+
+    # -- AgentPlugin -----------------------------------------------------------------------
+    def after_rendezvous(self, info: RendezvousInfo) -> Mapping[str, str]:
+        first = self.info is None
+        self.info = info
+        self.root = root = log.notice_root(info.run_id)
+        with self._client_lock:
+            if self._client is None:
+                self._client = self._new_client(info)
+            start = log.head(self._client, root)
+        if first:
+            self._sub = info.bus.subscribe(ALL, on_event=self._tell, where=_own_notice)
+            with _signals_held():
+                self._writer = threading.Thread(target=self._write, daemon=True,
+                                                name="eventbus-notice-writer")
+                self._writer.start()
+        if info.group_world_size > 1 and self._listener is None:
+            with _signals_held():
+                self._listener = threading.Thread(target=self._listen, args=(info, start),
+                                                  daemon=True, name="eventbus-notice-ear")
+                self._listener.start()
+        return {log.ENV_NOTICES: root, log.ENV_NOTICE_FROM: str(start)}
+
+    def before_exit(self, *, timeout: float) -> None:
+        self.flush(timeout)
+        self._closed = True
+        if self._sub is not None:
+            self._sub.cancel()
+        self._queue.put(None)
+        # the ear must leave its store call before the interpreter finalizes
+        ear, listener = self._ear, self._listener
+        if ear is not None:
+            ear.shut()
+        if listener is not None:
+            listener.join(1.0)
+
+    # -- telling ---------------------------------------------------------------------------
+    def _tell(self, event: Event) -> None:
+        if self._closed:
+            return
+        with self._pending_lock:
+            self._pending += 1
+        self._queue.put(event)
+
+    def _write(self) -> None:
+        while True:
+            event = self._queue.get()
+            if event is None:
+                return
+            try:
+                root = self.root
+                with self._client_lock:
+                    if root is None or self._client is None:
+                        raise RuntimeError("no store yet")
+                    seq = log.append(self._client, root, event)
+                if isinstance(event, Preempting) and self.drain_seq is None:
+                    self.drain_seq = seq
+                self.stats["told"] += 1
+            except Exception as exc:
+                self.stats["failed"] += 1
+                if not self._warned:
+                    self._warned = True
+                    logger.warning("eventbus: cannot tell the workers %s (%s: %s); the job "
+                                   "goes on without job-wide notices", type(event).type,
+                                   type(exc).__name__, exc)
+            finally:
+                with self._pending_lock:
+                    self._pending -= 1
+                    self._pending_lock.notify_all()
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until every notice so far is appended (or failed); False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._pending_lock:
+            while self._pending > 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._pending_lock.wait(left)
+        return True
+
+    # -- hearing other nodes -----------------------------------------------------------------
+    def _listen(self, info: RendezvousInfo, start: int) -> None:
+        try:
+            self._ear = log.WaitingClient(lambda: self._new_client(info), info.store_port)
+            client = self._ear.client
+        except Exception as exc:
+            logger.warning("eventbus: this agent hears no other node's drain (%s)", exc)
+            return
+        if self._closed:
+            self._ear.shut()
+            return
+        root, seq = log.notice_root(info.run_id), start + 1
+        while not self._closed:
+            try:
+                event = log.read_entry(client, root, seq)
+            except (ValueError, TypeError):
+                seq += 1
+                continue
+            except Exception:
+                return  # the store is gone: the job is ending
+            if event is None:
+                continue
+            seq += 1
+            if not isinstance(event, Preempting):
+                continue
+            current = self.info.group_rank if self.info is not None else info.group_rank
+            if event.node == current:
+                continue  # our own
+            self.stats["heard"] += 1
+            if self.drain_seq is None:
+                self.drain_seq = seq - 1
+            if self.on_drain is not None:
+                try:
+                    self.on_drain(event, seq - 1)
+                except Exception:
+                    logger.exception("eventbus: another node's drain could not start here")
+
+    def stop_step(self) -> int | None:
+        """The drain's agreed stop step, if the workers agreed on one."""
+        info, seq = self.info, self.drain_seq
+        if info is None or seq is None or self.root is None:
+            return None
+        key = log.drain_keys(self.root, seq, 0)["stop"]
+        try:
+            with self._client_lock:
+                if self._client is None or not self._client.check([key]):
+                    return None
+                value = int(bytes(self._client.get(key)).decode())
+        except Exception:
+            return None
+        return value if value >= 0 else None
+
+
+def _own_notice(event: Event) -> bool:
+    """This agent's own decisions (not a worker's event, nor another node's)."""
+    context = event.context
+    return (context.pid == os.getpid() and (context.hostname in (None, _HOST))
+            and log.is_notice(event))

@@ -1,0 +1,87 @@
+"""A DDP-style loop for the drain tests (tests/test_preemption_jobs.py): gloo, a small model,
+one ``all_reduce`` of the gradients per step.
+
+Environment (all optional):
+
+- ``DRAIN_MODE``: ``cooperate`` (default: ``eventbus.preemption.should_stop()`` every step,
+  then save and return), ``plain`` (never imports eventbus; its own SIGTERM handler writes
+  ``sigterm_rank<R>`` with its ``time.time()`` and exits 0), ``ignore`` (rank DRAIN_RANK
+  subscribes to PREEMPTING and carries on: it never stops by itself);
+- ``DRAIN_STEPS`` (default 100000), ``DRAIN_STEP_S`` (default 0.02 compute sleep a step);
+- ``DRAIN_READY_AT`` (default 20): each rank writes ``ready_rank<R>`` after that step;
+- ``DRAIN_SAVE_S`` (default 0.3): how long the checkpoint's save takes (a sleep before it);
+- ``DRAIN_OUT``: the folder of the files above, of ``ckpt_rank<R>.pt`` (the model and the
+  step) and ``stopped_rank<R>.json`` (the step it stopped at, the attempt, the step it
+  resumed from); a rank that finds its checkpoint there resumes from its step.
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def main() -> None:
+    env = os.environ.get
+    mode = env("DRAIN_MODE", "cooperate")
+    steps, step_s = int(env("DRAIN_STEPS", "100000")), float(env("DRAIN_STEP_S", "0.02"))
+    ready_at, save_s = int(env("DRAIN_READY_AT", "20")), float(env("DRAIN_SAVE_S", "0.3"))
+    out = Path(env("DRAIN_OUT", "."))
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    ckpt = out / f"ckpt_rank{rank}.pt"
+    if mode == "plain":
+        def on_sigterm(signum: int, frame: object) -> None:
+            (out / f"sigterm_rank{rank}").write_text(str(time.time()))
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, on_sigterm)
+        should_stop = None
+    else:
+        import eventbus
+        import eventbus.preemption
+
+        should_stop = eventbus.preemption.should_stop
+        if mode == "ignore" and rank == int(env("DRAIN_RANK", "1")):
+            should_stop = None
+            eventbus.get_default_bus().subscribe(
+                eventbus.EventType.PREEMPTING,
+                on_event=lambda e: (out / f"heard_rank{rank}").write_text(str(time.time())))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    params = list(model.parameters())
+    optimizer = torch.optim.SGD(params, lr=0.01)
+    start = 0
+    if ckpt.exists():
+        saved = torch.load(ckpt)
+        model.load_state_dict(saved["model"])
+        start = int(saved["step"])
+    x, y = torch.randn(8, 16), torch.randn(8, 1)
+    for step in range(start + 1, steps + 1):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        grads = torch.cat([g.flatten() for g in torch.autograd.grad(loss, params)])
+        time.sleep(step_s)
+        dist.all_reduce(grads)
+        offset = 0
+        for p in params:
+            p.grad = grads[offset:offset + p.numel()].view_as(p) / dist.get_world_size()
+            offset += p.numel()
+        optimizer.step()
+        if step == start + ready_at:
+            (out / f"ready_rank{rank}").write_text(str(time.time()))
+        if should_stop is not None and should_stop(step=step):
+            time.sleep(save_s)
+            torch.save({"model": model.state_dict(), "step": step}, ckpt)
+            (out / f"stopped_rank{rank}.json").write_text(json.dumps({
+                "step": step, "resumed_from": start, "time": time.time(),
+                "attempt": int(env("TORCHELASTIC_RESTART_COUNT", "0"))}))
+            break
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
