@@ -127,7 +127,9 @@ def should_stop(step: int | None = None) -> bool:
 def _drained(drain: Drain, position: int) -> bool:
     if drain.stopped_at is not None:
         return True
-    promise = drain.make_promise(position, lead())
+    promise = drain.promise
+    if promise is None:
+        promise = drain.make_promise(position, lead())
     if not drain.settled.is_set() and position >= promise:
         budget = min(AGREE_TIMEOUT_S, max(0.0, drain.seconds_left() / 2))
         drain.settled.wait(budget)

@@ -167,3 +167,27 @@ def test_sinks_benchmark_measures_each_sink() -> None:
     text = render({"sinks": result}, machine={}, versions={}, when="now", quick=True,
                   seconds={"sinks": 1.0})
     assert "## Sinks" in text and "| otlp |" in text
+
+
+def test_preemption_benchmark_measures_should_stop_against_a_ddp_step() -> None:
+    """bench_preemption: should_stop() ns with and without a drain, a real DDP step, the
+    share in percent and the step-loop A/B; the host's preemption state is left alone, and
+    the report renders the section. No time is asserted."""
+    from benchmarks import bench_preemption
+    from eventbus import preemption
+
+    before = preemption._state
+    result = bench_preemption.run(quick=True)
+    assert preemption._state is before
+    cases = {row["case"]: row for row in result["rows"]}
+    for name in ("should_stop(), no drain", "should_stop(step), no drain",
+                 "should_stop(), drain under way, before its stop step"):
+        assert _positive(cases[name]["ns"]) and _positive(cases[name]["% of a step"]), name
+    assert _positive(result["step ms"]) and _positive(result["percent"])
+    assert result["met"] == (result["percent"] <= bench_preemption.TARGET_PERCENT)
+    for key in ("plain step ms", "checked step ms", "ratio", "paired p25", "paired p75"):
+        assert _positive(result["ab"][key]), key
+    text = render({"preemption": result}, machine={}, versions={}, when="now", quick=True,
+                  seconds={"preemption": 1.0})
+    assert "## Preemption: `should_stop()` per step" in text
+    assert "Target: `should_stop()` without a drain <= 1% of a step" in text

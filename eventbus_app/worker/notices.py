@@ -19,7 +19,8 @@ each notice, in order:
 
 The thread starts once ``torch.distributed`` is imported (the store client is torch's,
 and the bootstrap never imports torch before the script does): at :func:`start` if it is,
-else on the first event the script records (the forwarder imports torch just before).
+else at the progress watch's next tick after the script imported it, or on the first
+event the script records (the forwarder imports torch just before), whichever is first.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from eventbus.events import Preempting
 from eventbus.subscribers.queued import QueuedSink
 from eventbus.subscribers.queued import _signals_held
 
-__all__ = ["NoticeReader", "local_only", "start", "reader"]
+__all__ = ["NoticeReader", "local_only", "reader", "start", "start_if_ready", "waiting"]
 
 logger = logging.getLogger("eventbus")
 
@@ -300,6 +301,7 @@ def _seconds(value: float) -> Any:
 _reader: NoticeReader | None = None
 _pending: dict[str, Any] | None = None
 _trigger: Subscription | None = None
+_start_lock = threading.Lock()
 
 
 def reader() -> NoticeReader | None:
@@ -323,6 +325,18 @@ def start(*, host: str, port: int, root: str, start_after: int, rank: int | None
                                            once=True)
 
 
+def waiting() -> bool:
+    """Whether a reader waits for the script to import torch."""
+    return _pending is not None and _reader is None
+
+
+def start_if_ready() -> None:
+    """Start the waiting reader if the script imported ``torch.distributed`` (the progress
+    watch's tick asks: a script that records nothing still hears the job)."""
+    if waiting() and _torch_ready():
+        _start_pending()
+
+
 def _torch_ready() -> bool:
     module = sys.modules.get("torch.distributed")
     spec = getattr(module, "__spec__", None)
@@ -342,16 +356,18 @@ def _on_first_event(_: Event) -> None:
 
 def _start_pending() -> None:
     global _reader, _pending
-    if _pending is None or _reader is not None:
-        return
-    settings, _pending = _pending, None
-    _reader = NoticeReader(**settings)
+    with _start_lock:  # the progress watch's thread and a recording thread may race here
+        if _pending is None or _reader is not None:
+            return
+        settings, _pending = _pending, None
+        _reader = NoticeReader(**settings)
     _reader.start()
 
 
 def _after_fork_in_child() -> None:
-    global _reader, _pending, _trigger
+    global _reader, _pending, _trigger, _start_lock
     _reader = _pending = _trigger = None
+    _start_lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):

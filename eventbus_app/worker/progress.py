@@ -84,6 +84,7 @@ from eventbus.app.protocol.agent_worker import FR_DUMP_TOKEN_KEY
 from eventbus.app.protocol.agent_worker import PROGRESS_SOURCES
 from eventbus.app.protocol.agent_worker import FrRequestReader
 from eventbus.app.protocol.agent_worker import fr_dump_path
+from eventbus.app.worker import notices
 
 __all__ = [
     "BEAT_S",
@@ -379,6 +380,8 @@ class ProgressWatch:
     def tick(self) -> None:
         """Sample once; record a heartbeat when one is due."""
         had_sample = self._sample is not None
+        if notices.waiting():  # the notices' ear starts once the script imported torch
+            notices.start_if_ready()
         self._arm()
         if not self.armed:
             return
