@@ -3,16 +3,17 @@ one ``all_reduce`` of the gradients per step.
 
 Environment (all optional):
 
-- ``DRAIN_MODE``: ``cooperate`` (default: ``should_stop()`` every step,
-  then save and return), ``plain`` (never imports eventbus; its own SIGTERM handler writes
-  ``sigterm_rank<R>`` with its ``time.time()`` and exits 0), ``ignore`` (rank DRAIN_RANK
-  subscribes to PREEMPTING, writes ``heard_rank<R>``, and trains on; when its peer is gone
-  it waits (sleeps) instead of ending: it never stops by itself), ``hang`` (rank
-  DRAIN_RANK spins in Python after the ready step: its peers wait in the collective),
-  ``crash`` (rank DRAIN_RANK exits 1 after the ready step; the others stop stepping and wait up to 3 s (also in their SIGTERM handler: the
-  agent stops the group at once) for the peer's ``WORKER_EXIT`` to reach them, writing
-  ``heard_rank<R>.json``), ``slow_restart`` (``crash`` in attempt 0,
-  and in attempt 1 every rank sleeps 60 s before it starts, writing ``restarted_rank<R>``);
+- ``DRAIN_MODE``: ``cooperate`` (default: ``should_stop()`` every step, then save and
+  return); ``plain`` (never imports eventbus; its own SIGTERM handler writes
+  ``sigterm_rank<R>`` with its ``time.time()`` and exits 0); ``ignore`` (rank DRAIN_RANK
+  subscribes to PREEMPTING, writes ``heard_rank<R>`` and trains on; once its peer is gone
+  it sleeps instead of ending: it never stops by itself); ``hang`` (rank DRAIN_RANK spins
+  in Python after the ready step: its peers wait in the collective); ``crash`` (rank
+  DRAIN_RANK exits 1 after the ready step; the others stop stepping and wait up to 3 s,
+  also in their SIGTERM handler as the agent stops the group at once, for the peer's
+  ``WORKER_EXIT`` to reach them, writing ``heard_rank<R>.json``); ``slow_restart``
+  (``crash`` in attempt 0, and in attempt 1 every rank sleeps 60 s before it starts,
+  writing ``restarted_rank<R>``);
 - ``DRAIN_STEPS`` (default 100000), ``DRAIN_STEP_S`` (default 0.02 compute sleep a step);
 - ``DRAIN_READY_AT`` (default 20): each rank writes ``ready_rank<R>`` after that step;
 - ``DRAIN_SAVE_S`` (default 0.3): how long the checkpoint's save takes (a sleep before it);
