@@ -16,6 +16,7 @@ the signal sent to the agent's pid alone (as a scheduler's kill of the main proc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -158,6 +159,23 @@ def test_sigterm_drains_every_rank_at_one_step_with_its_checkpoint(tmp_path: Pat
     assert preempting["reason"] == "SIGTERM on node 0" and preempting["deadline_s"] <= 30
     assert {e["worker_id"]: e["exit_code"] for e in job.events("WORKER_EXIT")} == {0: 0, 1: 0}
     _no_agent_traceback(job)
+
+
+@pytest.mark.timeout(180)
+def test_a_subscriber_that_blocks_or_raises_on_preempting_costs_nothing_else(
+        tmp_path: Path) -> None:
+    """Each rank's script subscribes to PREEMPTING one subscriber that blocks for good and
+    one that raises: every rank still stops at one step with its checkpoint, the job ends
+    drained long before the grace (RELIABILITY row 39)."""
+    job = Job(tmp_path, "--drain-grace", "60", blocker="1")
+    job.wait_for("ready_rank0", "ready_rank1")
+    job.signal()
+    job.finish()
+    facts = _drained(job)
+    assert all((job.out / f"blocked_rank{r}").exists() for r in (0, 1))
+    stops = [job.json(f"stopped_rank{r}.json")["step"] for r in (0, 1)]
+    assert stops[0] == stops[1] == facts["stop_step"] and facts["late_ranks"] == []
+    assert job.took < 30, job.took
 
 
 @pytest.mark.timeout(240)
@@ -306,3 +324,35 @@ def test_two_nodes_a_signal_to_node_1_drains_both_at_one_step(tmp_path: Path) ->
     # node 1's PREEMPTING reached group rank 0's stream through the job view
     assert [e["node"] for e in jobs[0].events("PREEMPTING")] == [1]
     assert jobs[1].took < 30
+
+
+@pytest.mark.timeout(240)
+def test_the_store_gone_during_a_drain_still_ends_by_the_deadline(tmp_path: Path) -> None:
+    """Two nodes; node 1 gets SIGTERM, and node 0's agent (the store's host) is killed a
+    moment later. Node 1 still ends drained, by its deadline plus the kill grace and its
+    bounded exit (RELIABILITY row 39)."""
+    port = _free_port()
+    jobs: Sequence[Job] = [Job(tmp_path, "--drain-grace", "8", name=f"node{n}",
+                               nodes=(n, port, 2), save_s="2") for n in (0, 1)]
+    orphans: list[int] = []
+    try:
+        for job in jobs:
+            job.wait_for("ready_rank0", "ready_rank1")
+        orphans = [e["worker_pid"] for e in jobs[0].events("WORKER_START")
+                   if e.get("worker_pid")]
+        jobs[1].signal()
+        time.sleep(0.3)
+        os.kill(jobs[0].proc.pid, signal.SIGKILL)
+        code = jobs[1].finish(timeout=120)
+    finally:
+        for job in jobs:
+            if job.proc.poll() is None:
+                job.kill()
+        for pid in orphans:  # node 0's workers lost their agent: end them
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert code == 75, jobs[1].stderr[-4000:]
+    (agent_exit,) = jobs[1].events("AGENT_EXIT")
+    assert agent_exit["state"] == "PREEMPTED"
+    assert jobs[1].took < 8 + KILL_GRACE_S + 25, jobs[1].took
+

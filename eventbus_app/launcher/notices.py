@@ -16,6 +16,7 @@ An agent plugin (:class:`NoticeBoard`, one of :func:`~eventbus.app.launcher.agen
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -193,20 +194,26 @@ class NoticeBoard:
                 except Exception:
                     logger.exception("eventbus: another node's drain could not start here")
 
-    def stop_step(self) -> int | None:
-        """The drain's agreed stop step, if the workers agreed on one."""
-        info, seq = self.info, self.drain_seq
-        if info is None or seq is None or self.root is None:
+    def stop_step(self, timeout: float = 1.0) -> int | None:
+        """The drain's agreed stop step, if the workers agreed on one; None when it is not
+        known within ``timeout`` (the store gone or cut off: the agent's exit must not
+        wait for a store call's own timeout)."""
+        info, seq, root = self.info, self.drain_seq, self.root
+        if info is None or seq is None or root is None:
             return None
-        key = log.drain_keys(self.root, seq, 0)["stop"]
-        try:
-            with self._client_lock:
-                if self._client is None or not self._client.check([key]):
-                    return None
-                value = int(bytes(self._client.get(key)).decode())
-        except Exception:
-            return None
-        return value if value >= 0 else None
+        key = log.drain_keys(root, seq, 0)["stop"]
+        found: list[int] = []
+
+        def read() -> None:
+            with contextlib.suppress(Exception), self._client_lock:
+                if self._client is not None and self._client.check([key]):
+                    found.append(int(bytes(self._client.get(key)).decode()))
+
+        with _signals_held():
+            reader = threading.Thread(target=read, daemon=True, name="eventbus-stop-step")
+            reader.start()
+        reader.join(timeout)
+        return found[0] if found and found[0] >= 0 else None
 
 
 def _own_notice(event: Event) -> bool:

@@ -14,6 +14,8 @@ Environment (all optional):
   ``WORKER_EXIT`` to reach them, writing ``heard_rank<R>.json``); ``slow_restart``
   (``crash`` in attempt 0, and in attempt 1 every rank sleeps 60 s before it starts,
   writing ``restarted_rank<R>``);
+- ``DRAIN_BLOCKER``: ``1``: the script also subscribes to PREEMPTING a subscriber that
+  blocks for good and one that raises (they must cost nobody else anything);
 - ``DRAIN_STEPS`` (default 100000), ``DRAIN_STEP_S`` (default 0.02 compute sleep a step);
 - ``DRAIN_READY_AT`` (default 20): each rank writes ``ready_rank<R>`` after that step;
 - ``DRAIN_SAVE_S`` (default 0.3): how long the checkpoint's save takes (a sleep before it);
@@ -63,6 +65,15 @@ def main() -> None:
             eventbus.get_default_bus().subscribe(
                 eventbus.EventType.PREEMPTING,
                 on_event=lambda e: (out / f"heard_rank{rank}").write_text(str(time.time())))
+        if env("DRAIN_BLOCKER") == "1":
+            def block(event: object) -> None:
+                (out / f"blocked_rank{rank}").write_text(str(time.time()))
+                time.sleep(3600)
+
+            def boom(event: object) -> None:
+                raise RuntimeError("a subscriber's bug")
+            eventbus.get_default_bus().subscribe(eventbus.EventType.PREEMPTING, on_event=block)
+            eventbus.get_default_bus().subscribe(eventbus.EventType.PREEMPTING, on_event=boom)
         heard: list[object] = []
         if mode in ("crash", "slow_restart"):
             eventbus.get_default_bus().subscribe(
