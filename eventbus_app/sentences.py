@@ -8,12 +8,15 @@ webhook and TensorBoard's text, and the timeline plot all say an event with
     rank 2 is slow at step 120: step time 0.41 s, 2.6 x its peers' median 0.16 s
     the group restarts as attempt 1 (1 restart left): rank 1 failed (exit code 3)
     the job was stopped (exit code 3): rank 1 failed (exit code 3); STOP from fatal
+    drain: SIGTERM on node 1, 20 s to stop
+    the job was preempted by SIGTERM on node 1 (exit code 75): every rank stopped at step
+    42; 1.4 s of the 20 s grace used
 
 Facts travel as fields, prose is made here, once: what a reader decides on (a stop, a
 collateral exit, the job's outcome) is read from the events' fields (``cause``,
-``data["stopped_by_agent"]``, ``state``) by :func:`cause_of`, :func:`stopped_by_agent` and
-:func:`job_outcome`, never from a sentence. A long message is cut by one rule,
-:func:`first_line`.
+``data["stopped_by_agent"]``, ``state``, ``data["drain"]``) by :func:`cause_of`,
+:func:`stopped_by_agent`, :func:`job_outcome` and :func:`drain_facts`, never from a sentence.
+A long message is cut by one rule, :func:`first_line`.
 
 An event is anything shaped like one (:class:`EventLike`): a typed :class:`eventbus.Event`,
 a :class:`~eventbus.app.readers.records.Record` read back from a file (typed fields in its
@@ -28,6 +31,7 @@ A base module of the application: torch-free, it imports only the core and
 from __future__ import annotations
 
 import math
+import signal as signals
 from collections.abc import Callable
 from collections.abc import Mapping
 from typing import Any
@@ -43,6 +47,9 @@ __all__ = [
     "as_int",
     "as_number",
     "cause_of",
+    "drain_banner",
+    "drain_facts",
+    "drain_result",
     "first_line",
     "job_outcome",
     "restarts_text",
@@ -57,6 +64,8 @@ MESSAGE_CHARS = 200
 REASON_CHARS = 400
 
 _CAUSES = frozenset(c.value for c in Cause)
+#: the state of a drained job's ``AGENT_EXIT`` (the agent's drain, not torch's states)
+PREEMPTED = "PREEMPTED"
 
 
 class EventLike(Protocol):
@@ -151,8 +160,9 @@ def cause_of(event: EventLike) -> str | None:
     """Why a worker exited, the group restarted or the job ended: the event's ``cause``
     field (a :class:`~eventbus.Cause` value; one this version does not know reads as
     ``"failure"``). A file written before the field: ``"failure"`` for a non-zero
-    ``WORKER_EXIT`` and an unsuccessful ``AGENT_EXIT``, ``"stall"`` for
-    ``WORKER_STALLED``; None for a success and for what says no cause."""
+    ``WORKER_EXIT`` and an unsuccessful ``AGENT_EXIT`` (``"preemption"`` for its state
+    ``PREEMPTED``), ``"stall"`` for ``WORKER_STALLED``; None for a success and for what
+    says no cause."""
     kind = _type_name(event)
     cause = _str(_field(event, "cause"))
     if cause is not None:
@@ -161,6 +171,8 @@ def cause_of(event: EventLike) -> str | None:
         return Cause.FAILURE.value if _field(event, "exit_code") not in (0, None) else None
     if kind == "AGENT_EXIT":
         state = _field(event, "state")
+        if state == PREEMPTED:
+            return Cause.PREEMPTION.value
         return Cause.FAILURE.value if state not in ("SUCCEEDED", None) else None
     if kind == "WORKER_STALLED":
         return Cause.STALL.value
@@ -182,19 +194,134 @@ def stopped_by_agent(event: EventLike) -> bool:
 
 def job_outcome(event: EventLike) -> str:
     """How a job ended, from its ``AGENT_EXIT``: ``"succeeded"``, ``"stopped"`` (a
-    reactor's STOP here or on another node: ``cause`` ``"stop"`` or ``"remote_stop"``) or
-    ``"failed"`` (anything else, a file without ``cause`` included) - the words of
-    ``/api/state``'s ``status``, and of ``eventbus plot``'s heading."""
+    reactor's STOP here or on another node: ``cause`` ``"stop"`` or ``"remote_stop"``),
+    ``"preempted"`` (a drain signal drained it: state ``PREEMPTED``, ``cause``
+    ``"preemption"``; neither a failure nor a success) or ``"failed"`` (anything else, a
+    file without ``cause`` included) - the words of ``/api/state``'s ``status``, and of
+    ``eventbus plot``'s heading."""
     if _field(event, "state") == "SUCCEEDED":
         return "succeeded"
-    if cause_of(event) in (Cause.STOP.value, Cause.REMOTE_STOP.value):
+    cause = cause_of(event)
+    if cause in (Cause.STOP.value, Cause.REMOTE_STOP.value):
         return "stopped"
+    if cause == Cause.PREEMPTION.value:
+        return "preempted"
     return "failed"
+
+
+def drain_facts(event: EventLike) -> dict[str, Any] | None:
+    """The drain of a preempted job's ``AGENT_EXIT`` (``data["drain"]``), each value read
+    as its type or None (a file may hold anything): ``signal``, ``node``, ``grace_s``,
+    ``used_s``, ``stop_step``, ``late_ranks`` (sorted ints), ``failed_ranks`` (rank ->
+    exit code, ints) and ``escalated``. None when the event holds no drain."""
+    drain = _data(event).get("drain")
+    if not isinstance(drain, Mapping):
+        return None
+    late = drain.get("late_ranks")
+    failed = drain.get("failed_ranks")
+    failed_ranks: dict[int, int] = {}
+    if isinstance(failed, Mapping):
+        for key, code in failed.items():
+            rank, value = _rank_key(key), as_int(code)
+            if rank is not None and value is not None:
+                failed_ranks[rank] = value
+    return {
+        "signal": _str(drain.get("signal")),
+        "node": as_int(drain.get("node")),
+        "grace_s": as_number(drain.get("grace_s")),
+        "used_s": as_number(drain.get("used_s")),
+        "stop_step": as_int(drain.get("stop_step")),
+        "late_ranks": sorted({r for r in late if as_int(r) is not None})
+        if isinstance(late, list) else [],
+        "failed_ranks": dict(sorted(failed_ranks.items())),
+        "escalated": drain.get("escalated") is True,
+    }
+
+
+def _rank_key(key: object) -> int | None:
+    """A rank written as a JSON object's key (``"3"``), or as an int."""
+    if as_int(key) is not None:
+        return as_int(key)
+    if isinstance(key, str) and key.isdigit():
+        return int(key)
+    return None
 
 
 def restarts_text(left: int) -> str:
     """``1 restart left``, ``2 restarts left``."""
     return f"{left} restart{'' if left == 1 else 's'} left"
+
+
+def _seconds(value: float) -> str:
+    """``20 s``, ``1.8 s``, ``3 s``: a drain's times, as a person reads them."""
+    text = f"{value:.0f}" if abs(value) >= 10 else f"{value:.1f}".removesuffix(".0")
+    return f"{text} s"
+
+
+#: ranks named one by one in a sentence at most (more: "and N more")
+_RANKS_NAMED = 8
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    """``rank 1``, ``ranks 1, 3``, ``ranks 0, 1, ... and 56 more``."""
+    named = ", ".join(map(str, ranks[:_RANKS_NAMED]))
+    if len(ranks) > _RANKS_NAMED:
+        named += f" and {len(ranks) - _RANKS_NAMED} more"
+    return f"rank{'' if len(ranks) == 1 else 's'} {named}"
+
+
+def _ended_how(code: int) -> str:
+    if code < 0:
+        try:
+            return f"ended on {signals.Signals(-code).name}"
+        except ValueError:
+            return f"ended on signal {-code}"
+    return f"ended with exit code {code}"
+
+
+def drain_result(facts: Mapping[str, Any] | None) -> str:
+    """How a drain went, from :func:`drain_facts`: ``every rank stopped at step 42``;
+    ``the other ranks stopped at step 34; rank 1 did not stop in time``; ``no stop step
+    was agreed; ranks 0, 1 ended on SIGTERM``. ``the job drained`` without facts."""
+    if not facts:
+        return "the job drained"
+    stop = as_int(facts.get("stop_step"))
+    late = [r for r in facts.get("late_ranks") or () if as_int(r) is not None]
+    failed = facts.get("failed_ranks")
+    failed = failed if isinstance(failed, Mapping) else {}
+    if stop is None:
+        parts = ["no stop step was agreed"]
+    elif late or failed:
+        parts = [f"the other ranks stopped at step {stop}"]
+    else:
+        parts = [f"every rank stopped at step {stop}"]
+    if late:
+        parts.append(f"{_ranks_text(late)} did not stop in time")
+    how: dict[str, list[int]] = {}
+    for rank, code in failed.items():
+        if as_int(rank) is not None and as_int(code) is not None:
+            how.setdefault(_ended_how(code), []).append(rank)
+    parts += [f"{_ranks_text(sorted(ranks))} {ended}" for ended, ranks in how.items()]
+    return "; ".join(parts)
+
+
+def _drain_origin(signal: str | None, node: int | None) -> str:
+    """``SIGTERM on node 1``: what started a drain."""
+    what = signal or "a drain signal"
+    return f"{what} on node {node}" if node is not None else what
+
+
+def drain_banner(*, reason: str | None = None, signal: str | None = None,
+                 node: int | None = None, left_s: float | None = None,
+                 facts: Mapping[str, Any] | None = None, ended: bool = False) -> str:
+    """The job view's line about a drain: ``draining: SIGTERM on node 1, 12 s left``
+    while the job drains (``reason``: the ``PREEMPTING``'s, else its ``signal`` and
+    ``node``; ``left_s``: the time left), ``preempted: every rank stopped at step 42``
+    once it ended (``facts``: the ``AGENT_EXIT``'s :func:`drain_facts`)."""
+    if ended:
+        return f"preempted: {drain_result(facts)}"
+    text = f"draining: {reason or _drain_origin(signal, node)}"
+    return text + (f", {_seconds(max(0.0, left_s))} left" if left_s is not None else "")
 
 
 # -- the sentences -----------------------------------------------------------------------
@@ -207,6 +334,7 @@ _STOPPED_BECAUSE = {
     Cause.REMOTE_STOP.value: "because another node stopped the job",
     Cause.MEMBERSHIP.value: "because the group re-forms through the rendezvous",
     Cause.ERROR.value: "because the agent failed",
+    Cause.PREEMPTION.value: "because it did not stop within the drain's grace",
 }
 
 
@@ -214,7 +342,19 @@ def _worker_exit(event: EventLike, short: bool) -> str:
     code = _field(event, "exit_code")
     signal = _str(_field(event, "signal"))
     how = f"signal {signal}" if signal else f"exit code {code}"
+    data = _data(event)
+    if data.get("drained") is True and data.get("stopped_by_agent") is not True:
+        # it ended by itself during a drain: it stopped as asked, or (not 0) on the
+        # signal its own bootstrap forwarded at once, or it failed meanwhile
+        text = ("stopped for the drain" if code == 0 else "ended during the drain") + \
+            f" ({how})"
+        if short:
+            return text
+        message = "" if code == 0 else first_line(_str(_field(event, "message")))
+        return f"{_who(event)} {text}" + (f": {message}" if message else "")
     if stopped_by_agent(event):
+        if short and _str(_field(event, "cause")) == Cause.PREEMPTION.value:
+            return f"did not stop in time ({signal or how})"
         text = f"stopped by the agent ({signal or how})"
         if short:
             return text
@@ -289,6 +429,8 @@ def _agent_exit(event: EventLike, short: bool) -> str:
     outcome = job_outcome(event)
     if outcome == "succeeded":
         return "the job succeeded"
+    if outcome == "preempted":
+        return _preempted(event, short)
     cause = cause_of(event)
     if outcome == "stopped":
         text = "the job was stopped"
@@ -303,6 +445,43 @@ def _agent_exit(event: EventLike, short: bool) -> str:
         text += f" (exit code {code})"
     reason = first_line(_str(_field(event, "reason")), limit=REASON_CHARS)
     return text if short or not reason else f"{text}: {reason}"
+
+
+def _preempted(event: EventLike, short: bool) -> str:
+    """A drained job's end: what drained it and how the ranks stopped, from
+    ``data["drain"]`` (the ``reason``, the agent's own line, only without it)."""
+    facts = drain_facts(event)
+    code = as_int(_field(event, "exit_code"))
+    exit_text = f" (exit code {code})" if code is not None else ""
+    if short:
+        return f"the job was preempted{exit_text}"
+    if facts is None:
+        reason = first_line(_str(_field(event, "reason")), limit=REASON_CHARS)
+        return f"the job was preempted{exit_text}" + (f": {reason}" if reason else "")
+    text = (f"the job was preempted by {_drain_origin(facts['signal'], facts['node'])}"
+            f"{exit_text}: {drain_result(facts)}")
+    used, grace = facts["used_s"], facts["grace_s"]
+    if used is not None and grace is not None:
+        text += f"; {_seconds(used)} of the {_seconds(grace)} grace used"
+    if facts["escalated"]:
+        text += ", cut short by a second signal"
+    return text
+
+
+def _preempting(event: EventLike, short: bool) -> str:
+    deadline = as_number(_field(event, "deadline_s"))
+    grace = as_number(_field(event, "grace_s"))
+    if deadline is None:
+        left = ""
+    elif grace is not None and grace - deadline > 0.5:
+        left = f"{_seconds(deadline)} of the {_seconds(grace)} grace left"
+    else:
+        left = f"{_seconds(deadline)} to stop"
+    if short:
+        return "drain" + (f" ({left})" if left else "")
+    reason = first_line(_str(_field(event, "reason"))) or _drain_origin(
+        _str(_field(event, "signal")), as_int(_field(event, "node")))
+    return f"drain: {reason}" + (f", {left}" if left else "")
 
 
 def _rendezvous(event: EventLike, short: bool) -> str:
@@ -335,6 +514,7 @@ _SENTENCES: dict[str, Callable[[EventLike, bool], str]] = {
     "AGENT_EXIT": _agent_exit,
     "RENDEZVOUS": _rendezvous,
     "EVENTS_LOST": _events_lost,
+    "PREEMPTING": _preempting,
 }
 
 

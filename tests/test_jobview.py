@@ -204,3 +204,92 @@ def test_an_attempt_ended_for_a_stall_failed_and_a_stopped_worker_is_collateral(
     assert [a.outcome for a in view.attempts] == ["failed", "succeeded"]
     (run,) = view.runs
     assert run.stopped_by_agent and run.failed
+
+
+# -- a drain (preemption) ----------------------------------------------------------------------
+
+#: the drain's facts the agent puts in the preempted job's AGENT_EXIT (launcher/drain.py)
+DRAIN_FACTS = {"signal": "SIGTERM", "node": 0, "grace_s": 3.0, "used_s": 3.027,
+               "stop_step": 34, "late_ranks": [1], "failed_ranks": {}, "escalated": False}
+
+
+def drained_job_lines(t0: float = 1_764_410_000.0, *, deadline_s: float = 3.0,
+                      ended: bool = True) -> list[str]:
+    """A 2-rank job on one node drained by SIGTERM to its agent, as the JSONL lines
+    `eventbus run --events-jsonl` writes (the shape of a real run of
+    tests/jobs/drain_train.py with DRAIN_MODE=ignore): PREEMPTING at t0+6, rank 0 stops by
+    itself at step 34 (WORKER_EXIT 0, data["drained"]), rank 1 does not stop within the
+    grace (its agent's SIGTERM: WORKER_EXIT cause "preemption", data["stopped_by_agent"]),
+    the job ends PREEMPTED with exit code 75. ``ended`` False: the lines up to the
+    PREEMPTING only (the job still drains)."""
+    def line(type_: str, t: float, rank: int | None = None,
+             data: dict[str, object] | None = None, **fields: object) -> str:
+        context = {"rank": rank, "local_rank": rank, "group_rank": 0, "world_size": 2,
+                   "local_world_size": 2, "role": "default", "run_id": "drained",
+                   "restart_count": 0, "hostname": "node-a",
+                   "pid": 100 if rank is None else 200 + rank}
+        return json.dumps({"type": type_, "timestamp": t0 + t, **fields,
+                           "data": data or {}, "context": context}) + "\n"
+
+    lines = [line("AGENT_START", 0.0, entrypoint="python", max_restarts=0, nproc_per_node=2),
+             line("RENDEZVOUS", 0.3, state="SUCCEEDED", name="c10d", duration_s=0.3)]
+    lines += [line("WORKER_START", 0.5, worker_id=r, worker_local_rank=r, worker_pid=200 + r)
+              for r in (0, 1)]
+    lines += [line("METRIC", 1.0 + s, r, step=8 * s, data={"loss": 1.0 / (1 + s)})
+              for s in range(5) for r in (0, 1)]
+    lines += [line("PREEMPTING", 6.0, deadline_s=deadline_s, reason="SIGTERM on node 0",
+                   signal="SIGTERM", node=0, grace_s=deadline_s)]
+    if not ended:
+        return lines
+    lines += [
+        line("CHECKPOINT_SAVED", 6.8, 0, path="ckpt_rank0.pt", step=34, duration_s=0.3),
+        line("WORKER_EXIT", 7.0, worker_id=0, exit_code=0, worker_local_rank=0,
+             worker_pid=200, data={"attempt": 0, "drained": True}),
+        line("WORKER_EXIT", 9.0, worker_id=1, exit_code=-15, worker_local_rank=1,
+             worker_pid=201, signal="SIGTERM", cause="preemption",
+             message="stopped by the agent: did not stop within the drain's grace (3 s): "
+                     "SIGTERM, then SIGKILL",
+             data={"attempt": 0, "stopped_by_agent": True}),
+        line("AGENT_EXIT", 9.05, state="PREEMPTED", exit_code=75, cause="preemption",
+             reason="SIGTERM on node 0: the job drained (the other ranks stopped at step 34; "
+                    "3.0 s of the 3 s grace used); rank 1 did not stop in time (SIGTERM, "
+                    "then SIGKILL); exit code 75",
+             data={"drain": DRAIN_FACTS}),
+    ]
+    return lines
+
+
+def drained_job(*, ended: bool = True) -> list[Record]:
+    """:func:`drained_job_lines` read back."""
+    records = []
+    for text in drained_job_lines(ended=ended):
+        record = decode_line(text.rstrip("\n"))
+        assert isinstance(record, Record)
+        records.append(record)
+    return records
+
+
+def test_a_drain_is_a_span_from_preempting_to_the_jobs_end() -> None:
+    """PREEMPTING to the job's AGENT_EXIT is the job's drain, with the end's facts; the
+    job and its last attempt are "preempted" (neither failed nor succeeded); without the
+    end yet the drain runs to the last event and the job is still running."""
+    view = JobView.from_records(drained_job())
+    (drain,) = view.drains
+    assert drain.start == 1_764_410_006.0 and drain.end == 1_764_410_009.05
+    assert drain.preempting.type == "PREEMPTING"
+    assert drain.exit is not None and drain.exit.type == "AGENT_EXIT"
+    assert drain.facts is not None and drain.facts["late_ranks"] == [1]
+    assert drain.facts["stop_step"] == 34 and drain.facts["failed_ranks"] == {}
+    assert view.outcome() == "PREEMPTED"
+    assert [a.outcome for a in view.attempts] == ["preempted"]
+    late = next(w for w in view.runs if w.rank == 1)
+    assert late.stopped_by_agent and late.exit_code == -15
+    drained = next(w for w in view.runs if w.rank == 0)
+    assert drained.exit_code == 0 and not drained.failed
+    draining = JobView.from_records(drained_job(ended=False))
+    (open_drain,) = draining.drains
+    assert open_drain.exit is None and open_drain.facts is None
+    assert open_drain.end == open_drain.start == draining.t1
+    assert draining.outcome() == "unknown"
+    assert [a.outcome for a in draining.attempts] == ["running"]
+    assert JobView.from_files([NODE0, NODE1]).drains == []

@@ -224,8 +224,9 @@ def test_a_rank_that_ignores_the_notice_is_killed_at_the_deadline_and_named(
     assert (job.out / "heard_rank1").exists() and (job.out / "ckpt_rank0.pt").exists()
     assert facts["late_ranks"] == [1], facts
     assert 6 <= job.took < 6 + KILL_GRACE_S + 10, job.took
-    late = [e for e in job.events("WORKER_EXIT") if e["worker_id"] == 1]
-    assert late and late[0]["cause"] == "preemption" and late[0]["data"]["stopped_by_agent"]
+    exits = {e["worker_id"]: e for e in job.events("WORKER_EXIT")}
+    assert exits[1]["cause"] == "preemption" and exits[1]["data"]["stopped_by_agent"]
+    assert exits[0]["exit_code"] == 0 and exits[0]["data"]["drained"]  # stopped in time
     (line,) = [line for line in job.lines() if "drained" in line]
     assert "rank 1 did not stop in time (SIGTERM, then SIGKILL)" in line, line
 

@@ -12,6 +12,9 @@ import eventbus
 from eventbus.app.readers.records import Record
 from eventbus.app.readers.records import decode_line
 from eventbus.app.sentences import cause_of
+from eventbus.app.sentences import drain_banner
+from eventbus.app.sentences import drain_facts
+from eventbus.app.sentences import drain_result
 from eventbus.app.sentences import first_line
 from eventbus.app.sentences import job_outcome
 from eventbus.app.sentences import restarts_text
@@ -150,6 +153,93 @@ def test_the_end_of_the_job_reads_its_cause() -> None:
     assert _says(eventbus.AgentExit(state="SUCCEEDED", exit_code=0)) == "the job succeeded"
 
 
+def test_a_drain_says_what_drains_the_job_and_the_time_to_stop() -> None:
+    """PREEMPTING: "drain: " the reason, and the seconds to stop (of the whole grace when
+    less is left: another node's drain that took time to arrive); without a reason, the
+    signal and the node."""
+    drain = eventbus.Preempting(deadline_s=20.0, reason="SIGTERM on node 1", signal="SIGTERM",
+                                node=1, grace_s=20.0)
+    assert _says(drain) == "drain: SIGTERM on node 1, 20 s to stop"
+    assert _says(drain, short=True) == "drain (20 s to stop)"
+    late = eventbus.Preempting(deadline_s=12.4, reason="SIGUSR1 on node 3", grace_s=20.0)
+    assert _says(late) == "drain: SIGUSR1 on node 3, 12 s of the 20 s grace left"
+    bare = eventbus.Preempting(deadline_s=2.5, reason="", signal="SIGTERM", node=0)
+    assert _says(bare) == "drain: SIGTERM on node 0, 2.5 s to stop"
+
+
+def _preempted(drain: dict[str, Any] | None, **fields: Any) -> eventbus.AgentExit:
+    return eventbus.AgentExit(state="PREEMPTED", exit_code=75, cause="preemption",
+                              data={} if drain is None else {"drain": drain}, **fields)
+
+
+def test_a_preempted_end_says_how_the_ranks_stopped_from_the_drains_facts() -> None:
+    """AGENT_EXIT PREEMPTED: "the job was preempted by" the signal and node, its exit code,
+    then how the ranks stopped (the stop step, who did not stop in time, who ended
+    otherwise) and the grace used, from data["drain"]; the short form only the first
+    part; without data["drain"], the agent's reason."""
+    facts = {"signal": "SIGTERM", "node": 1, "grace_s": 20.0, "used_s": 1.4,
+             "stop_step": 42, "late_ranks": [], "failed_ranks": {}, "escalated": False}
+    clean = _preempted(facts)
+    assert _says(clean) == ("the job was preempted by SIGTERM on node 1 (exit code 75): "
+                            "every rank stopped at step 42; 1.4 s of the 20 s grace used")
+    assert _says(clean, short=True) == "the job was preempted (exit code 75)"
+    late = _preempted({**facts, "late_ranks": [3, 1], "used_s": 20.02, "escalated": True,
+                       "failed_ranks": {"2": -15, "5": 1, "6": -15}})
+    assert _says(late) == (
+        "the job was preempted by SIGTERM on node 1 (exit code 75): the other ranks "
+        "stopped at step 42; ranks 1, 3 did not stop in time; ranks 2, 6 ended on "
+        "SIGTERM; rank 5 ended with exit code 1; 20 s of the 20 s grace used, cut short "
+        "by a second signal")
+    none_agreed = _preempted({**facts, "stop_step": None, "used_s": None})
+    assert _says(none_agreed) == ("the job was preempted by SIGTERM on node 1 (exit code "
+                                  "75): no stop step was agreed")
+    reason = "SIGTERM on node 0: the job drained (every rank stopped at step 7); exit code 75"
+    assert _says(_preempted(None, reason=reason)) == (
+        f"the job was preempted (exit code 75): {reason}")
+    many = _preempted({**facts, "late_ranks": list(range(20))})
+    assert "ranks 0, 1, 2, 3, 4, 5, 6, 7 and 12 more did not stop in time" in _says(many)
+
+
+def test_a_drains_worker_exits() -> None:
+    """WORKER_EXIT in a drain: a rank that stopped by itself (data["drained"], code 0), one
+    its agent stopped at the deadline (cause "preemption", data["stopped_by_agent"]: it did
+    not stop in time), one that ended otherwise meanwhile (drained, not 0)."""
+    stopped = eventbus.WorkerExit(worker_id=0, exit_code=0, data={"drained": True})
+    assert _says(stopped) == "rank 0 stopped for the drain (exit code 0)"
+    assert _says(stopped, short=True) == "stopped for the drain (exit code 0)"
+    late = eventbus.WorkerExit(worker_id=1, exit_code=-15, signal="SIGTERM",
+                               cause="preemption", data={"stopped_by_agent": True})
+    assert _says(late) == ("rank 1 was stopped by the agent (SIGTERM) because it did not "
+                           "stop within the drain's grace")
+    assert _says(late, short=True) == "did not stop in time (SIGTERM)"
+    assert stopped_by_agent(late) and stopped_by_agent(_record(late))
+    ended = eventbus.WorkerExit(worker_id=2, exit_code=-15, signal="SIGTERM",
+                                cause="preemption", data={"drained": True})
+    assert _says(ended) == "rank 2 ended during the drain (signal SIGTERM)"
+
+
+def test_the_drains_banner_and_facts() -> None:
+    """drain_banner: "draining: ..., N s left" while it drains, "preempted: ..." at its
+    end; drain_facts reads data["drain"] as types, whatever a file holds."""
+    assert drain_banner(reason="SIGTERM on node 1", left_s=12.3) == (
+        "draining: SIGTERM on node 1, 12 s left")
+    assert drain_banner(signal="SIGUSR1", node=2, left_s=-1.0) == (
+        "draining: SIGUSR1 on node 2, 0 s left")
+    facts = drain_facts(_preempted({"stop_step": 42, "late_ranks": [2, "x", True],
+                                    "failed_ranks": {"1": 3, "x": 1, "4": "no"},
+                                    "grace_s": "20", "escalated": "yes"}))
+    assert facts == {"signal": None, "node": None, "grace_s": None, "used_s": None,
+                     "stop_step": 42, "late_ranks": [2], "failed_ranks": {1: 3},
+                     "escalated": False}
+    assert drain_banner(facts=facts, ended=True) == (
+        "preempted: the other ranks stopped at step 42; rank 2 did not stop in time; rank 1 "
+        "ended with exit code 3")
+    assert drain_banner(ended=True) == "preempted: the job drained"
+    assert drain_result({"stop_step": 9}) == "every rank stopped at step 9"
+    assert drain_facts(eventbus.AgentExit(state="PREEMPTED")) is None
+    assert drain_facts(_preempted(None)) is None
+
+
 def test_a_failed_rendezvous() -> None:
     """RENDEZVOUS FAILED: its message's line; a successful one: how long it took."""
     failed = eventbus.Rendezvous(state="FAILED", message="timed out\nafter 900 s")
@@ -185,6 +275,16 @@ def test_the_facts_are_read_from_fields_with_a_fallback_for_old_files() -> None:
         end = eventbus.AgentExit(state="FAILED", cause=cause, reason="STOP from fatal")
         assert job_outcome(end) == job_outcome(_record(end)) == outcome
     assert job_outcome(eventbus.AgentExit(state="SUCCEEDED")) == "succeeded"
+
+
+def test_a_preempted_job_is_its_own_outcome() -> None:
+    """AGENT_EXIT PREEMPTED / cause "preemption": "preempted", neither failed nor
+    succeeded; a file without the cause field reads the state."""
+    for end in (eventbus.AgentExit(state="PREEMPTED", exit_code=75, cause="preemption"),
+                eventbus.AgentExit(state="PREEMPTED", exit_code=75)):
+        for event in (end, _record(end)):
+            assert job_outcome(event) == "preempted"
+            assert cause_of(event) == "preemption"
 
 
 @pytest.mark.parametrize("kind", ["WORKER_EXIT", "WORKER_STALLED", "AGENT_EXIT"])

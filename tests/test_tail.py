@@ -129,6 +129,29 @@ def test_a_worker_the_agent_stopped_is_yellow_from_its_fields() -> None:
     assert "\x1b[1;31mWORKER_EXIT" in format_record(own, colour=True)
 
 
+def test_a_drain_is_cyan_and_its_late_worker_yellow_not_red() -> None:
+    """PREEMPTING and a preempted job's AGENT_EXIT are bold cyan (a drain: neither a
+    failure nor a success), the worker that did not stop in time yellow (its agent
+    stopped it), the one that stopped by itself green."""
+    from tests.test_jobview import drained_job_lines
+
+    shown = {}
+    for line in drained_job_lines():
+        record = decode_line(line.rstrip("\n"))
+        assert isinstance(record, Record)
+        key = record.type + (f" {record.fields['worker_id']}"
+                             if record.type == "WORKER_EXIT" else "")
+        shown[key] = format_record(record, colour=True)
+    assert "\x1b[1;36mPREEMPTING" in shown["PREEMPTING"]
+    assert "\x1b[1;36mAGENT_EXIT" in shown["AGENT_EXIT"]
+    assert "\x1b[33mWORKER_EXIT" in shown["WORKER_EXIT 1"]
+    assert "\x1b[32mWORKER_EXIT" in shown["WORKER_EXIT 0"]
+    assert not any("\x1b[1;31m" in text for text in shown.values())
+    failed = decode_line(_line("AGENT_EXIT", rank=None, state="FAILED", exit_code=1))
+    assert isinstance(failed, Record)
+    assert "\x1b[1;31mAGENT_EXIT" in format_record(failed, colour=True)
+
+
 def test_hostile_payloads_stay_on_one_line_without_escape_codes() -> None:
     """Newlines, escape sequences and line separators from the file are escaped."""
     record = decode_line(json.dumps({

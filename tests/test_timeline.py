@@ -158,3 +158,31 @@ def test_marks_are_labelled_with_the_events_short_sentences(
     text = svg.read_text()
     assert "stalled for 20.0 s" in text
     assert text.count("failed (signal SIGTERM)") == 2
+
+
+def test_a_drain_is_shaded_and_labelled_with_its_sentences(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A drain is shaded teal from its PREEMPTING to the job's AGENT_EXIT, labelled with
+    the PREEMPTING's sentence and how the drain ended; the rank that did not stop in time
+    is marked (its short sentence); the heading says PREEMPTED, and nothing of it is red."""
+    from eventbus.app.readers import timeline
+    from tests.test_jobview import drained_job
+
+    matplotlib = pytest.importorskip("matplotlib")
+    view = JobView.from_records(drained_job())
+    png = plot_timeline(view, tmp_path / "drained.png")
+    undrained = plot_timeline(JobView.from_records(
+        [r for r in drained_job() if r.type not in ("PREEMPTING", "AGENT_EXIT")]),
+        tmp_path / "undrained.png")
+    assert _pixels_of(png, timeline._DRAIN) > 300
+    assert _pixels_of(undrained, timeline._DRAIN) < 20
+    assert _pixels_of(png, timeline._LATE) > 30
+    assert _red_pixels(png) < 20
+    monkeypatch.setitem(matplotlib.rcParams, "svg.fonttype", "none")  # text kept as text
+    text = plot_timeline(view, tmp_path / "drained.svg").read_text()
+    assert "drain: SIGTERM on node 0, 3 s to stop" in text
+    assert ("preempted: the other ranks stopped at step 34; rank 1 did not stop in time"
+            in text)
+    assert "did not stop in time (SIGTERM)" in text
+    assert "PREEMPTED, 1 attempt(s), 2 rank(s) on 1 node(s)" in text
+    assert "drain (preemption)" in text  # its legend entry

@@ -239,6 +239,33 @@ def test_heartbeats_are_counters_and_a_stall_an_instant() -> None:
     assert stall["name"] == "rank 1 stalled (silent 20.0 s)" and stall["tid"] == 2
 
 
+def test_a_drain_is_a_span_and_its_late_rank_not_a_failure() -> None:
+    """A drain is a span on the agent track from PREEMPTING to the job's end, named with
+    its sentence, the drain's facts in its args; the preempted attempt is yellow, not
+    "terrible"; the rank that did not stop in time is a drain instant; the outcome is
+    PREEMPTED."""
+    from eventbus.app.readers.jobview import JobView
+    from eventbus.app.readers.trace import chrome_trace
+    from tests.test_jobview import DRAIN_FACTS
+    from tests.test_jobview import drained_job
+
+    trace = chrome_trace(JobView.from_records(drained_job()))
+    events = trace["traceEvents"]
+    (drain,) = [e for e in events if e.get("cat") == "drain" and e["ph"] == "X"]
+    assert drain["name"] == "drain: SIGTERM on node 0, 3 s to stop"
+    assert drain["tid"] == 0 and drain["cname"] == "yellow"
+    assert drain["dur"] == pytest.approx(3.05e6)
+    assert drain["args"]["drain"] == DRAIN_FACTS
+    assert drain["args"]["end"].startswith("the job was preempted by SIGTERM on node 0")
+    (attempt,) = [e for e in events if e.get("cat") == "attempt"]
+    assert attempt["args"]["outcome"] == "preempted" and attempt["cname"] == "yellow"
+    (late,) = [e for e in events if e["ph"] == "i" and e["args"].get("type") == "WORKER_EXIT"]
+    assert late["name"] == "rank 1 did not stop in time (SIGTERM)"
+    assert late["cat"] == "drain" and late["tid"] == 2
+    assert not [e for e in events if e.get("cname") == "terrible"]
+    assert trace["otherData"]["outcome"] == "PREEMPTED"
+
+
 def test_default_output_is_next_to_the_first_input(tmp_path: Path) -> None:
     """Without -o the trace is trace.json beside the events file."""
     events = tmp_path / "events.jsonl"

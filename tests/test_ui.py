@@ -41,6 +41,7 @@ from tests.browser import Chromium
 from tests.browser import chromium_or_skip
 from tests.conftest import ROOT
 from tests.conftest import subprocess_env
+from tests.test_jobview import drained_job_lines
 from tests.ui_fixture import write_64_rank_job
 
 FIXTURE = ROOT / "tests" / "fixtures" / "job_node0.jsonl"
@@ -193,6 +194,100 @@ def test_a_collateral_exit_is_read_from_its_fields() -> None:
         assert snap["ranks"][0]["stopped_by_agent"] is True
         assert snap["timeline"][0]["stopped_by_agent"] == 1
         assert snap["timeline"][0]["marks"] == [] and snap["problem"] is None
+
+
+def _drained_events(**options: Any) -> list[Event]:
+    """tests/test_jobview.py's drained job (SIGTERM on node 0, rank 1 late) as events."""
+    return [Event.from_dict(json.loads(line)) for line in drained_job_lines(**options)]
+
+
+def test_a_drain_shows_as_draining_then_preempted() -> None:
+    """PREEMPTING: the job is "draining", /api/state's drain says the signal, the node and
+    the time left; the end (AGENT_EXIT PREEMPTED): "preempted", neither failed nor
+    succeeded, with the drain's facts; the rank that did not stop in time is "late", the
+    one that stopped by itself exited "drained"; the marks are the events' sentences; no
+    problem; the same from a file's records."""
+    events = _drained_events()
+    preempting = next(i for i, e in enumerate(events) if e.type == "PREEMPTING")
+    draining = _fed(events[:preempting + 1], clock=lambda: 1_764_410_007.5)
+    snap = draining.snapshot()
+    assert snap["status"] == "draining"
+    drain = snap["drain"]
+    assert drain["active"] is True and drain["ended"] is None
+    assert (drain["signal"], drain["node"], drain["grace_s"], drain["deadline_s"]) == (
+        "SIGTERM", 0, 3.0, 3.0)
+    assert drain["reason"] == "SIGTERM on node 0"
+    assert drain["started"] == 1_764_410_006.0 and drain["deadline"] == 1_764_410_009.0
+    assert drain["left_s"] == 1.5
+    assert drain["text"] == "draining: SIGTERM on node 0, 1.5 s left"
+    assert drain["detail"] == "drain: SIGTERM on node 0, 3 s to stop"
+    assert [r["state"] for r in snap["ranks"]] == ["running", "running"]
+    from_file = JobState(live=False, clock=lambda: 1_764_410_100.0)
+    for event in events:
+        from_file.add_record(_record(event))
+    for state in (_fed(events), from_file):
+        snap = state.snapshot(recent=100)
+        assert snap["status"] == "preempted"
+        assert snap["exit"]["cause"] == "preemption" and snap["exit"]["exit_code"] == 75
+        drain = snap["drain"]
+        assert drain["active"] is False and drain["left_s"] is None
+        assert drain["ended"] == 1_764_410_009.05
+        assert drain["text"] == ("preempted: the other ranks stopped at step 34; rank 1 did "
+                                 "not stop in time")
+        assert drain["detail"] == (
+            "the job was preempted by SIGTERM on node 0 (exit code 75): the other ranks "
+            "stopped at step 34; rank 1 did not stop in time; 3 s of the 3 s grace used")
+        assert (drain["stop_step"], drain["used_s"], drain["late_ranks"],
+                drain["failed_ranks"], drain["escalated"]) == (34, 3.027, [1], {}, False)
+        assert drain["stopped_in_time"] == 1 and drain["exit_code"] == 75
+        assert [(r["rank"], r["state"], r["drained"]) for r in snap["ranks"]] == [
+            (0, "exited", True), (1, "late", False)]
+        assert snap["states"]["late"] == 1
+        (attempt,) = snap["timeline"]
+        assert attempt["outcome"] == "preempted" and attempt["stopped_by_agent"] == 0
+        assert [(m["kind"], m["rank"], m["text"]) for m in attempt["marks"]] == [
+            ("drain", None, "drain: SIGTERM on node 0, 3 s to stop"),
+            ("late", 1, "rank 1 was stopped by the agent (SIGTERM) because it did not stop "
+                        "within the drain's grace"),
+            ("preempted", None, drain["detail"])]
+        assert snap["problem"] is None
+        levels = {e["type"] + (f" {e['rank']}" if e["type"] == "WORKER_EXIT" else ""):
+                  e["level"] for e in snap["recent"]}
+        assert levels["PREEMPTING"] == levels["AGENT_EXIT"] == "warn"
+        assert levels["WORKER_EXIT 1"] == "warn" and levels["WORKER_EXIT 0"] == "info"
+
+
+def test_a_job_without_a_drain_has_none_and_a_preempted_end_alone_still_reads() -> None:
+    """/api/state's drain is null without one; an AGENT_EXIT PREEMPTED whose PREEMPTING
+    was not seen (lost, a file cut) still ends the job "preempted" with its facts."""
+    assert _fed(_job_events()).snapshot()["drain"] is None
+    end = _drained_events()[-1]
+    snap = _fed([end]).snapshot()
+    assert snap["status"] == "preempted"
+    assert snap["drain"]["started"] is None and snap["drain"]["late_ranks"] == [1]
+    assert snap["drain"]["text"].startswith("preempted: the other ranks stopped at step 34")
+    assert (snap["drain"]["signal"], snap["drain"]["node"]) == ("SIGTERM", 0)
+
+
+def test_a_live_drain_counts_down() -> None:
+    """A live state: the time left is the deadline less the state's clock, in /api/state
+    (over HTTP) as in the snapshot."""
+    now = [2000.0]
+    state = JobState(clock=lambda: now[0])
+    now[0] = 2001.0
+    state(_event("WORKER_START", 2000.5, worker_id=0))
+    state(_event("PREEMPTING", 2000.8, deadline_s=20.0, reason="SIGTERM on node 1",
+                 signal="SIGTERM", node=1, grace_s=20.0))
+    assert state.snapshot()["drain"]["left_s"] == pytest.approx(19.8)
+    now[0] = 2012.8
+    server = UIServer(state, "127.0.0.1", 0).start()
+    try:
+        snap = json.loads(_get(f"http://127.0.0.1:{server.port}/api/state")[1])
+    finally:
+        server.close(timeout=1.0)
+    assert snap["status"] == "draining"
+    assert snap["drain"]["left_s"] == pytest.approx(8.0)
+    assert snap["drain"]["text"] == "draining: SIGTERM on node 1, 8 s left"
 
 
 def test_marks_and_the_problem_are_the_events_sentences() -> None:
@@ -923,6 +1018,53 @@ def test_browser_shows_64_ranks_from_a_file(tmp_path: Path) -> None:
                              "document.getElementById('filter').dispatchEvent("
                              "new Event('input'))")
             target = os.environ.get("EVENTBUS_UI_DOCS_SCREENSHOT")
+            if target:
+                browser.screenshot(Path(target))
+    finally:
+        assert _stop(proc) == 0
+
+
+@pytest.mark.slow
+def test_browser_shows_a_drain_then_the_preempted_job(tmp_path: Path) -> None:
+    """`eventbus view` of a job's file while it drains: in headless Chromium the banner
+    says "draining: SIGTERM on node 0, N s left" and the status "draining"; once the rest
+    of the file (the late rank's exit, AGENT_EXIT PREEMPTED) is appended, the banner says
+    how it ended, the rank that did not stop in time is marked "late", and the PREEMPTING
+    event is in the events list."""
+    browser_path = chromium_or_skip()
+    path = tmp_path / "events.jsonl"
+    t0 = time.time() - 6.5  # the PREEMPTING half a second ago
+    lines = drained_job_lines(t0, deadline_s=90.0)
+    head = drained_job_lines(t0, deadline_s=90.0, ended=False)
+    path.write_text("".join(lines[:len(head)]))
+    proc, url = _start_view(path)
+    try:
+        with Chromium(browser_path, width=1400, height=900) as browser:
+            browser.goto(url)
+            browser.wait_for("document.body.dataset.status === 'draining'")
+            assert browser.evaluate("document.getElementById('drain').hidden") is False
+            text = browser.evaluate("document.getElementById('drain-text').textContent")
+            assert re.fullmatch(r"draining: SIGTERM on node 0, \d+ s left", text), text
+            assert 60 <= int(text.split(", ")[1].split()[0]) <= 90
+            assert browser.evaluate("document.getElementById('status').textContent") == (
+                "draining")
+            with path.open("a") as f:
+                f.write("".join(lines[len(head):]))
+            browser.wait_for("document.body.dataset.status === 'preempted'", timeout=20)
+            assert browser.evaluate("document.getElementById('drain-text').textContent") == (
+                "preempted: the other ranks stopped at step 34; rank 1 did not stop in time")
+            assert browser.evaluate("document.getElementById('drain').dataset.phase") == (
+                "preempted")
+            assert json.loads(browser.evaluate(RANKS_JS)) == [["0", "exited"], ["1", "late"]]
+            assert browser.evaluate(
+                "document.querySelector('[data-rank=\"1\"] .st').textContent") == "late SIGTERM"
+            assert browser.evaluate("document.getElementById('exit-reason').hidden") is True
+            browser.wait_for("document.querySelectorAll("
+                             "'#events-body tr[data-type=\"PREEMPTING\"]').length === 1")
+            marks = browser.evaluate("Array.from(document.querySelectorAll('.mark'))"
+                                     ".map(m => m.dataset.kind)")
+            assert marks == ["drain", "late", "preempted"], marks
+            target = os.environ.get("EVENTBUS_UI_DRAIN_SCREENSHOT")
             if target:
                 browser.screenshot(Path(target))
     finally:

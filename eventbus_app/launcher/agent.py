@@ -386,6 +386,9 @@ class EventAgent(LocalElasticAgent):
         if live and drain.due():
             drain.forwarded_at = drain.forwarded_at or drain.clock()
             drain.late_ranks.update(live)
+            self._report_drained(worker_group, {
+                rank: code for rank, _, pid in self._procs() if rank not in live
+                and (code := peek_exit(pid)) is not None})  # those that stopped in time
             why = (f"did not stop within the drain's grace ({drain.grace_s:g} s): "
                    f"{drain.signal}, then SIGKILL")
             return self._stop_live_workers(live, cause=str(Cause.PREEMPTION), why=why,
@@ -397,19 +400,24 @@ class EventAgent(LocalElasticAgent):
             result: RunResult = super()._monitor_workers(worker_group)
         except _ERROR_FILE_ERRORS as exc:
             result = self._result_without_torn_error_files(worker_group, exc)
-        self._report_drained(worker_group, result)
+        self._report_drained(worker_group, {
+            worker.global_rank: int(f.exitcode) if (f := result.failures.get(
+                worker.global_rank)) is not None else 0 for worker in worker_group.workers},
+            result)
         return result
 
-    def _report_drained(self, worker_group: WorkerGroup, result: RunResult) -> None:
-        """Each worker's exit at the end of a drain, unreported so far: 0 (it stopped by
-        itself), or its code with cause ``preemption`` (the drain signal it got)."""
+    def _report_drained(self, worker_group: WorkerGroup, codes: Mapping[int, int],
+                        result: RunResult | None = None) -> None:
+        """The exit of each worker of ``codes`` (rank -> exit code) during a drain,
+        unreported so far: 0 (it stopped by itself), or its code with cause
+        ``preemption``."""
         attempt = self.attempt
         for worker in worker_group.workers:
             rank = worker.global_rank
-            if not self.exits.report(attempt, rank):
+            if rank not in codes or not self.exits.report(attempt, rank):
                 continue
-            failure = result.failures.get(rank)
-            code = int(failure.exitcode) if failure is not None else 0
+            failure = result.failures.get(rank) if result is not None else None
+            code = int(codes[rank])
             if code and rank not in self.drain.late_ranks:
                 self.drain.failed_ranks[rank] = code
             pid = worker.id if isinstance(worker.id, int) else None

@@ -22,6 +22,9 @@ How a flat event stream becomes a picture:
   recording an exit, to the end of its attempt).
 * **Rendezvous.** ``RENDEZVOUS`` is recorded when a round ends; with ``duration_s`` it is
   the span ``[timestamp - duration_s, timestamp]``.
+* **Drains.** A ``PREEMPTING`` (a drain signal to an agent) begins the job's drain; it
+  lasts until the job's ``AGENT_EXIT`` (the first after it), or, without one, to the last
+  event. Its end holds the drain's facts (``data["drain"]``).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from collections.abc import Iterable
 from collections.abc import Iterator
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 from typing import Literal
 
 import attrs
@@ -41,12 +45,14 @@ from eventbus.app.readers.records import _duration
 from eventbus.app.readers.records import read_records
 from eventbus.app.sentences import as_int
 from eventbus.app.sentences import cause_of
+from eventbus.app.sentences import drain_facts
 from eventbus.app.sentences import job_outcome
 from eventbus.events import Cause
 
 __all__ = [
     "AGENT",
     "Attempt",
+    "DrainSpan",
     "EpochSpan",
     "JobView",
     "Marker",
@@ -77,7 +83,7 @@ class NodeView:
 
 
 #: how an attempt ended: the words of the job view's page (``timeline[].outcome``)
-Outcome = Literal["failed", "succeeded", "stopped", "restarted", "running"]
+Outcome = Literal["failed", "succeeded", "stopped", "preempted", "restarted", "running"]
 
 
 @attrs.frozen
@@ -88,7 +94,8 @@ class Attempt:
     of this node (its ``cause``; a file without it: a worker of this node failed by
     itself), ``restarted`` for another restart (the group re-formed through the
     rendezvous); the last attempt: the job's outcome
-    (:func:`eventbus.app.sentences.job_outcome`), ``running`` without an ``AGENT_EXIT``."""
+    (:func:`eventbus.app.sentences.job_outcome`: ``succeeded``, ``stopped``, ``preempted``
+    or ``failed``), ``running`` without an ``AGENT_EXIT``."""
 
     node: str
     index: int
@@ -158,6 +165,24 @@ class RendezvousSpan:
 
 
 @attrs.frozen
+class DrainSpan:
+    """A drain of the job: from its ``PREEMPTING`` to the job's ``AGENT_EXIT`` (``exit``;
+    None while it drains, when ``end`` is the last event), with that end's
+    ``data["drain"]`` (:func:`eventbus.app.sentences.drain_facts`)."""
+
+    start: float
+    end: float
+    preempting: Record
+    exit: Record | None
+
+    @property
+    def facts(self) -> dict[str, Any] | None:
+        """The end's ``data["drain"]``, read as :func:`~eventbus.app.sentences.drain_facts`
+        does; None while it drains or without one."""
+        return drain_facts(self.exit) if self.exit is not None else None
+
+
+@attrs.frozen
 class Marker:
     """A point event on a track: failures, restarts, checkpoints, metrics, user types..."""
 
@@ -191,6 +216,8 @@ class JobView:
     #: records that became part of a span (WORKER_START, clean WORKER_EXIT, EPOCH_*,
     #: RENDEZVOUS with a duration); every other record is a marker
     consumed: int = 0
+    #: the job's drains (a PREEMPTING each, to the job's end)
+    drains: list[DrainSpan] = attrs.Factory(list)
 
     @property
     def run_id(self) -> str | None:
@@ -245,10 +272,10 @@ class JobView:
     def outcome(self) -> str:
         """How the job ended, from its ``AGENT_EXIT`` events read as the page reads them
         (:func:`eventbus.app.sentences.job_outcome`), in capitals: ``SUCCEEDED``,
-        ``FAILED``, ``STOPPED`` (a reactor's STOP); the worst of several nodes' ends;
-        ``unknown`` without an ``AGENT_EXIT``."""
+        ``FAILED``, ``STOPPED`` (a reactor's STOP), ``PREEMPTED`` (a drain signal drained
+        it); the worst of several nodes' ends; ``unknown`` without an ``AGENT_EXIT``."""
         outcomes = {job_outcome(r) for r in self.records if r.type == "AGENT_EXIT"}
-        for word in ("stopped", "failed", "succeeded"):
+        for word in ("stopped", "failed", "preempted", "succeeded"):
             if word in outcomes:
                 return word.upper()
         return "unknown"
@@ -367,8 +394,9 @@ class _Builder:
                         outcome = "running"
                     else:
                         ended = job_outcome(agent_exit)
-                        outcome = "succeeded" if ended == "succeeded" else (
-                            "stopped" if ended == "stopped" else "failed")
+                        outcome = ("succeeded" if ended == "succeeded" else
+                                   "stopped" if ended == "stopped" else
+                                   "preempted" if ended == "preempted" else "failed")
                 attempts.append(Attempt(label, i, start, end, outcome, restart))
         return attempts
 
@@ -528,6 +556,23 @@ class _Builder:
                     self.consumed.add(id(r))
         return spans
 
+    def _drains(self) -> list[DrainSpan]:
+        """A span per ``PREEMPTING`` that no earlier drain covers: to the first
+        ``AGENT_EXIT`` after it (the job's, group rank 0's, when there is one), else to the
+        last event."""
+        spans: list[DrainSpan] = []
+        last = self.records[-1].timestamp if self.records else 0.0
+        for r in self.records:
+            if r.type != "PREEMPTING" or (spans and r.timestamp <= spans[-1].end):
+                continue
+            exits = [e for e in self.records if e.type == "AGENT_EXIT"
+                     and e.timestamp >= r.timestamp]
+            end = next((e for e in exits if e.group_rank in (0, None)),
+                       exits[0] if exits else None)
+            spans.append(DrainSpan(r.timestamp, end.timestamp if end is not None else last,
+                                   r, end))
+        return spans
+
     def build(self) -> JobView:
         self._assign_nodes()
         attempts = self._attempts()
@@ -544,7 +589,8 @@ class _Builder:
         t1 = max((r.timestamp for r in self.records), default=t0)
         return JobView(records=self.records, problems=self.problems, t0=t0, t1=t1,
                        nodes=nodes, attempts=attempts, runs=runs, epochs=epochs,
-                       rendezvous=rendezvous, markers=markers, consumed=len(self.consumed))
+                       rendezvous=rendezvous, markers=markers, consumed=len(self.consumed),
+                       drains=self._drains())
 
 
 def _start_of(r: Record) -> float:

@@ -8,7 +8,9 @@ file.
 
 Colours on a terminal (``--color`` to force or refuse; ``NO_COLOR`` is honoured): failures
 red, restarts bold yellow, workers the agent stopped after another's failure yellow,
-rendezvous magenta, starts green, epochs cyan, checkpoints blue.
+rendezvous magenta, starts green, epochs cyan, checkpoints blue; a drain (``PREEMPTING``,
+the ``AGENT_EXIT`` of a preempted job: neither a failure nor a success) bold cyan, the
+workers that did not stop within its grace yellow.
 Filters: ``--type`` and ``--rank`` (repeatable or comma-separated; ``--rank agent`` for the
 agent's own events; an agent's ``WORKER_START``/``WORKER_EXIT`` about a worker counts as
 that worker's). ``--type -TORCHELASTIC`` (or ``!TORCHELASTIC``, or ``--exclude
@@ -49,6 +51,7 @@ from typing import Literal
 from eventbus.app.readers.records import Problem
 from eventbus.app.readers.records import Record
 from eventbus.app.readers.records import decode_line
+from eventbus.app.sentences import job_outcome
 from eventbus.app.stacks import EVENTBUS_MARK
 from eventbus.app.stacks import format_stack
 from eventbus.app.stacks import parse_stack
@@ -77,6 +80,8 @@ _COLOURS = {
     "EPOCH_END": "\033[36m",
     "CHECKPOINT_SAVED": "\033[34m",
     "METRIC": "",
+    "preempted": "\033[1;36m",
+    "PREEMPTING": "\033[1;36m",
 }
 _ESCAPES = {i: f"\\x{i:02x}" for i in range(32)}
 _ESCAPES.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t", 0x7F: "\\x7f",
@@ -244,8 +249,10 @@ def format_record(record: Record, *, colour: bool = False, utc: bool = False,
         return "  ".join((stamp, host, who, name, fields + (" | " + data if data else "")
                           )).rstrip() + tail
     # bold: a user-declared type
-    if record.stopped_by_agent:  # collateral of another worker's failure
+    if record.stopped_by_agent:  # collateral of another worker's failure, or of a drain
         tint = _COLOURS["stopped"]
+    elif record.type == EventType.AGENT_EXIT and job_outcome(record) == "preempted":
+        tint = _COLOURS["preempted"]  # drained: not a red failure
     elif record.is_failure:
         tint = _COLOURS["failure"]
     else:

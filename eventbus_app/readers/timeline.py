@@ -6,8 +6,10 @@ in seconds since the job's first event; each node's attempts shaded; each worker
 bar coloured by its attempt (lighter before its first and after its last own event:
 start-up and shut-down), with its epochs ticked inside it; a stalled worker's hung period
 (from its last progress, ``silent_s`` before the agent's ``WORKER_STALLED``, to the end of
-the process) hatched amber; failures, restarts, rendezvous and checkpoints marked. The
-workers' heartbeats (``WORKER_PROGRESS``) are not drawn.
+the process) hatched amber; failures, restarts, rendezvous and checkpoints marked; a drain
+(preemption) shaded teal across every row from its ``PREEMPTING`` to the job's
+``AGENT_EXIT``, labelled with its sentence and how it ended, the ranks that did not stop in
+time marked. The workers' heartbeats (``WORKER_PROGRESS``) are not drawn.
 
 matplotlib is an optional extra (``pip install 'eventbus[plot]'``), imported only here,
 only when a picture is drawn.
@@ -28,7 +30,10 @@ from eventbus.app.readers.jobview import JobView
 from eventbus.app.readers.jobview import expand_inputs
 from eventbus.app.readers.jobview import iter_tracks
 from eventbus.app.readers.jobview import load_for_command
+from eventbus.app.sentences import drain_banner
+from eventbus.app.sentences import job_outcome
 from eventbus.app.sentences import sentence
+from eventbus.events import Cause
 
 __all__ = ["PlotUnavailableError", "main", "plot_timeline"]
 
@@ -45,11 +50,16 @@ _STOPPED = "#555555"
 _SLOW = "#ff7f0e"
 #: a stalled worker's hung period, from its last progress to its end (amber, hatched)
 _STALLED = "#e6ab02"
+#: a drain (preemption): neither a failure (red) nor a success
+_DRAIN = "#00838f"
+#: a rank that did not stop within the drain's grace
+_LATE = "#c2255c"
 #: event types with a mark of their own (everything else is an "other event" dot)
 _DRAWN_APART = frozenset({"WORKER_START", "WORKER_EXIT", "WORKER_RESTART", "RENDEZVOUS",
                           "AGENT_START", "AGENT_EXIT", "EPOCH_START", "EPOCH_END",
                           "CHECKPOINT_SAVED", "METRIC", "TORCHELASTIC",
-                          "WORKER_STALLED", "WORKER_SLOW", "WORKER_PROGRESS"})
+                          "WORKER_STALLED", "WORKER_SLOW", "WORKER_PROGRESS",
+                          "PREEMPTING"})
 #: above this many failures, stops and stalls, their labels are left to the trace
 _MAX_EXIT_LABELS = 40
 
@@ -169,6 +179,19 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
             continue
         ax.barh(srow, max(x(end) - x(start), span * 0.002), left=x(start), height=0.5,
                 color=_STALLED, edgecolor="white", hatch="xx", linewidth=0, zorder=3)
+    # drains: shaded across every row from the signal to the job's end, with their sentence
+    for d in view.drains:
+        ax.axvspan(x(d.start), max(x(d.end), x(d.start) + span * 0.002), color=_DRAIN,
+                   alpha=0.12, linewidth=0, zorder=1)
+        ax.axvspan(x(d.start), max(x(d.end), x(d.start) + span * 0.002), facecolor="none",
+                   edgecolor=_DRAIN, hatch="\\\\", alpha=0.35, linewidth=0, zorder=1)
+        ax.axvline(x(d.start), color=_DRAIN, linewidth=1.5, zorder=5)
+        label = sentence(d.preempting)
+        if d.exit is not None and job_outcome(d.exit) == "preempted":
+            label += "\n" + drain_banner(facts=d.facts, ended=True)
+        ax.text(x(d.end), -0.45, label, fontsize=8, color=_DRAIN, ha="right", va="top",
+                zorder=7, bbox={"facecolor": "white", "edgecolor": _DRAIN, "alpha": 0.85,
+                                "boxstyle": "round,pad=0.25", "linewidth": 0.6})
     # Epoch ticks and point events are drawn in batches (one collection per kind): a long
     # job has tens of thousands of them, and one artist each would take minutes.
     ticks: list[list[tuple[float, float]]] = []
@@ -203,7 +226,11 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
             continue
         row, t = found, x(m.timestamp)
         # the labels are the events' sentences in their short form (the row names the rank)
-        if r.stopped_by_agent:
+        if r.stopped_by_agent and r.fields.get("cause") == Cause.PREEMPTION.value \
+                and r.data.get("drained") is not True:
+            point("late", t, row)  # it did not stop within the drain's grace
+            labelled.append((t, row, sentence(r, short=True), _LATE))
+        elif r.stopped_by_agent:
             point("stopped", t, row)
             labelled.append((t, row, sentence(r, short=True), _STOPPED))
         elif r.type == "WORKER_EXIT" and r.is_failure:
@@ -222,6 +249,10 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
             point("slow", t, row + 0.3)
         elif r.type in ("METRIC", "WORKER_PROGRESS"):
             continue  # numbers and heartbeats, not moments: the trace's counters have them
+        elif r.type == "PREEMPTING":
+            point("drain", t, row)
+        elif r.type == "AGENT_EXIT" and job_outcome(r) == "preempted":
+            point("agent drain", t, row)  # drained: neither a failure nor a success
         elif r.type in ("AGENT_START", "AGENT_EXIT"):
             point("agent failure" if r.is_failure else "agent", t, row)
         elif r.type == "TORCHELASTIC":  # torch's own bookkeeping: small, in the background
@@ -236,6 +267,10 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
                     "markeredgecolor": "white"},
         "failure": {"marker": "X", "markersize": 11, "color": _FAILURE,
                     "markeredgecolor": "white"},
+        "late": {"marker": "s", "markersize": 8, "color": _LATE, "markeredgecolor": "white"},
+        "drain": {"marker": "D", "markersize": 8, "color": _DRAIN, "markeredgecolor": "white"},
+        "agent drain": {"marker": "|", "markersize": 14, "markeredgewidth": 2,
+                        "color": _DRAIN},
         "checkpoint": {"marker": "v", "markersize": 7, "color": _CHECKPOINT},
         "stall": {"marker": "*", "markersize": 13, "color": _FAILURE,
                   "markeredgecolor": "white"},
@@ -248,7 +283,8 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
         "other failure": {"marker": "o", "markersize": 4, "color": _FAILURE},
     }
     for kind, (xs, ys) in points.items():
-        ax.plot(xs, ys, linestyle="none", zorder=6, **styles[kind])
+        # a drain's mark above its label's box
+        ax.plot(xs, ys, linestyle="none", zorder=8 if kind == "drain" else 6, **styles[kind])
     # the short sentences next to their marks, while there are few enough to read
     if len(labelled) <= _MAX_EXIT_LABELS:
         for t, y, text, colour in labelled:
@@ -270,9 +306,15 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
     if any(m.record.type == "WORKER_EXIT" and m.record.is_own_failure for m in view.markers):
         handles.append(Line2D([], [], color="white", marker="X", markerfacecolor=_FAILURE,
                               markersize=10, label="worker failure"))
-    if any(m.record.stopped_by_agent for m in view.markers):
+    if "late" in points:
+        handles.append(Line2D([], [], color="white", marker="s", markerfacecolor=_LATE,
+                              markersize=8, label="did not stop in the drain's grace"))
+    if "stopped" in points:
         handles.append(Line2D([], [], color="white", marker="s", markerfacecolor=_STOPPED,
                               markersize=8, label="stopped by its agent"))
+    if view.drains:
+        handles.append(Patch(facecolor=_DRAIN, alpha=0.3, edgecolor=_DRAIN, hatch="\\\\",
+                             label="drain (preemption): signal to the job's end"))
     if "WORKER_STALLED" in kinds:
         handles.append(Line2D([], [], color="white", marker="*", markerfacecolor=_FAILURE,
                               markersize=12, label="stalled worker"))

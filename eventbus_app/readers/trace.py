@@ -9,7 +9,9 @@ The layout (see docs/seeing-the-job.md for the whole format):
 
 * one *process* per node (``pid`` 1, 2, ... in node order, named ``node 0 (hostname)``),
   with one *thread* per track: ``agent`` (``tid`` 0) and ``rank N`` (``tid`` N + 1);
-* spans (``"ph": "X"``): ``attempt N`` and ``rendezvous`` on the agent track; on each rank
+* spans (``"ph": "X"``): ``attempt N``, ``rendezvous`` and a drain (``drain: SIGTERM on
+  node 1, 20 s to stop``, ``"cat": "drain"``: from its ``PREEMPTING`` to the job's
+  ``AGENT_EXIT``, its facts as ``args``) on the agent track; on each rank
   track, the worker process of each attempt (``rank 1 attempt 0``, ``"cat": "worker"``)
   with its epochs nested inside (``epoch 2``, ``"cat": "epoch"``; ``epoch 1 (unfinished)``
   when the worker died in it) and its start-up (``starting``, ``"cat": "startup"``: from
@@ -39,6 +41,8 @@ from eventbus.app.readers.jobview import expand_inputs
 from eventbus.app.readers.jobview import iter_tracks
 from eventbus.app.readers.jobview import load_for_command
 from eventbus.app.readers.records import Record
+from eventbus.app.sentences import sentence
+from eventbus.events import Cause
 
 __all__ = ["chrome_trace", "export_trace", "main", "write_trace"]
 
@@ -70,6 +74,7 @@ def _args(record: Record) -> dict[str, Any]:
 
 _INSTANT_SCOPE: dict[str, Literal["t", "p", "g"]] = {
     "WORKER_RESTART": "p",
+    "PREEMPTING": "p",
     "AGENT_START": "p",
     "AGENT_EXIT": "p",
 }
@@ -88,7 +93,11 @@ _CATEGORY = {
     "EPOCH_END": "epoch",
     "WORKER_STALLED": "stall",
     "WORKER_SLOW": "slow",
+    "PREEMPTING": "drain",
 }
+
+#: Perfetto's colour names (``cname``) of how an attempt ended
+_OUTCOME_COLOUR = {"failed": "terrible", "stopped": "terrible", "preempted": "yellow"}
 
 
 #: the fields of a WORKER_PROGRESS heartbeat drawn as counters (``progress idle_s``, ...)
@@ -98,6 +107,11 @@ _PROGRESS_COUNTERS = ("idle_s", "step", "collectives")
 def _instant_name(record: Record) -> str:
     f = record.fields
     if record.type == "WORKER_EXIT":
+        if record.data.get("drained") is True:
+            return f"rank {f.get('worker_id')} {sentence(record, short=True)}"
+        if record.stopped_by_agent and f.get("cause") == Cause.PREEMPTION.value:
+            how = f.get("signal") or f"exit {f.get('exit_code')}"
+            return f"rank {f.get('worker_id')} did not stop in time ({how})"
         if record.stopped_by_agent:
             how = f.get("signal") or f"exit {f.get('exit_code')}"
             return f"rank {f.get('worker_id')} stopped by the agent ({how})"
@@ -122,6 +136,8 @@ def _instant_name(record: Record) -> str:
         return f"rank {f.get('worker_id')} stalled (silent {f.get('silent_s')} s)"
     if record.type == "WORKER_SLOW":
         return f"rank {f.get('worker_id')} slow (x{f.get('factor')} its peers' median)"
+    if record.type == "PREEMPTING":
+        return sentence(record)
     return record.type
 
 
@@ -171,7 +187,23 @@ def chrome_trace(view: JobView, *, sources: Sequence[str] = ()) -> dict[str, Any
         if a.restart is not None:
             args["restart"] = _args(a.restart)
         span(f"attempt {a.index}", "attempt", a.node, AGENT, a.start, a.end, args,
-             "terrible" if a.outcome in ("failed", "stopped") else None)
+             _OUTCOME_COLOUR.get(a.outcome))
+    for d in view.drains:
+        # on the agent track of the node whose agent recorded the PREEMPTING
+        drain_node = next((m.node for m in view.markers if m.record is d.preempting),
+                          view.nodes[0].label)
+        drain_args: dict[str, Any] = {k: v for k, v in d.preempting.fields.items()
+                                      if v is not None}
+        if d.exit is not None:
+            drain_args["end"] = sentence(d.exit)
+            if d.facts is not None:
+                drain_args["drain"] = d.facts
+        # nested in the attempt it began in
+        holder = [a for a in view.attempts if a.node == drain_node
+                  and a.start <= d.start <= a.end]
+        end = min(d.end, holder[-1].end) if holder else d.end
+        span(sentence(d.preempting), "drain", drain_node, AGENT, d.start, end, drain_args,
+             "yellow")
     for z in view.rendezvous:
         # Nest inside its attempt: clamp to the attempt that holds its end.
         holder = [a for a in view.attempts if a.node == z.node and a.start <= z.end <= a.end]
@@ -230,7 +262,10 @@ def chrome_trace(view: JobView, *, sources: Sequence[str] = ()) -> dict[str, Any
                                    "ts": us(r.timestamp), "pid": pids[m.node],
                                    "tid": tid(m.track), "args": {series: value}})
             continue
-        category = "stopped" if r.stopped_by_agent else _CATEGORY.get(r.type, "user")
+        if r.type == "WORKER_EXIT" and r.fields.get("cause") == Cause.PREEMPTION.value:
+            category = "drain"  # a drain's exit: not a failure of its own
+        else:
+            category = "stopped" if r.stopped_by_agent else _CATEGORY.get(r.type, "user")
         events.append({"name": _instant_name(r), "cat": category,
                        "ph": "i", "s": _INSTANT_SCOPE.get(r.type, "t"), "ts": us(r.timestamp),
                        "pid": pids[m.node], "tid": tid(m.track),

@@ -12,6 +12,7 @@ from typing import Any
 
 from eventbus.app.sentences import as_int as _int
 from eventbus.app.sentences import as_number as _num
+from eventbus.app.sentences import job_outcome
 from eventbus.app.sentences import sentence
 
 __all__ = ["LINE_CHARS", "MAX_TEXT", "clip", "event_json", "problem_json"]
@@ -108,11 +109,15 @@ def event_json(seq: int, name: str, ev: Any) -> dict[str, Any]:
     level = "info"
     if name == "WORKER_EXIT":
         if fields.get("exit_code") not in (0, None):
-            level = "warn" if data.get("stopped_by_agent") is True else "failure"
+            # the agent stopped it, or a drain did: a warning, not a failure of its own
+            level = "warn" if data.get("stopped_by_agent") is True or data.get(
+                "drained") is True else "failure"
     elif name in ("WORKER_STALLED", "EVENTS_LOST"):
         level = "failure"
-    elif name in ("WORKER_SLOW", "WORKER_RESTART"):
+    elif name in ("WORKER_SLOW", "WORKER_RESTART", "PREEMPTING"):
         level = "warn"
+    elif name == "AGENT_EXIT" and job_outcome(ev) == "preempted":
+        level = "warn"  # drained: neither a failure nor a success
     elif (name == "RENDEZVOUS" and fields.get("state") == "FAILED") or (
             name == "AGENT_EXIT" and fields.get("state") not in ("SUCCEEDED", None)):
         level = "failure"

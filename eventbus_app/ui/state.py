@@ -11,7 +11,10 @@ What it keeps, all bounded whatever the job does:
 * one summary per rank (state, step, last event, restarts seen, exit), at most
   ``max_ranks`` ranks;
 * the attempts (the last :data:`MAX_ATTEMPTS`), each with at most :data:`MAX_MARKS`
-  marks: failures, stalls, stragglers, restarts, STOP;
+  marks: failures, stalls, stragglers, restarts, STOP, a drain and its end;
+* the drain, when a drain signal drains the job (``PREEMPTING`` until the ``AGENT_EXIT``
+  of state ``PREEMPTED``): its signal, node and deadline, the ranks that did not stop in
+  time and how it ended;
 * the latest failure or stall (the event itself, formatted only when asked for);
 * counts per event type and the losses ``EVENTS_LOST`` reported.
 
@@ -47,6 +50,8 @@ from eventbus.app.readers.records import Record
 from eventbus.app.sentences import as_int as _int
 from eventbus.app.sentences import as_number as _num
 from eventbus.app.sentences import cause_of
+from eventbus.app.sentences import drain_banner
+from eventbus.app.sentences import drain_facts
 from eventbus.app.sentences import first_line
 from eventbus.app.sentences import job_outcome
 from eventbus.app.sentences import sentence
@@ -54,6 +59,7 @@ from eventbus.app.sentences import stopped_by_agent
 from eventbus.app.ui.render import clip as _clip
 from eventbus.app.ui.render import event_json as _event_json
 from eventbus.app.ui.render import problem_json as _problem_json
+from eventbus.events import Cause
 from eventbus.events import Event
 
 __all__ = [
@@ -68,10 +74,12 @@ __all__ = [
     "JobState",
 ]
 
-#: what ``ranks[i]["state"]`` can be (docs/seeing-the-job.md)
-RANK_STATES = ("running", "stalled", "slow", "exited", "failed")
-#: what ``status`` can be
-STATUSES = ("running", "succeeded", "failed", "stopped")
+#: what ``ranks[i]["state"]`` can be (docs/seeing-the-job.md); ``late``: it did not stop
+#: within a drain's grace (its agent sent it the signal, then SIGKILL)
+RANK_STATES = ("running", "stalled", "slow", "exited", "failed", "late")
+#: what ``status`` can be: ``draining`` from a ``PREEMPTING`` to the job's end, which is
+#: then ``preempted`` (:func:`eventbus.app.sentences.job_outcome`)
+STATUSES = ("running", "draining", "succeeded", "failed", "stopped", "preempted")
 
 #: events kept for the page's list of recent events
 DEFAULT_MAX_EVENTS = 1000
@@ -168,9 +176,9 @@ class _FromRecord:
 class _Rank:
     """One rank's summary; written under the state's lock only."""
 
-    __slots__ = ("attempt", "epoch", "exit_code", "host", "idle_at", "idle_s", "last",
-                 "last_type", "message", "pid", "progress", "rank", "signal", "slow_at",
-                 "slow_factor", "starts", "state", "step", "stopped", "where")
+    __slots__ = ("attempt", "drained", "epoch", "exit_code", "host", "idle_at", "idle_s",
+                 "last", "last_type", "message", "pid", "progress", "rank", "signal",
+                 "slow_at", "slow_factor", "starts", "state", "step", "stopped", "where")
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
@@ -185,6 +193,8 @@ class _Rank:
         self.signal: str | None = None
         self.message: str | None = None
         self.stopped = False
+        #: it stopped by itself during a drain (exit code 0)
+        self.drained = False
         self.host: str | None = None
         self.pid: int | None = None
         self.epoch: int | None = None
@@ -216,6 +226,39 @@ class _Attempt:
         self.more = 0
         #: ranks the agent stopped after another's failure (one count, not a mark each)
         self.stopped = 0
+
+
+class _Drain:
+    """The job's drain: from its ``PREEMPTING`` (None when only its end was seen) to the
+    ``AGENT_EXIT`` of state ``PREEMPTED``; written under the state's lock only."""
+
+    __slots__ = ("deadline", "deadline_s", "ended", "event", "exit", "facts", "grace_s",
+                 "late", "node", "reason", "signal", "started", "stopped")
+
+    def __init__(self) -> None:
+        self.event: Any = None
+        self.started: float | None = None
+        self.deadline: float | None = None
+        self.deadline_s: float | None = None
+        self.grace_s: float | None = None
+        self.reason: str | None = None
+        self.signal: str | None = None
+        self.node: int | None = None
+        self.ended: float | None = None
+        self.exit: Any = None
+        #: the job's AGENT_EXIT's data["drain"] (sentences.drain_facts)
+        self.facts: dict[str, Any] | None = None
+        #: ranks that did not stop in time (their WORKER_EXIT, every node's AGENT_EXIT)
+        self.late: set[int] = set()
+        #: ranks that stopped by themselves (exit code 0)
+        self.stopped = 0
+
+    def copy(self) -> _Drain:
+        other = _Drain.__new__(_Drain)
+        for name in _Drain.__slots__:
+            setattr(other, name, getattr(self, name))
+        other.late = set(self.late)
+        return other
 
 
 Handler = Callable[["JobState", Any, str, float, int], None]
@@ -284,6 +327,7 @@ class JobState:
         #: the latest arrival: a straggler report is held SLOW_HOLD_S of the job's time
         self._last_at = -math.inf
         self._problem: tuple[int, str, Any] | None = None
+        self._drain: _Drain | None = None
         self._run_id: str | None = None
         self._world_size: int | None = None
         self._max_restarts: int | None = None
@@ -537,7 +581,7 @@ class JobState:
         r.starts += 1
         r.attempt = self._attempt_of(ev)
         r.exit_code = r.signal = r.message = None
-        r.stopped = False
+        r.stopped = r.drained = False
         r.step = r.epoch = r.slow_at = r.slow_factor = None
         r.idle_s = r.idle_at = None
         r.where = None
@@ -554,12 +598,33 @@ class JobState:
         stopped = stopped_by_agent(ev)
         signal = _str(getattr(ev, "signal", None))
         message = _str(getattr(ev, "message", None))
+        # a drain's exits: a rank that did not stop within the grace (its agent stopped
+        # it: "late"), or one that ended by itself meanwhile (data["drained"])
+        drained = data.get("drained") is True
+        late = not drained and stopped and cause_of(ev) == Cause.PREEMPTION.value
         if r is not None:
             # a rank the agent stopped because it stalled stays "stalled" until it restarts
-            if not (stopped and data.get("stalled") is True and r.state == "stalled"):
+            if late:
+                r.state = "late"
+            elif not (stopped and data.get("stalled") is True and r.state == "stalled"):
                 r.state = "exited" if code == 0 else "failed"
             r.exit_code, r.signal, r.stopped = code, signal, stopped
+            r.drained = drained and code == 0
             r.message = first_line(message) or None
+        if drained or late:
+            drain = self._drain_of()
+            if late:
+                if rank is not None:
+                    drain.late.add(rank)
+                self._mark(ev, "late", arrived, rank, sentence(ev))
+                return
+            if code == 0:
+                drain.stopped += 1
+                return
+            # ended by itself during the drain, not 0: on the signal its bootstrap passed
+            # on at once (a script that does not act on drains), or a failure meanwhile
+            self._mark(ev, "drained", arrived, rank, sentence(ev))
+            return
         if code == 0:
             return
         if stopped:
@@ -631,6 +696,30 @@ class JobState:
             return  # every node's agent reports the same restart: one mark
         self._mark(ev, "restart", arrived, None, sentence(ev), attempt=target)
 
+    def _drain_of(self) -> _Drain:
+        if self._drain is None:
+            self._drain = _Drain()
+        return self._drain
+
+    def _on_preempting(self, ev: Any, name: str, arrived: float, seq: int) -> None:
+        drain = self._drain_of()
+        deadline_s = _num(getattr(ev, "deadline_s", None))
+        deadline = None if deadline_s is None else arrived + max(0.0, deadline_s)
+        if drain.event is not None:
+            # another PREEMPTING of the same drain: the earlier deadline holds
+            if deadline is not None and (drain.deadline is None or deadline < drain.deadline):
+                drain.deadline, drain.deadline_s = deadline, deadline_s
+            return
+        drain.event, drain.started = ev, arrived
+        drain.deadline, drain.deadline_s = deadline, deadline_s
+        drain.grace_s = _num(getattr(ev, "grace_s", None))
+        drain.signal = _str(getattr(ev, "signal", None))
+        drain.node = _int(getattr(ev, "node", None))
+        drain.reason = first_line(_str(getattr(ev, "reason", None))) or None
+        if self._status == "running":
+            self._status = "draining"
+        self._mark(ev, "drain", arrived, None, sentence(ev))
+
     def _on_agent_start(self, ev: Any, name: str, arrived: float, seq: int) -> None:
         if self._started_at is None:
             self._started_at = arrived
@@ -638,12 +727,32 @@ class JobState:
         self._note(ev)
 
     def _on_agent_exit(self, ev: Any, name: str, arrived: float, seq: int) -> None:
+        facts = drain_facts(ev)
+        if facts is not None:
+            # every node's agent names the ranks it knows did not stop in time
+            drain = self._drain_of()
+            drain.late.update(facts["late_ranks"])
+            for rank in facts["late_ranks"]:
+                r = self._ranks.get(rank)
+                if r is not None and r.state not in ("exited", "late"):
+                    r.state = "late"
         if ev.group_rank not in (0, None):
             self._mark(ev, "node", arrived, None,
                        f"node {ev.group_rank}'s agent ended {getattr(ev, 'state', '?')}")
             return
         # the job's status is a fact of the event (state, cause), never read from prose
         status = job_outcome(ev)
+        if self._drain is not None and self._drain.ended is None:
+            self._drain.ended, self._drain.exit = arrived, ev  # however the job ended
+        if status == "preempted":
+            drain = self._drain_of()
+            drain.ended, drain.exit, drain.facts = arrived, ev, facts
+            if facts is not None:
+                drain.signal = drain.signal or facts["signal"]
+                if drain.node is None:
+                    drain.node = facts["node"]
+                if drain.grace_s is None:
+                    drain.grace_s = facts["grace_s"]
         self._status, self._exit, self._ended_at = status, ev, arrived
         attempt = self._attempts.get(self._attempt_of(ev))
         if attempt is not None:
@@ -652,6 +761,8 @@ class JobState:
             attempt.outcome = status
         if status == "stopped":
             self._mark(ev, "stop", arrived, None, sentence(ev))
+        elif status == "preempted":
+            self._mark(ev, "preempted", arrived, None, sentence(ev))
         elif status == "failed":
             self._mark(ev, "end", arrived, None, sentence(ev))
 
@@ -700,6 +811,7 @@ class JobState:
                          a.stopped) for a in self._attempts.values()]
             status, exit_event, ended_at = self._status, self._exit, self._ended_at
             problem = self._problem
+            drain = None if self._drain is None else self._drain.copy()
             types = dict(self._types)
             lost = dict(self._lost)
             seq, version = self._seq, self._version
@@ -746,6 +858,7 @@ class JobState:
                  "stopped_by_agent": stopped}
                 for a, start, end, outcome, reason, marks, more, stopped in attempts],
             "problem": None if problem is None else _problem_json(*problem),
+            "drain": None if drain is None else self._drain_json(drain, reference),
             "types": dict(sorted(types.items(), key=lambda kv: (-kv[1], kv[0]))),
             "drops": self._drops(lost, refused, unreadable, overflowed, fold_failed),
         }
@@ -775,6 +888,48 @@ class JobState:
             items = items[-limit:]
         return self._render(items), gap, newest
 
+    @staticmethod
+    def _drain_json(d: _Drain, reference: float) -> dict[str, Any]:
+        """The drain as ``/api/state``'s ``drain`` (docs/seeing-the-job.md): the
+        ``PREEMPTING``'s facts, the time left while it drains, the ``AGENT_EXIT``'s
+        ``data["drain"]`` once it ended, and the page's line about it (``text``)."""
+        facts = d.facts or {}
+        active = d.ended is None
+        left = None
+        if active and d.deadline is not None:
+            left = round(max(0.0, d.deadline - reference), 3)
+        late = sorted(d.late)
+        banner = drain_banner(reason=d.reason, signal=d.signal, node=d.node, left_s=left,
+                              facts=d.facts, ended=not active)
+        said = d.exit if d.exit is not None else d.event
+        detail = None
+        if said is not None:
+            try:
+                detail = sentence(said)
+            except Exception:  # a record this version cannot say must not break the page
+                detail = None
+        return {
+            "active": active,
+            "reason": d.reason,
+            "signal": d.signal,
+            "node": d.node,
+            "grace_s": d.grace_s,
+            "deadline_s": d.deadline_s,
+            "started": d.started,
+            "deadline": d.deadline,
+            "left_s": left,
+            "ended": d.ended,
+            "used_s": facts.get("used_s"),
+            "stop_step": facts.get("stop_step"),
+            "late_ranks": late,
+            "failed_ranks": {str(r): c for r, c in (facts.get("failed_ranks") or {}).items()},
+            "escalated": facts.get("escalated") is True,
+            "stopped_in_time": d.stopped,
+            "exit_code": None if d.exit is None else _int(getattr(d.exit, "exit_code", None)),
+            "text": banner,
+            "detail": detail,
+        }
+
     def _rank_json(self, r: _Rank, reference: float, last_at: float) -> dict[str, Any]:
         state = r.state
         if state == "slow" and r.slow_at is not None and last_at - r.slow_at > SLOW_HOLD_S:
@@ -794,6 +949,7 @@ class JobState:
             "exit_code": r.exit_code,
             "signal": r.signal,
             "stopped_by_agent": r.stopped,
+            "drained": r.drained,
             "message": r.message,
             "host": r.host,
             "pid": r.pid,
@@ -856,6 +1012,7 @@ _HANDLERS: dict[str, Handler] = {
     "RENDEZVOUS": JobState._on_rendezvous,
     "EPOCH_START": JobState._on_epoch,
     "EPOCH_END": JobState._on_epoch,
+    "PREEMPTING": JobState._on_preempting,
 }
 
 #: what an overflowed event skips: the handlers that only note a step and an age

@@ -6,7 +6,7 @@
 (function () {
   const MAX_EVENTS = 1000;     // events kept in the page
   const MAX_ROWS = 400;        // rows drawn after filtering
-  const TERMINAL = { succeeded: 1, failed: 1, stopped: 1 };
+  const TERMINAL = { succeeded: 1, failed: 1, stopped: 1, preempted: 1 };
 
   const params = new URLSearchParams(window.location.search);
   const token = params.get("token");
@@ -50,6 +50,11 @@
     if (s < 7200) return Math.floor(s / 60) + " min " + Math.round(s % 60) + " s";
     return (s / 3600).toFixed(1) + " h";
   }
+  function secondsLeft(s) {
+    // a drain's time left, as the server's sentences say it ("12 s", "2.5 s")
+    s = Math.max(0, s);
+    return (s >= 10 ? String(Math.round(s)) : s.toFixed(1).replace(/\.0$/, "")) + " s";
+  }
   function liveSeconds() {
     // how far the page's clock moved since the state arrived (ages keep counting while
     // the job runs; a finished job's ages are fixed at its end)
@@ -74,8 +79,10 @@
     src.textContent = s.source && s.source !== "live" ? s.source.split("/").pop() : "";
     src.title = s.source || "";
     document.title = "[" + s.status + "] eventbus job view" + (s.run_id ? " - " + s.run_id : "");
+    renderDrain();
     const reason = $("exit-reason");
-    if (s.exit && s.status !== "succeeded" && s.exit.reason) {
+    // a drained job's end is the drain banner's (its facts, not the agent's line)
+    if (s.exit && s.status !== "succeeded" && s.status !== "preempted" && s.exit.reason) {
       reason.hidden = false;
       reason.textContent = (s.status === "stopped" ? "Stopped: " : "Failed: ") + s.exit.reason +
         (s.exit.exit_code !== null ? "  (exit code " + s.exit.exit_code + ")" : "");
@@ -84,7 +91,7 @@
     }
     const counts = $("state-counts");
     counts.replaceChildren();
-    for (const name of ["running", "slow", "stalled", "failed", "exited"]) {
+    for (const name of ["running", "slow", "stalled", "late", "failed", "exited"]) {
       const n = s.states ? s.states[name] : 0;
       if (!n) continue;
       const c = el("span", "c", n + " " + name);
@@ -94,7 +101,31 @@
     tickElapsed();
   }
 
+  // -- a drain (preemption): "draining: SIGTERM on node 1, 12 s left", then how it ended ----
+  function renderDrain() {
+    const d = state.drain;
+    const box = $("drain");
+    if (!d || (state.status !== "draining" && state.status !== "preempted" && !d.active)) {
+      box.hidden = true;
+      box.dataset.phase = "none";
+      return;
+    }
+    box.hidden = false;
+    const draining = d.active && !TERMINAL[state.status];
+    box.dataset.phase = draining ? "draining" : "preempted";
+    box.dataset.late = d.late_ranks && d.late_ranks.length ? "true" : "false";
+    let text = d.text;
+    if (draining && d.left_s !== null && d.left_s !== undefined) {
+      // the time left counts down between the server's states
+      text = text.replace(/, [0-9.]+ s left$/, "") + ", " + secondsLeft(d.left_s - liveSeconds()) +
+        " left";
+    }
+    $("drain-text").textContent = text;
+    $("drain-detail").textContent = d.detail || "";
+  }
+
   function tickElapsed() {
+    if (state && state.drain && state.drain.active) renderDrain();
     if (!state || state.started === null || state.started === undefined) return;
     const end = state.ended !== null && state.ended !== undefined ? state.ended :
       state.now + liveSeconds();
@@ -132,6 +163,12 @@
       if (r.state === "failed") label = r.signal ? r.signal : "exit " + r.exit_code;
       if (r.state === "failed" && r.stopped_by_agent) label = "stopped";
       if (r.state === "slow" && r.slow_factor) label = "slow " + r.slow_factor.toFixed(1) + "x";
+      if (r.state === "late") label = "late " + (r.signal || "");
+      if (r.state === "exited" && r.drained) label = "drained";
+      if ((r.state === "running" || r.state === "slow") && state.status === "draining") {
+        label = "draining";
+      }
+      node.dataset.drained = r.drained ? "true" : "false";
       node.querySelector(".st").textContent = label;
       node.querySelector(".step").textContent = r.step !== null ? "step " + r.step : "step -";
       node.querySelector(".rs").textContent = r.restarts ? "\u21bb" + r.restarts : "";
@@ -146,7 +183,9 @@
       if (r.host) tip.push("host " + r.host + (r.pid ? " pid " + r.pid : ""));
       if (r.attempt !== null && r.attempt !== undefined) tip.push("attempt " + r.attempt);
       if (r.exit_code !== null) tip.push("exit code " + r.exit_code + (r.signal ? " (" + r.signal + ")" : ""));
-      if (r.stopped_by_agent) tip.push("stopped by the agent: not a failure of its own");
+      if (r.state === "late") tip.push("did not stop within the drain's grace: its agent stopped it");
+      else if (r.stopped_by_agent) tip.push("stopped by the agent: not a failure of its own");
+      if (r.drained) tip.push("stopped by itself for the drain");
       if (r.message) tip.push(r.message);
       if (r.where) tip.push("at " + r.where);
       if (r.last_type) tip.push("last event " + r.last_type);
@@ -177,7 +216,8 @@
 
   // -- the attempts -----------------------------------------------------------------------------
   const ICONS = { failure: "\u2716", stall: "\u2016", slow: "\u25d4", restart: "\u21bb",
-                  stop: "\u25a0", stopped: "\u00b7", end: "\u2716", node: "\u00b7" };
+                  stop: "\u25a0", stopped: "\u00b7", end: "\u2716", node: "\u00b7",
+                  drain: "\u25bc", preempted: "\u25a0", late: "\u2716", drained: "\u00b7" };
 
   function renderTimeline() {
     const box = $("timeline");
@@ -198,13 +238,23 @@
       seg.title = "attempt " + a.attempt + ": " + a.outcome;
       bar.appendChild(seg);
       for (const m of a.marks) {
-        if (!["failure", "stall", "slow", "restart", "stop"].includes(m.kind)) continue;
+        if (!["failure", "stall", "slow", "restart", "stop", "drain", "late"].includes(m.kind)) continue;
         const tick = el("div", "tick");
         tick.dataset.kind = m.kind;
         tick.style.left = Math.min(99.5, Math.max(0, (m.t - t0) / span * 100)) + "%";
         tick.title = m.text;
         bar.appendChild(tick);
       }
+    }
+    const d = state.drain;
+    if (d && d.started !== null && d.started !== undefined) {
+      // the drain: hatched from its PREEMPTING to the job's end (or now)
+      const until = d.ended !== null && d.ended !== undefined ? d.ended : now;
+      const span2 = el("div", "drainspan");
+      span2.style.left = Math.max(0, (d.started - t0) / span * 100) + "%";
+      span2.style.width = Math.max(0.3, (until - d.started) / span * 100) + "%";
+      span2.title = d.text;
+      bar.appendChild(span2);
     }
     for (const a of attempts.slice().reverse()) {
       const row = el("div", "attempt");
