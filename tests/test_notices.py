@@ -212,17 +212,31 @@ def test_the_processes_own_sinks_and_marked_subscribers_hear_no_notice(store: An
         reader.close()
 
 
-def test_close_ends_the_wait_at_once(store: Any) -> None:
-    """The ear blocks in the store's wait (no wake-up); close() shuts its socket so the
-    thread leaves torch's C++ code now, not when the store answers."""
-    bus = Bus("worker")
-    reader = _reader(store, bus)
-    assert _wait_for(lambda: reader._ear is not None)
-    time.sleep(0.2)
-    started = time.monotonic()
-    reader.close(timeout=5.0)
-    assert not reader.alive
-    assert time.monotonic() - started < 2.0
+def test_close_ends_the_wait_at_once_and_the_others_hear_on(store: Any) -> None:
+    """The ear blocks in the store's wait (no wake-up). close() puts a leaving mark where
+    it waits, so the wait returns as for a notice (c10d prints nothing, the thread leaves
+    torch's C++ code now); another reader waiting there skips the mark, and the next
+    notice goes to the next seq."""
+    writer = _client(store)
+    leaving, staying = Bus("leaving"), Bus("staying")
+    heard: list[int] = []
+    staying.subscribe(EventType.WORKER_EXIT, on_event=lambda e: heard.append(e.worker_id))
+    first = _reader(store, leaving)
+    second = _reader(store, staying)
+    try:
+        assert _wait_for(lambda: first._ear is not None and second._ear is not None)
+        time.sleep(0.2)
+        started = time.monotonic()
+        first.close(timeout=5.0)
+        assert not first.alive
+        assert time.monotonic() - started < 2.0
+        assert first._ear is not None and not first._ear.shut_down  # woken, not cut off
+        assert bytes(writer.get(log.entry_key(ROOT, 1))) == log.LEFT
+        assert log.append(writer, ROOT, _exit(6)) == 2  # seq 1 is the mark's
+        assert _wait_for(lambda: heard == [6]), heard
+        assert second.stats["heard"] == 1  # the mark is no notice
+    finally:
+        second.close()
 
 
 def test_a_gap_left_by_a_dead_writer_is_skipped(store: Any) -> None:

@@ -69,6 +69,7 @@ class NoticeBoard:
         self.drain_seq: int | None = None
         self._warned = False
         self._ear: log.WaitingClient | None = None
+        self._listen_seq = 1
 
     def _new_client(self, info: RendezvousInfo) -> Any:
         if self._connect is not None:
@@ -107,9 +108,12 @@ class NoticeBoard:
         self._queue.put(None)
         # the ear must leave its store call before the interpreter finalizes
         ear, listener = self._ear, self._listener
-        if ear is not None:
-            ear.shut()
-        if listener is not None:
+        if ear is None or listener is None or not listener.is_alive():
+            return
+        if self.root is not None and ear.wake(log.entry_key(self.root, self._listen_seq)):
+            listener.join(1.0)
+        if listener.is_alive():
+            ear.shut()  # the store cannot be reached: end the wait the hard way
             listener.join(1.0)
 
     # -- telling ---------------------------------------------------------------------------
@@ -170,6 +174,7 @@ class NoticeBoard:
             return
         root, seq = log.notice_root(info.run_id), start + 1
         while not self._closed:
+            self._listen_seq = seq
             try:
                 event = log.read_entry(client, root, seq)
             except (ValueError, TypeError):
@@ -180,7 +185,9 @@ class NoticeBoard:
             if event is None:
                 continue
             seq += 1
-            if not isinstance(event, Preempting):
+            if self._closed:
+                return
+            if not isinstance(event, Preempting):  # another notice, or a reader's mark
                 continue
             current = self.info.group_rank if self.info is not None else info.group_rank
             if event.node == current:

@@ -36,6 +36,8 @@ from eventbus.events import WorkerExit
 __all__ = [
     "ENV_NOTICES",
     "ENV_NOTICE_FROM",
+    "LEFT",
+    "SKIP",
     "WAIT_S",
     "WaitingClient",
     "append",
@@ -106,17 +108,29 @@ def head(client: Any, root: str) -> int:
     return int(client.add(counter_key(root), 0))
 
 
+#: an entry that a leaving reader put where it waited (:meth:`WaitingClient.wake`): not a
+#: notice; readers skip it, and a writer whose seq it took appends at the next one
+LEFT = b"-"
+
+
 def append(client: Any, root: str, event: Event) -> int:
-    """Append ``event`` to the log; returns its seq."""
-    seq = int(client.add(counter_key(root), 1))
-    client.set(entry_key(root, seq), event.to_json().encode("utf-8"))
-    return seq
+    """Append ``event`` to the log; returns its seq. The entry is inserted only where none
+    is (``compare_set`` with an empty expected value): a seq that a leaving reader claimed
+    with :data:`LEFT` is passed over."""
+    payload = event.to_json().encode("utf-8")
+    for _ in range(1000):
+        seq = int(client.add(counter_key(root), 1))
+        if bytes(client.compare_set(entry_key(root, seq), b"", payload)) == payload:
+            return seq
+    raise RuntimeError("no free seq in the notice log after 1,000 tries")
 
 
-def read_entry(client: Any, root: str, seq: int, *, timeout: float = WAIT_S) -> Event | None:
+def read_entry(client: Any, root: str, seq: int, *,
+               timeout: float = WAIT_S) -> Event | _Skip | None:
     """Block until notice ``seq`` exists (at most ``timeout``) and return it; None when
-    the wait timed out. Raises what the store raises when it is gone, and ``ValueError``
-    or ``TypeError`` for an entry that is not an event."""
+    the wait timed out, :data:`SKIP` for a seq that holds no notice. Raises what the
+    store raises when it is gone, and ``ValueError`` or ``TypeError`` for an entry that is
+    not an event."""
     key = entry_key(root, seq)
     try:
         client.wait([key], datetime.timedelta(seconds=timeout))
@@ -125,26 +139,50 @@ def read_entry(client: Any, root: str, seq: int, *, timeout: float = WAIT_S) -> 
             return None
         if not client.check([key]):
             raise
-    raw = client.get(key)
-    return Event.from_json(bytes(raw).decode("utf-8"))
+    raw = bytes(client.get(key))
+    if raw == LEFT:
+        return SKIP
+    return Event.from_json(raw.decode("utf-8"))
+
+
+class _Skip:
+    """A seq with no notice (a leaving reader's :data:`LEFT`): go on to the next."""
+
+
+#: what :func:`read_entry` returns for a seq that holds no notice
+SKIP = _Skip()
 
 
 class WaitingClient:
-    """A store client for a thread that blocks in ``wait``, which another thread can end:
-    :meth:`shut` shuts its socket down, so the wait fails at once and the thread leaves
-    torch's C++ code while the interpreter still runs. A thread still in a c10d call when
-    the interpreter finalizes is ended by ``pthread_exit`` inside it, and the process aborts
-    ("terminate called without an active exception"), as an agent's did when the store's
-    host exited first. ``connect()`` makes the client; ``port`` finds its socket."""
+    """A store client for a thread that blocks in ``wait``, and the way to end that wait
+    cleanly from another thread. A thread still in a c10d call when the interpreter
+    finalizes is ended by ``pthread_exit`` inside it, and the process aborts ("terminate
+    called without an active exception"), as an agent's did when the store's host exited
+    first. :meth:`wake` puts :data:`LEFT` where the thread waits (a second, short-lived
+    client; the wait returns as for a notice, and c10d prints nothing); :meth:`shut`, the
+    fallback when the store cannot be reached, shuts the waiting socket down (the wait
+    fails at once, c10d prints its warnings). ``connect()`` makes a client; ``port``
+    finds the waiting client's socket."""
 
     def __init__(self, connect: Callable[[], Any], port: int) -> None:
         from eventbus.subscribers.store_forwarder import _new_sockets_to
         from eventbus.subscribers.store_forwarder import _socket_fds
 
+        self._connect = connect
         before = _socket_fds()
         self.client = connect()
         self.fds = _new_sockets_to(before, port)
         self.shut_down = False
+
+    def wake(self, key: str) -> bool:
+        """End a wait on ``key``: insert :data:`LEFT` there unless a notice is there
+        already (either ends the wait). False when the store could not be reached."""
+        try:
+            other = self._connect()
+            other.compare_set(key, b"", LEFT)
+        except Exception:
+            return False
+        return True
 
     def shut(self) -> None:
         """End any call in progress on this client, now and from now on."""
@@ -157,4 +195,3 @@ class WaitingClient:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.detach()
-

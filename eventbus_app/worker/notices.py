@@ -157,12 +157,14 @@ class NoticeReader:
         """End the thread (at exit: it must not be inside a store call when the
         interpreter finalizes; see :class:`~eventbus.app.protocol.notices.WaitingClient`)."""
         self._closed = True
-        ear = self._ear
-        if ear is not None:
-            ear.shut()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread() \
-                and os.getpid() == self._pid:
+        ear, thread = self._ear, self._thread
+        if thread is None or thread is threading.current_thread() \
+                or os.getpid() != self._pid or not thread.is_alive():
+            return
+        if ear is not None and ear.wake(log.entry_key(self.root, self.next_seq)):
+            thread.join(timeout)
+        if thread.is_alive() and ear is not None:
+            ear.shut()  # the store cannot be reached: end the wait the hard way
             thread.join(timeout)
 
     def _run(self) -> None:
@@ -194,6 +196,10 @@ class NoticeReader:
                 self._skip_gap(client)
                 continue
             seq, self.next_seq = self.next_seq, self.next_seq + 1
+            if self._closed:
+                return
+            if not isinstance(event, Event):  # a leaving reader's mark: no notice
+                continue
             try:
                 self.hear(event, seq, client)
             except Exception:  # one notice must not end the ear
