@@ -124,8 +124,9 @@ def test_each_notice_once_from_where_the_attempt_began(store: Any) -> None:
         with _context(restart_count=0):
             late = _exit(8)  # attempt 0's failure, reported after attempt 1 began
         log.append(writer, ROOT, late)
-        for rank in (1, 2):
-            log.append(writer, ROOT, _exit(rank))
+        with _context(restart_count=1):  # this attempt's (whatever earlier tests set)
+            for rank in (1, 2):
+                log.append(writer, ROOT, _exit(rank))
         assert _wait_for(lambda: heard == [1, 2]), heard
         time.sleep(0.1)
         assert heard == [1, 2]
