@@ -1,5 +1,5 @@
-"""A DDP-style loop for the drain tests (tests/test_preemption_jobs.py): gloo, a small model,
-one ``all_reduce`` of the gradients per step.
+"""A DDP-style loop for the drain tests (tests/reliability/test_drain_jobs.py): gloo, a
+small model, one ``all_reduce`` of the gradients per step.
 
 Environment (all optional):
 

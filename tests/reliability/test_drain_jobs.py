@@ -1,4 +1,4 @@
-"""Preemption drains on real jobs (issue #31; RELIABILITY.md rows 38-39): real
+"""Preemption drains on real jobs (rows 38-39 of the fault matrix): real
 ``python -m eventbus run`` jobs of 2 gloo ranks on CPU running tests/jobs/drain_train.py,
 the signal sent to the agent's pid alone (as a scheduler's kill of the main process).
 
@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -137,7 +138,8 @@ def _no_agent_traceback(job: Job) -> None:
 
 
 @pytest.mark.timeout(180)
-def test_sigterm_drains_every_rank_at_one_step_with_its_checkpoint(tmp_path: Path) -> None:
+def test_sigterm_drains_every_rank_at_one_step_with_its_checkpoint(
+        tmp_path: Path, figure: Callable[[int, str], None]) -> None:
     import torch
 
     job = Job(tmp_path, "--drain-grace", "30")
@@ -159,14 +161,16 @@ def test_sigterm_drains_every_rank_at_one_step_with_its_checkpoint(tmp_path: Pat
     assert preempting["reason"] == "SIGTERM on node 0" and preempting["deadline_s"] <= 30
     assert {e["worker_id"]: e["exit_code"] for e in job.events("WORKER_EXIT")} == {0: 0, 1: 0}
     _no_agent_traceback(job)
+    figure(38, f"SIGTERM: both ranks stopped at step {stops[0]}, checkpoints complete; job "
+               f"ended {job.took:.1f} s after the signal (grace 30 s), exit 75")
 
 
 @pytest.mark.timeout(180)
 def test_a_subscriber_that_blocks_or_raises_on_preempting_costs_nothing_else(
-        tmp_path: Path) -> None:
+        tmp_path: Path, figure: Callable[[int, str], None]) -> None:
     """Each rank's script subscribes to PREEMPTING one subscriber that blocks for good and
     one that raises: every rank still stops at one step with its checkpoint, the job ends
-    drained long before the grace (RELIABILITY row 39)."""
+    drained long before the grace (row 39)."""
     job = Job(tmp_path, "--drain-grace", "60", blocker="1")
     job.wait_for("ready_rank0", "ready_rank1")
     job.signal()
@@ -176,6 +180,8 @@ def test_a_subscriber_that_blocks_or_raises_on_preempting_costs_nothing_else(
     stops = [job.json(f"stopped_rank{r}.json")["step"] for r in (0, 1)]
     assert stops[0] == stops[1] == facts["stop_step"] and facts["late_ranks"] == []
     assert job.took < 30, job.took
+    figure(39, f"a blocking and a raising PREEMPTING subscriber: both ranks stopped at step "
+               f"{stops[0]}; ended {job.took:.1f} s after the signal (grace 60 s)")
 
 
 @pytest.mark.timeout(240)
@@ -213,7 +219,7 @@ def test_a_script_with_its_own_sigterm_handler_gets_the_signal_at_once(tmp_path:
 
 @pytest.mark.timeout(180)
 def test_a_rank_that_ignores_the_notice_is_killed_at_the_deadline_and_named(
-        tmp_path: Path) -> None:
+        tmp_path: Path, figure: Callable[[int, str], None]) -> None:
     """Rank 1 hears PREEMPTING and carries on; rank 0 stops at its step and saves. At the
     deadline rank 1 gets the signal, and the job ends within the kill grace."""
     job = Job(tmp_path, "--drain-grace", "6", mode="ignore")
@@ -229,10 +235,13 @@ def test_a_rank_that_ignores_the_notice_is_killed_at_the_deadline_and_named(
     assert exits[0]["exit_code"] == 0 and exits[0]["data"]["drained"]  # stopped in time
     (line,) = [line for line in job.lines() if "drained" in line]
     assert "rank 1 did not stop in time (SIGTERM, then SIGKILL)" in line, line
+    figure(38, f"a rank ignoring the notice: named late, job ended {job.took:.1f} s after the "
+               f"signal (grace 6 s + kill grace {KILL_GRACE_S:g} s)")
 
 
 @pytest.mark.timeout(180)
-def test_a_drain_while_a_rank_hangs_ends_by_the_deadline(tmp_path: Path) -> None:
+def test_a_drain_while_a_rank_hangs_ends_by_the_deadline(
+        tmp_path: Path, figure: Callable[[int, str], None]) -> None:
     """Rank 1 spins in Python; rank 0 waits for it in the collective and never reaches the
     stop step. Both are ended at the deadline; nothing waits for gloo's 30 minutes."""
     job = Job(tmp_path, "--drain-grace", "5", mode="hang")
@@ -243,6 +252,8 @@ def test_a_drain_while_a_rank_hangs_ends_by_the_deadline(tmp_path: Path) -> None
     facts = _drained(job)
     assert facts["late_ranks"] == [0, 1], facts
     assert job.took < 5 + KILL_GRACE_S + 10, job.took
+    figure(38, f"a drain while a rank hangs: ended {job.took:.1f} s after the signal (grace "
+               "5 s)")
 
 
 @pytest.mark.timeout(180)
@@ -328,10 +339,11 @@ def test_two_nodes_a_signal_to_node_1_drains_both_at_one_step(tmp_path: Path) ->
 
 
 @pytest.mark.timeout(240)
-def test_the_store_gone_during_a_drain_still_ends_by_the_deadline(tmp_path: Path) -> None:
+def test_the_store_gone_during_a_drain_still_ends_by_the_deadline(
+        tmp_path: Path, figure: Callable[[int, str], None]) -> None:
     """Two nodes; node 1 gets SIGTERM, and node 0's agent (the store's host) is killed a
     moment later. Node 1 still ends drained, by its deadline plus the kill grace and its
-    bounded exit (RELIABILITY row 39)."""
+    bounded exit (row 39)."""
     port = _free_port()
     jobs: Sequence[Job] = [Job(tmp_path, "--drain-grace", "8", name=f"node{n}",
                                nodes=(n, port, 2), save_s="2") for n in (0, 1)]
@@ -356,4 +368,6 @@ def test_the_store_gone_during_a_drain_still_ends_by_the_deadline(tmp_path: Path
     (agent_exit,) = jobs[1].events("AGENT_EXIT")
     assert agent_exit["state"] == "PREEMPTED"
     assert jobs[1].took < 8 + KILL_GRACE_S + 25, jobs[1].took
+    figure(39, f"the store's host killed during a drain: node 1 ended drained "
+               f"{jobs[1].took:.1f} s after the signal (grace 8 s)")
 
