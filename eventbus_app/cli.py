@@ -1,5 +1,5 @@
 """The ``eventbus`` command: ``run`` (torchrun with the bus attached), ``trace``, ``plot``,
-``tail``, ``view``. Each subcommand's module is imported only when it runs, so
+``tail``, ``view``, ``goodput``. Each subcommand's module is imported only when it runs, so
 ``eventbus --help`` stays fast and torch-free."""
 
 from __future__ import annotations
@@ -35,6 +35,12 @@ def _tail(argv: list[str]) -> int:
     return tail_main(argv)
 
 
+def _goodput(argv: list[str]) -> int:
+    from eventbus.app.readers.goodput import main as goodput_main
+
+    return goodput_main(argv)
+
+
 def _view(argv: list[str]) -> int:
     from eventbus.app.ui.view import main as view_main
 
@@ -48,6 +54,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "plot": (_plot, "events JSONL -> timeline PNG"),
     "tail": (_tail, "follow an events JSONL file, one line per event"),
     "view": (_view, "the job view in a browser for an events JSONL file, followed live"),
+    "goodput": (_goodput, "events JSONL -> where the job's time went (goodput, badput)"),
 }
 
 

@@ -13,7 +13,10 @@ Environment (all optional):
   also in their SIGTERM handler as the agent stops the group at once, for the peer's
   ``WORKER_EXIT`` to reach them, writing ``heard_rank<R>.json``); ``slow_restart``
   (``crash`` in attempt 0, and in attempt 1 every rank sleeps 60 s before it starts,
-  writing ``restarted_rank<R>``);
+  writing ``restarted_rank<R>``); ``ckpt_crash`` (at step DRAIN_CKPT_AT rank 0 saves for
+  DRAIN_SAVE_S and records ``CHECKPOINT_SAVED`` with ``duration_s``, writing
+  ``ckpt_done`` with its time; DRAIN_CRASH_AFTER steps later rank DRAIN_RANK writes
+  ``crash_rank<R>`` and exits 1);
 - ``DRAIN_BLOCKER``: ``1``: the script also subscribes to PREEMPTING a subscriber that
   blocks for good and one that raises (they must cost nobody else anything);
 - ``DRAIN_STEPS`` (default 100000), ``DRAIN_STEP_S`` (default 0.02 compute sleep a step);
@@ -123,6 +126,19 @@ def main() -> None:
             p.grad = grads[offset:offset + p.numel()].view_as(p) / dist.get_world_size()
             offset += p.numel()
         optimizer.step()
+        if mode == "ckpt_crash":
+            ckpt_at = int(env("DRAIN_CKPT_AT", "30"))
+            if step == ckpt_at and rank == 0:
+                began = time.time()
+                time.sleep(save_s)
+                torch.save({"model": model.state_dict(), "step": step}, ckpt)
+                took = time.time() - began
+                eventbus.record(eventbus.EventType.CHECKPOINT_SAVED, path=str(ckpt),
+                                step=step, duration_s=took)
+                (out / "ckpt_done").write_text(str(time.time()))
+            if step == ckpt_at + int(env("DRAIN_CRASH_AFTER", "50")) and rank == bad_rank:
+                (out / f"crash_rank{rank}").write_text(str(time.time()))
+                sys.exit(1)
         if step == start + ready_at:
             (out / f"ready_rank{rank}").write_text(str(time.time()))
             if rank == bad_rank and mode == "hang":

@@ -1,0 +1,169 @@
+"""Goodput (eventbus_app/readers/goodput.py): one synthetic stream per cause, whose truth
+is known to the second, and the rule that goodput plus badput is the wall time; bad input
+(empty, cut, mixed runs) gives one clear line or a result that says what it missed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eventbus.app.readers.goodput import CAUSES
+from eventbus.app.readers.goodput import GoodputError
+from eventbus.app.readers.goodput import goodput
+from eventbus.app.readers.goodput import main
+from eventbus.app.readers.records import Record
+from eventbus.app.readers.records import record_from_dict
+
+T0 = 1_800_000_000.0
+
+
+def _rec(kind: str, t: float, *, rank: int | None = None, attempt: int = 0,
+         group: int | None = 0, run: str = "run-1", data: dict[str, Any] | None = None,
+         **fields: Any) -> Record:
+    raw = {"type": kind, "timestamp": T0 + t, "data": data or {}, **fields,
+           "context": {"rank": rank, "restart_count": attempt, "group_rank": group,
+                       "run_id": run, "pid": 100 + (rank if rank is not None else 50)}}
+    record = record_from_dict(raw)
+    assert record is not None
+    return record
+
+
+def _beat(t: float, rank: int, step: int, *, idle: float = 0.0, attempt: int = 0,
+          step_time: float | None = None) -> Record:
+    data = {"step_time_s": step_time} if step_time is not None else {}
+    return _rec("WORKER_PROGRESS", t, rank=rank, attempt=attempt, worker_id=rank,
+                step=step, collectives=step, idle_s=idle, data=data)
+
+
+def _job(*middle: Record, end: float = 100.0, state: str = "SUCCEEDED") -> list[Record]:
+    return [_rec("AGENT_START", 0.0, entrypoint="train.py", max_restarts=1,
+                 nproc_per_node=1),
+            _rec("WORKER_START", 1.0, worker_id=0),
+            *middle,
+            _rec("AGENT_EXIT", end, state=state, exit_code=0 if state == "SUCCEEDED" else 1)]
+
+
+def _adds_up(result: Any) -> None:
+    assert sum(result.badput_s.values()) + result.goodput_s == pytest.approx(result.wall_s)
+    assert set(result.badput_s) == set(CAUSES)
+
+
+def test_a_healthy_job_is_startup_then_goodput_then_teardown() -> None:
+    """Start at 0, first step at 10 (the beat at 11 says 10 steps of 0.1 s), steps until
+    90, the end at 100: startup 10, goodput 80, other (teardown) 10."""
+    result = goodput(_job(_beat(5.0, 0, 0, idle=4.0), _beat(11.0, 0, 10, step_time=0.1),
+                          _beat(50.0, 0, 400), _beat(90.0, 0, 800)))
+    _adds_up(result)
+    assert result.wall_s == pytest.approx(100.0)
+    assert result.badput_s["startup"] == pytest.approx(10.0)
+    assert result.badput_s["other"] == pytest.approx(10.0)
+    assert result.goodput_s == pytest.approx(80.0)
+    assert result.goodput_ratio == pytest.approx(0.8)
+    assert result.sentence() == "goodput 80.0% of 1 min 40 s; the biggest loss: startup, 10.0 s"
+
+
+def test_checkpoint_time_is_badput_and_ends_the_waste_of_a_later_failure() -> None:
+    """First step at 5; a 4 s save ending at 40; rank 0's last step at 49, its failure
+    noticed at 50; attempt 1 starts at 60, steps from 62 to the end at 100. Checkpoint 4,
+    wasted 9 (40 to the last step at 49, 200 steps), restart 11 (49 to 60), startup
+    5 + 2."""
+    records = _job(
+        _rec("METRIC", 5.0, rank=0, step=1),
+        _rec("CHECKPOINT_SAVED", 40.0, rank=0, path="c.pt", step=300, duration_s=4.0),
+        _beat(49.0, 0, 500),
+        _rec("WORKER_EXIT", 50.0, worker_id=0, exit_code=1, cause="failure"),
+        _rec("WORKER_RESTART", 60.0, attempt=1, restarts_left=0, reason="x"),
+        _rec("WORKER_START", 60.5, worker_id=0, attempt=1),
+        _rec("METRIC", 62.0, rank=0, attempt=1, step=301),
+        _rec("METRIC", 100.0, rank=0, attempt=1, step=900))
+    result = goodput(records)
+    _adds_up(result)
+    bad = result.badput_s
+    assert bad["checkpoint"] == pytest.approx(4.0)
+    assert bad["wasted"] == pytest.approx(9.0)
+    assert bad["restart"] == pytest.approx(11.0)
+    assert bad["startup"] == pytest.approx(5.0 + 2.0)
+    assert result.wasted_steps == 200
+    assert result.attempts == 2
+    assert result.goodput_s == pytest.approx(100 - 4 - 9 - 11 - 7)
+
+
+def test_a_stall_is_its_silence_and_the_progress_before_it_is_wasted() -> None:
+    """Progress from 5; the rank's last progress at 30; the verdict at 42 (silent 12 s);
+    no checkpoint: stall 12, wasted 25 (5 to 30); the job then fails (no restart): other
+    from 42 to the end at 50."""
+    records = _job(
+        _rec("METRIC", 5.0, rank=0, step=1),
+        _beat(30.0, 0, 250),
+        _rec("WORKER_STALLED", 42.0, worker_id=0, silent_s=12.0),
+        end=50.0, state="FAILED")
+    result = goodput(records)
+    _adds_up(result)
+    assert result.badput_s["stall"] == pytest.approx(12.0)
+    assert result.badput_s["wasted"] == pytest.approx(25.0)
+    assert result.badput_s["other"] == pytest.approx(8.0)
+    assert result.goodput_s == pytest.approx(0.0)
+
+
+def test_a_drain_is_badput_from_preempting_to_the_end() -> None:
+    records = _job(_rec("METRIC", 5.0, rank=0, step=1), _beat(70.0, 0, 650),
+                   _rec("PREEMPTING", 70.0, deadline_s=20.0, reason="SIGTERM on node 0"),
+                   _rec("METRIC", 71.0, rank=0, step=660), end=80.0, state="PREEMPTED")
+    result = goodput(records)
+    _adds_up(result)
+    assert result.badput_s["drain"] == pytest.approx(10.0)
+    assert result.goodput_s == pytest.approx(65.0)
+
+
+def test_per_node_figures_beside_the_job_wide_one() -> None:
+    records = _job(_rec("METRIC", 5.0, rank=0, step=1, group=0),
+                   _rec("METRIC", 8.0, rank=1, step=1, group=1),
+                   _rec("METRIC", 90.0, rank=0, step=800, group=0),
+                   _rec("METRIC", 90.0, rank=1, step=800, group=1))
+    result = goodput(records)
+    assert set(result.nodes) == {0, 1}
+    assert result.nodes[1].badput_s["startup"] > result.nodes[0].badput_s["startup"]
+    assert json.loads(json.dumps(result.to_json()))["nodes"]["1"]["wall_s"] > 0
+
+
+def test_bad_input_says_what_it_is() -> None:
+    with pytest.raises(GoodputError, match="no events"):
+        goodput([])
+    mixed = [*_job(), *(_rec(r.type, 200 + r.timestamp - T0, run="run-2", **r.fields)
+                        for r in _job())]
+    with pytest.raises(GoodputError, match=r"mixes 2 runs .*--run-id"):
+        goodput(mixed)
+    assert goodput(mixed, run_id="run-2").run_id == "run-2"
+    cut = goodput(_job(_rec("METRIC", 5.0, rank=0, step=1))[:-1])  # no AGENT_EXIT
+    assert not cut.ended and any("had not ended" in note for note in cut.notes)
+    lost = goodput(_job(_rec("EVENTS_LOST", 3.0, source="w1", count=7, reason="gap")))
+    assert any("7 events were lost" in note for note in lost.notes)
+    assert lost.error_bound_s > goodput(_job()).error_bound_s
+
+
+def test_the_command_prints_the_table_or_json_and_one_line_errors(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "events.jsonl"
+    lines = [json.dumps({"type": r.type, "timestamp": r.timestamp, "data": r.data,
+                         "context": r.context, **r.fields})
+             for r in _job(_rec("METRIC", 5.0, rank=0, step=1),
+                           _rec("METRIC", 90.0, rank=0, step=9))]
+    path.write_text("\n".join(lines) + "\n{\"type\": \"WORKER_EX")  # a torn last line
+    assert main([str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["wall_s"] == pytest.approx(100.0) and out["goodput_ratio"] == pytest.approx(0.85)
+    assert any("torn" in note for note in out["notes"])
+    assert main([str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "goodput 85.0% of 1 min 40 s; the biggest loss: other, 10.0 s." in text
+    assert text.splitlines()[1].split()[0] == "goodput" and "wall" in text
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert main([str(empty)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == f"eventbus goodput: {empty}: no events: nothing to split"
+    assert main([str(tmp_path / "missing.jsonl")]) == 1
+    assert "No such file" in capsys.readouterr().err

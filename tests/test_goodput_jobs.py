@@ -1,0 +1,89 @@
+"""Goodput on real ``eventbus run`` jobs whose truth is known (2 gloo ranks on CPU,
+tests/jobs/drain_train.py): a crash a known time after a checkpoint is ``wasted`` within
+max(0.5 s, 25%); a drained job's figures add up to its wall time with ``drain`` in them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.launcher_helpers import JOBS
+from tests.launcher_helpers import job_env
+from tests.launcher_helpers import run_command
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = JOBS / "drain_train.py"
+
+
+def _cmd(tmp_path: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "eventbus", "run", "--events-jsonl",
+            str(tmp_path / "events.jsonl"), *args, "--standalone", "--nproc-per-node", "2",
+            "--monitor-interval", "0.1", str(SCRIPT)]
+
+
+def _env(out: Path, **drain: str) -> dict[str, str]:
+    env = job_env()
+    env["DRAIN_OUT"] = str(out)
+    env.update({f"DRAIN_{k.upper()}": v for k, v in drain.items()})
+    return env
+
+
+def _goodput(tmp_path: Path) -> dict[str, Any]:
+    done = run_command([sys.executable, "-m", "eventbus", "goodput", "--json",
+                        str(tmp_path / "events.jsonl")], cwd=tmp_path, timeout=60)
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout)
+    assert sum(result["badput_s"].values()) + result["goodput_s"] == pytest.approx(
+        result["wall_s"], abs=0.01)
+    return result
+
+
+@pytest.mark.timeout(180)
+def test_a_crash_after_a_checkpoint_wastes_the_time_since_it(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    done = run_command(_cmd(tmp_path, "--max-restarts", "0"), cwd=tmp_path, timeout=150,
+                       env=_env(out, mode="ckpt_crash", ckpt_at="30", crash_after="150"))
+    assert done.returncode == 1, done.stderr[-3000:]
+    truth = float((out / "crash_rank1").read_text()) - float((out / "ckpt_done").read_text())
+    result = _goodput(tmp_path)
+    wasted = result["badput_s"]["wasted"]
+    assert abs(wasted - truth) <= max(0.5, 0.25 * truth), (wasted, truth, result)
+    assert result["wasted_steps"] == 150
+    assert result["badput_s"]["checkpoint"] > 0.25  # the 0.3 s save
+    assert result["badput_s"]["startup"] > 0
+
+
+@pytest.mark.timeout(180)
+def test_a_drained_job_adds_up_with_its_drain(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.Popen(_cmd(tmp_path, "--drain-grace", "30"), cwd=tmp_path,
+                            env=_env(out), text=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not all((out / f"ready_rank{r}").exists() for r in (0, 1)):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.returncode
+            time.sleep(0.05)
+        time.sleep(1.0)  # a second of training
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=30)
+    assert proc.returncode == 75
+    result = _goodput(tmp_path)
+    assert result["badput_s"]["drain"] > 0 and result["goodput_s"] > 0.5, result
+    assert result["ended"] and not result["badput_s"]["wasted"]
