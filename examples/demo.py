@@ -161,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     width = max(len(p.name) for p, _ in written)
     for path, what in written:
         print(f"  {path.name:<{width}}  {what}")
+    from eventbus.app.readers.goodput import goodput
+
+    figure = goodput(view.records)  # eventbus goodput demo-out/events.jsonl: the table
+    print(f"demo: {figure.sentence()}  (eventbus goodput {_show(events)})")
     ok = code == 0 and view.outcome() == "SUCCEEDED" and view.attempt_count() >= 2
     if not ok:
         print("demo: expected a crash on attempt 0 and a successful restart; "

@@ -5,6 +5,7 @@ is known to the second, and the rule that goodput plus badput is the wall time; 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 
 from eventbus.app.readers.goodput import CAUSES
 from eventbus.app.readers.goodput import GoodputError
+from eventbus.app.readers.goodput import GoodputTracker
 from eventbus.app.readers.goodput import goodput
 from eventbus.app.readers.goodput import main
 from eventbus.app.readers.records import Record
@@ -167,3 +169,63 @@ def test_the_command_prints_the_table_or_json_and_one_line_errors(
     assert err == f"eventbus goodput: {empty}: no events: nothing to split"
     assert main([str(tmp_path / "missing.jsonl")]) == 1
     assert "No such file" in capsys.readouterr().err
+
+
+def _jobs() -> list[list[Record]]:
+    return [
+        _job(_beat(5.0, 0, 0, idle=4.0), _beat(11.0, 0, 10, step_time=0.1),
+             _beat(50.0, 0, 400), _beat(90.0, 0, 800)),
+        _job(_rec("METRIC", 5.0, rank=0, step=1),
+             _rec("CHECKPOINT_SAVED", 40.0, rank=0, path="c.pt", step=300, duration_s=4.0),
+             _beat(49.0, 0, 500), _rec("WORKER_EXIT", 50.0, worker_id=0, exit_code=1),
+             _rec("WORKER_RESTART", 60.0, attempt=1, restarts_left=0, reason="x"),
+             *(_rec("METRIC", float(t), rank=0, attempt=1, step=t) for t in range(62, 100))),
+        _job(_rec("METRIC", 5.0, rank=0, step=1), _beat(30.0, 0, 250),
+             _rec("WORKER_STALLED", 42.0, worker_id=0, silent_s=12.0), end=50.0,
+             state="FAILED"),
+    ]
+
+
+@pytest.mark.parametrize("index", range(3))
+def test_the_live_tracker_gives_the_files_figure_from_a_few_records(index: int) -> None:
+    """The tracker keeps the lifecycle and a few progress records per rank and attempt,
+    yet its figure is the file's, to the millisecond."""
+    records = _jobs()[index]
+    tracker = GoodputTracker()
+    for record in records:
+        tracker.observe(record)
+    assert len(tracker.records()) <= 12
+    live, offline = tracker.result(), goodput(records)
+    assert live is not None
+    assert live.goodput_s == pytest.approx(offline.goodput_s, abs=1e-3)
+    for cause, seconds in offline.badput_s.items():
+        assert live.badput_s[cause] == pytest.approx(seconds, abs=1e-3), cause
+
+
+def test_the_live_tracker_takes_typed_events_and_counts_until_now() -> None:
+    import eventbus
+
+    tracker = GoodputTracker()
+    assert tracker.result() is None
+    bus = eventbus.Bus("live")
+    bus.subscribe(eventbus.ALL, on_event=tracker.observe)
+    bus.record("AGENT_START", entrypoint="t.py", max_restarts=0, nproc_per_node=1)
+    bus.record("METRIC", step=1)
+    result = tracker.result(until=time.time() + 10)
+    assert result is not None and not result.ended and result.wall_s >= 10
+    assert result.goodput_s >= 9.9  # progressing since the first step, as far as it knows
+
+
+def test_the_job_view_carries_the_figure() -> None:
+    """/api/state's "goodput" is the command's object (and its sentence), from a file."""
+    from eventbus.app.ui.state import JobState
+
+    records = _jobs()[1]
+    state = JobState(live=False)
+    for record in records:
+        state.add_record(record)
+    figure = state.snapshot()["goodput"]
+    offline = goodput(records)
+    assert figure["goodput_s"] == pytest.approx(offline.goodput_s, abs=1e-3)
+    assert figure["badput_s"]["restart"] == pytest.approx(11.0, abs=1e-3)
+    assert figure["sentence"] == offline.sentence()

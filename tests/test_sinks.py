@@ -7,6 +7,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -125,8 +126,20 @@ def test_prometheus_serves_counters_on_loopback() -> None:
     """prometheus:PORT: /metrics on 127.0.0.1 parsed with prometheus_client.parser."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    from eventbus.app.readers.goodput import GoodputTracker
+
     port = free_port()
     sink = make_sink(f"prometheus:{port}")
+    tracker = GoodputTracker()  # what `eventbus run` gives the sink: its bus's tracker
+    sink.goodput_source = tracker.result
+    seen = sink.write
+
+    def write(events: Any) -> None:
+        for event in events:
+            tracker.observe(event)
+        seen(events)
+
+    sink.write = write  # type: ignore[method-assign]
     try:
         feed(sink)
         assert sink.flush(10.0)
@@ -140,6 +153,13 @@ def test_prometheus_serves_counters_on_loopback() -> None:
     assert samples[("eventbus_worker_exits_total", (("exit_code", "3"),))] == 1
     assert samples[("eventbus_restarts_total", ())] == 1
     assert samples[("eventbus_last_step", (("rank", "1"),))] == 5
+    figure = tracker.result()
+    assert figure is not None
+    assert samples[("eventbus_goodput_ratio", ())] == pytest.approx(figure.goodput_ratio)
+    causes = {dict(k[1])["cause"]: v for k, v in samples.items()
+              if k[0] == "eventbus_badput_seconds"}
+    assert set(causes) == set(figure.badput_s)
+    assert causes == pytest.approx(figure.badput_s)
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
 

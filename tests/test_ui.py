@@ -1064,6 +1064,10 @@ def test_browser_shows_a_drain_then_the_preempted_job(tmp_path: Path) -> None:
             marks = browser.evaluate("Array.from(document.querySelectorAll('.mark'))"
                                      ".map(m => m.dataset.kind)")
             assert marks == ["drain", "late", "preempted"], marks
+            # the header's goodput line: the job's figure, its biggest loss the drain's
+            goodput = browser.evaluate("document.getElementById('goodput').textContent")
+            assert re.fullmatch(r"goodput \d+\.\d% of .+; the biggest loss: \w+, .+", goodput), \
+                goodput
             target = os.environ.get("EVENTBUS_UI_DRAIN_SCREENSHOT")
             if target:
                 browser.screenshot(Path(target))

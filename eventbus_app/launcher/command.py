@@ -17,10 +17,12 @@ import inspect
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 from typing import NoReturn
 
+from eventbus.app.launcher import console
 from eventbus.app.launcher import options
 from eventbus.app.plugins import AgentPlugin
 from eventbus.bus import ALL
@@ -266,7 +268,11 @@ def main(argv: Sequence[str] | None = None, *,
         parser.error(str(exc))
     bus = get_default_bus()
     recorder = None
-    subscriptions = []
+    # the job's goodput as its events arrive: the sinks' gauges and the run's last line
+    from eventbus.app.readers.goodput import GoodputTracker
+
+    tracker = GoodputTracker()
+    subscriptions = [bus.subscribe(ALL, on_event=tracker.observe)]
     # Built before the job, so that a bad --sink is a usage error (docs/sinks.md).
     sinks: list[Any] = []
     if args.sink:
@@ -283,6 +289,9 @@ def main(argv: Sequence[str] | None = None, *,
             close_sinks(sinks, timeout=1.0)
             parser.error(str(exc))
         sink_plugin = SinksPlugin(bus, sinks)
+        for sink in sinks:
+            if hasattr(sink, "goodput_source"):
+                sink.goodput_source = lambda: tracker.result(until=time.time())
         from eventbus.app.launcher.agent import default_plugins
 
         plugins = [*(default_plugins() if plugins is None else plugins), sink_plugin]
@@ -354,4 +363,17 @@ def main(argv: Sequence[str] | None = None, *,
             sink_plugin.close()
         if ui_plugin is not None:  # the open pages get the final state first
             ui_plugin.close(timeout=1.0)
+        _goodput_line(tracker)
     return 0
+
+
+def _goodput_line(tracker: Any) -> None:
+    """The run's last ``eventbus:`` line: the goodput and the biggest cause (docs/goodput.md;
+    on group rank 0 the whole job's, elsewhere this node's view)."""
+    try:
+        result = tracker.result()
+    except Exception:  # a figure must never cost the run its exit code
+        logging.getLogger("eventbus").exception("eventbus: the goodput figure failed")
+        return
+    if result is not None and result.wall_s > 0:
+        console.write(result.sentence() + " (eventbus goodput FILE for the table)")

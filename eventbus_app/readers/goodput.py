@@ -52,6 +52,7 @@ __all__ = [
     "PRIORITY",
     "Goodput",
     "GoodputError",
+    "GoodputTracker",
     "goodput",
     "main",
     "render_text",
@@ -293,7 +294,7 @@ def goodput(records: Iterable[Record], *, problems: Sequence[Problem] = (),
         claim(at, first if first is not None else (verdict or finish), "startup")
         if verdict is None:
             previous_end = None
-            if last is not None:
+            if last is not None and ended:
                 claim(last, finish, "other")  # the end: teardown after the last progress
             continue
         for stall in stalls:
@@ -419,3 +420,127 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         print(render_text(result))
     return 0
+
+
+# -- live: the same figure while the job runs ------------------------------------------------
+
+#: the types kept whole by the tracker (rare: at most a few per rank and attempt)
+_KEPT = frozenset({"AGENT_START", "AGENT_EXIT", "WORKER_START", "WORKER_RESTART",
+                   "WORKER_EXIT", "WORKER_STALLED", "PREEMPTING", "CHECKPOINT_SAVED",
+                   "EVENTS_LOST"})
+#: the types that show progress (the tracker keeps a few per rank and attempt)
+_PROGRESS = frozenset({"WORKER_PROGRESS", "METRIC", "EPOCH_END"})
+
+
+class GoodputTracker:
+    """The goodput of a job as its events arrive (the job view's ``/api/state``, the
+    Prometheus sink, the agent's last line), computed by :func:`goodput` over what the
+    figure needs and no more: the lifecycle, failures, stalls, drains and saves whole, and
+    per rank and attempt its first progress (with the idle beat before it), its latest
+    progress and its highest step. Memory grows with ranks x attempts, not with events.
+    ``observe`` takes typed events or records; thread-safe."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self._kept: list[Any] = []
+        self._first: dict[tuple[int, Any], Any] = {}
+        self._idle: dict[tuple[int, Any], Any] = {}
+        self._last: dict[tuple[int, Any], tuple[float, Any]] = {}
+        self._top: dict[tuple[int, Any], tuple[int, Any]] = {}
+        self.observed = 0
+
+    def observe(self, event: Any) -> None:
+        kind = str(event.type)
+        if kind in _KEPT:
+            with self._lock:
+                self._kept.append(event)
+                self.observed += 1
+            return
+        if kind not in _PROGRESS:
+            return
+        # read straight from a typed event or a record: a heartbeat is made a record
+        # only if it is kept and the figure is asked for
+        fields, context = _parts(event)
+        attempt = as_int(context.get("restart_count"))
+        key = (attempt if attempt is not None and attempt >= 0 else 0,
+               (as_int(context.get("rank")), as_int(context.get("pid"))))
+        ts = as_number(event.timestamp) or 0.0
+        step = as_int(fields.get("step"))
+        at: float | None = None
+        if kind == "WORKER_PROGRESS":
+            done = as_int(fields.get("collectives"))
+            if (step or 0) > 0 or (done or 0) > 0:
+                at = ts - max(0.0, as_number(fields.get("idle_s")) or 0.0)
+        elif kind == "EPOCH_END" or step is not None:
+            at = ts
+        with self._lock:
+            self.observed += 1
+            if kind == "WORKER_PROGRESS" and event.data.get("saves"):
+                self._kept.append(event)
+            if at is None:
+                if kind == "WORKER_PROGRESS" and key not in self._first:
+                    self._idle[key] = event
+            else:
+                self._first.setdefault(key, event)
+                if key not in self._last or at >= self._last[key][0]:
+                    self._last[key] = (at, event)
+            if step is not None and (key not in self._top or step > self._top[key][0]):
+                self._top[key] = (step, event)
+
+    def records(self) -> list[Record]:
+        """What the figure is computed from, in time order."""
+        with self._lock:
+            picked = [*self._kept, *self._idle.values(), *self._first.values(),
+                      *(r for _, r in self._last.values()), *(r for _, r in self._top.values())]
+        out: dict[int, Record] = {}
+        for item in picked:
+            record = item if isinstance(item, Record) else _as_record(item)
+            if record is not None:
+                out[id(item)] = record
+        return sorted(out.values(), key=lambda r: r.timestamp)
+
+    def result(self, *, until: float | None = None) -> Goodput | None:
+        """The figure so far (a running job's wall time ends at ``until``, default its
+        last event); None before the job's first event."""
+        records = self.records()
+        if not records:
+            return None
+        span = None
+        if until is not None and not any(r.type == "AGENT_EXIT" for r in records):
+            starts = [r.timestamp for r in records if r.type == "AGENT_START"]
+            span = (starts[0] if starts else records[0].timestamp, max(until,
+                                                                       records[-1].timestamp))
+        try:
+            return goodput(records, per_node=False, span=span)
+        except GoodputError:
+            return None
+
+
+def _parts(event: Any) -> tuple[Any, Any]:
+    """(fields, context) of a record or a typed event, both read with ``.get``."""
+    if isinstance(event, Record):
+        return event.fields, event.context
+    return _Attrs(event), _Attrs(event.context)
+
+
+class _Attrs:
+    """``.get(name)`` over an object's attributes."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def get(self, name: str) -> Any:
+        return getattr(self.obj, name, None)
+
+
+def _as_record(event: Any) -> Record | None:
+    from eventbus.app.readers.records import record_from_dict
+
+    try:
+        return record_from_dict(event.to_dict())
+    except Exception:
+        return None

@@ -9,13 +9,18 @@ until its close, i.e. while the job runs. Its own registry (no process or GC col
 * ``eventbus_restarts_total``: worker group restarts;
 * ``eventbus_stalls_total``: stalled workers (``WORKER_STALLED``);
 * ``eventbus_last_step{rank}``: the last ``step`` of each rank's ``METRIC``;
-* ``eventbus_attempt``: the attempt the worker group is on.
+* ``eventbus_attempt``: the attempt the worker group is on;
+* ``eventbus_goodput_ratio`` and ``eventbus_badput_seconds{cause}``: the job's goodput so
+  far and its badput by cause (docs/goodput.md), recomputed at most once a second, when
+  the launcher gave the sink the job's figure (:attr:`PrometheusSink.goodput_source`).
 
 Port 0 picks a free port (read it from :attr:`PrometheusSink.port`).
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 
@@ -71,6 +76,14 @@ class PrometheusSink(EventSink):
         self._last_step = Gauge("eventbus_last_step", "Last METRIC step per rank", ["rank"],
                                 registry=r)
         self._attempt = Gauge("eventbus_attempt", "The worker group's attempt", registry=r)
+        self._goodput = Gauge("eventbus_goodput_ratio", "The job's goodput so far: the share "
+                              "of its wall time that became kept progress", registry=r)
+        self._badput = Gauge("eventbus_badput_seconds", "The job's wall time lost so far, "
+                             "by cause", ["cause"], registry=r)
+        #: a callable returning the job's goodput so far (an object with ``goodput_ratio``
+        #: and ``badput_s``) or None: set by ``eventbus run`` (its one tracker of the bus)
+        self.goodput_source: Callable[[], Any] | None = None
+        self._figured = 0.0
         try:
             served: Any = start_http_server(port, addr=host, registry=r)
         except OSError as exc:
@@ -97,6 +110,20 @@ class PrometheusSink(EventSink):
                 step = getattr(event, "step", None)
                 if isinstance(step, int) and event.rank is not None:
                     self._last_step.labels(rank=str(event.rank)).set(step)
+        now = time.monotonic()
+        ended = any(str(e.type) == "AGENT_EXIT" for e in events)
+        if ended or now - self._figured >= 1.0:
+            self._figured = now
+            self._figure()
+
+    def _figure(self) -> None:
+        source = self.goodput_source
+        result = source() if source is not None else None
+        if result is None:
+            return
+        self._goodput.set(result.goodput_ratio)
+        for cause, seconds in result.badput_s.items():
+            self._badput.labels(cause=cause).set(seconds)
 
     def shutdown(self) -> None:
         if self._server is not None:

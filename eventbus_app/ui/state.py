@@ -46,6 +46,7 @@ from collections.abc import Callable
 from collections.abc import Mapping
 from typing import Any
 
+from eventbus.app.readers.goodput import GoodputTracker
 from eventbus.app.readers.records import Record
 from eventbus.app.sentences import as_int as _int
 from eventbus.app.sentences import as_number as _num
@@ -298,6 +299,10 @@ class JobState:
         self._fold_failed = 0
         self._folder: threading.Thread | None = None
         self._stop_folding = threading.Event()
+        #: the job's goodput as its events are folded (docs/goodput.md); computed on
+        #: snapshot at most once a second
+        self._goodput = GoodputTracker()
+        self._goodput_json: tuple[float, int, dict[str, Any] | None] = (0.0, -1, None)
         self.max_events = max_events
         self.max_ranks = max_ranks
         self.live = live
@@ -436,6 +441,7 @@ class JobState:
         self._seq = seq = self._seq + 1
         if full:
             self._recent.append((seq, arrived, name, ev))
+        self._goodput.observe(ev._record if isinstance(ev, _FromRecord) else ev)
         types = self._types
         count = types.get(name)
         if count is not None:
@@ -859,12 +865,34 @@ class JobState:
                 for a, start, end, outcome, reason, marks, more, stopped in attempts],
             "problem": None if problem is None else _problem_json(*problem),
             "drain": None if drain is None else self._drain_json(drain, reference),
+            "goodput": self._goodput_figure(seq, None if ended_at is not None or not self.live
+                                            else now),
             "types": dict(sorted(types.items(), key=lambda kv: (-kv[1], kv[0]))),
             "drops": self._drops(lost, refused, unreadable, overflowed, fold_failed),
         }
         if recent > 0:
             out["recent"] = self._render(tail)
         return out
+
+    def _goodput_figure(self, seq: int, until: float | None) -> dict[str, Any] | None:
+        """``/api/state``'s ``goodput``: the object of ``eventbus goodput --json`` plus
+        ``sentence``, recomputed when events arrived and a second passed (a live job's
+        wall time runs until now)."""
+        at, seen, figure = self._goodput_json
+        mono = time.monotonic()
+        if seen == seq and (until is None or mono - at < 1.0):
+            return figure
+        if seen != -1 and mono - at < 1.0:
+            return figure
+        try:
+            result = self._goodput.result(until=until)
+        except Exception:
+            logger.exception("eventbus: the job view's goodput figure failed")
+            result = None
+        figure = None if result is None else {**result.to_json(),
+                                              "sentence": result.sentence()}
+        self._goodput_json = (mono, seq, figure)
+        return figure
 
     def events_since(self, seq: int, limit: int) -> tuple[list[dict[str, Any]], int, int]:
         """Up to ``limit`` of the kept events after ``seq`` (oldest first), how many after

@@ -79,6 +79,7 @@
     src.textContent = s.source && s.source !== "live" ? s.source.split("/").pop() : "";
     src.title = s.source || "";
     document.title = "[" + s.status + "] eventbus job view" + (s.run_id ? " - " + s.run_id : "");
+    renderGoodput();
     renderDrain();
     const reason = $("exit-reason");
     // a drained job's end is the drain banner's (its facts, not the agent's line)
@@ -99,6 +100,23 @@
       counts.appendChild(c);
     }
     tickElapsed();
+  }
+
+  // -- goodput: "goodput 87.5% of 2 min 10 s; the biggest loss: restart, 9.8 s" ------------
+  function renderGoodput() {
+    const g = state.goodput;
+    const node = $("goodput");
+    if (!g) {
+      node.textContent = "";
+      node.removeAttribute("data-ratio");
+      return;
+    }
+    node.textContent = g.sentence;
+    node.dataset.ratio = String(g.goodput_ratio);
+    const parts = Object.entries(g.badput_s || {}).filter(([, v]) => v > 0)
+      .map(([k, v]) => k + " " + v.toFixed(1) + " s");
+    node.title = "badput: " + (parts.join(", ") || "none") +
+      (g.error_bound_s ? " (within " + Math.round(g.error_bound_s) + " s)" : "");
   }
 
   // -- a drain (preemption): "draining: SIGTERM on node 1, 12 s left", then how it ended ----
