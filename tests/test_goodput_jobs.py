@@ -87,3 +87,32 @@ def test_a_drained_job_adds_up_with_its_drain(tmp_path: Path) -> None:
     result = _goodput(tmp_path)
     assert result["badput_s"]["drain"] > 0 and result["goodput_s"] > 0.5, result
     assert result["ended"] and not result["badput_s"]["wasted"]
+
+
+@pytest.mark.timeout(180)
+def test_a_plain_scripts_torch_save_is_noticed_and_counted(tmp_path: Path) -> None:
+    """tests/jobs/plain_train.py never imports eventbus; at step 20 rank 0 saves with
+    torch.save. Its heartbeat carries the save (start, end, bytes), and the goodput counts
+    its time as checkpoint."""
+    out = tmp_path / "out"
+    out.mkdir()
+    env = job_env()
+    env.update({"PLAIN_OUT": str(out), "PLAIN_SAVE_AT": "20", "PLAIN_STEPS": "60"})
+    cmd = [sys.executable, "-m", "eventbus", "run", "--events-jsonl",
+           str(tmp_path / "events.jsonl"), "--standalone", "--nproc-per-node", "2",
+           "--monitor-interval", "0.1", str(JOBS / "plain_train.py")]
+    done = run_command(cmd, cwd=tmp_path, timeout=150, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    truth = json.loads((out / "save.json").read_text())
+    from eventbus.subscribers.jsonl import read_jsonl
+
+    saves = [s for e in read_jsonl(tmp_path / "events.jsonl")
+             if e["type"] == "WORKER_PROGRESS" for s in e["data"].get("saves", [])]
+    assert len(saves) == 1, saves
+    (save,) = saves
+    assert save["kind"] == "torch.save" and save["ok"] and save["bytes"] > 32 * 2**20
+    assert save["path"].endswith("ckpt.pt")
+    assert abs(save["start"] - truth["start"]) < 0.05 and abs(save["end"] - truth["end"]) < 0.05
+    result = _goodput(tmp_path)
+    assert result["badput_s"]["checkpoint"] == pytest.approx(save["end"] - save["start"],
+                                                            abs=0.01)

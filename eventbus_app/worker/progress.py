@@ -85,6 +85,7 @@ from eventbus.app.protocol.agent_worker import PROGRESS_SOURCES
 from eventbus.app.protocol.agent_worker import FrRequestReader
 from eventbus.app.protocol.agent_worker import fr_dump_path
 from eventbus.app.worker import notices
+from eventbus.app.worker.saves import SaveWatch
 
 __all__ = [
     "BEAT_S",
@@ -259,6 +260,8 @@ class ProgressWatch:
         self._record = record
         self._bus = bus
         self.steps = StepCounter()
+        #: checkpoint saves (torch.save, DCP) noticed with no call in the script
+        self.saves = SaveWatch()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._sample: Callable[..., bytes] | None = None
@@ -332,6 +335,7 @@ class ProgressWatch:
 
     # -- one tick
     def _arm(self) -> None:
+        self.saves.arm()
         if "steps" in self.sources:
             self.steps.register()
         if "collectives" in self.sources:
@@ -414,7 +418,7 @@ class ProgressWatch:
         served = self._serve_request()
         since = now - self._beat_t
         if served is not None or gone or (self._changed and since >= BEAT_S) \
-                or since >= IDLE_BEAT_S:
+                or since >= IDLE_BEAT_S or self.saves.waiting:
             self._beat(now, idle=not self._changed, extra=served)
 
     def _beat(self, now: float, *, idle: bool, extra: dict[str, Any] | None,
@@ -446,6 +450,9 @@ class ProgressWatch:
                 data["where"] = where
             if idle_s >= STACK_AFTER_S:
                 data["stack"] = format_stacks()
+        saves = self.saves.take()
+        if saves:
+            data["saves"] = saves
         if extra:
             data.update(extra)
         self._record("WORKER_PROGRESS", worker_id=worker_id,

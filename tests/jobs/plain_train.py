@@ -13,10 +13,14 @@ Environment (all optional):
 - ``PLAIN_STEPS`` (default 50), ``PLAIN_STEP_S`` (default 0.02: compute sleep per step);
 - ``PLAIN_DELAY`` (default 0.25 for a straggler, 10 for a slow start);
 - ``PLAIN_ATTEMPT``: the restart attempt that misbehaves (default 0; ``all``: every one);
+- ``PLAIN_SAVE_AT``: at that step rank 0 saves a checkpoint with ``torch.save`` (the model
+  and a 32 MiB tensor) to ``PLAIN_OUT/ckpt.pt`` and writes its start and end to
+  ``PLAIN_OUT/save.json`` (no eventbus call: the bootstrap notices it);
 - ``PLAIN_OUT``: a folder; the misbehaving rank writes ``attempt<A>_rank<R>.bad`` there
   (its ``time.time()``) just before it misbehaves.
 """
 
+import json
 import os
 import time
 from pathlib import Path
@@ -76,6 +80,12 @@ def main() -> None:
             p.grad = grads[offset:offset + p.numel()].view_as(p) / dist.get_world_size()
             offset += p.numel()
         optimizer.step()
+        if env("PLAIN_SAVE_AT") and step == int(env("PLAIN_SAVE_AT", "0")) and rank == 0:
+            began = time.time()
+            torch.save({"model": model.state_dict(), "ballast": torch.zeros(8 * 2**20)},
+                       Path(env("PLAIN_OUT", "."), "ckpt.pt"))
+            Path(env("PLAIN_OUT", "."), "save.json").write_text(
+                json.dumps({"start": began, "end": time.time()}))
     print(f"rank {rank}: {steps} steps done", flush=True)
     dist.destroy_process_group()
 

@@ -1,0 +1,83 @@
+"""The bootstrap's save watch (eventbus_app/worker/saves.py) on stand-in modules: a save
+noted with its start, end, path and size; a failed one noted as such and re-raised; an
+asynchronous one when its future completes; wrapped once; what nobody saves costs
+nothing."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eventbus.app.worker.saves import MAX_PENDING
+from eventbus.app.worker.saves import SaveWatch
+
+
+@pytest.fixture
+def fake_torch(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.SimpleNamespace]:
+    calls: list[Any] = []
+
+    def save(obj: Any, f: Any) -> None:
+        calls.append(obj)
+        if obj == "boom":
+            raise OSError("disk full")
+        Path(f).write_bytes(b"x" * 1000)
+
+    torch = types.ModuleType("torch")
+    torch.save = save  # type: ignore[attr-defined]
+    dcp = types.ModuleType("torch.distributed.checkpoint")
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    dcp.save = lambda state, checkpoint_id=None: None  # type: ignore[attr-defined]
+    dcp.async_save = lambda state, checkpoint_id=None: pool.submit(  # type: ignore[attr-defined]
+        lambda: None)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "torch.distributed.checkpoint", dcp)
+    yield types.SimpleNamespace(torch=torch, dcp=dcp, calls=calls)
+    pool.shutdown(wait=True)
+
+
+def test_a_save_is_noted_with_its_times_and_size(fake_torch: Any, tmp_path: Path) -> None:
+    times = iter([10.0, 10.5, 20.0, 20.25])
+    watch = SaveWatch(clock=lambda: next(times))
+    assert not watch.armed and not watch.take()
+    watch.arm()
+    watch.arm()  # again: wraps nothing twice
+    assert watch.armed
+    fake_torch.torch.save({"w": 1}, str(tmp_path / "a.pt"))
+    with pytest.raises(OSError, match="disk full"):
+        fake_torch.torch.save("boom", str(tmp_path / "b.pt"))
+    assert watch.waiting
+    first, failed = watch.take()
+    assert first == {"kind": "torch.save", "start": 10.0, "end": 10.5, "ok": True,
+                     "path": str(tmp_path / "a.pt"), "bytes": 1000}
+    assert failed["ok"] is False and failed["bytes"] is None and failed["end"] == 20.25
+    assert not watch.take() and len(fake_torch.calls) == 2
+
+
+def test_dcp_saves_and_an_async_save_when_it_completes(fake_torch: Any) -> None:
+    watch = SaveWatch()
+    watch.arm()
+    fake_torch.dcp.save({}, checkpoint_id="/ckpt/step-10")
+    future = fake_torch.dcp.async_save({}, checkpoint_id="/ckpt/step-20")
+    future.result(timeout=10)
+    for _ in range(100):
+        if watch.noted == 2:
+            break
+        import time
+        time.sleep(0.01)
+    kinds = sorted((s["kind"], s["path"]) for s in watch.take())
+    assert kinds == [("dcp.async_save", "/ckpt/step-20"), ("dcp.save", "/ckpt/step-10")]
+
+
+def test_between_two_heartbeats_the_list_is_bounded(fake_torch: Any, tmp_path: Path) -> None:
+    watch = SaveWatch()
+    watch.arm()
+    for i in range(MAX_PENDING + 5):
+        fake_torch.torch.save(i, str(tmp_path / "c.pt"))
+    assert len(watch.take()) == MAX_PENDING and watch.overflow == 5
+    assert watch.noted == MAX_PENDING + 5
