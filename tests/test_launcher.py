@@ -197,13 +197,19 @@ def test_raising_reactor_counts_as_no_decision(tmp_path: Path) -> None:
     assert "RuntimeError: reactor bug" in run.stderr
 
 
-def test_sigterm_to_the_agent_stops_workers_and_records_agent_exit(tmp_path: Path) -> None:
-    """SIGTERM to `eventbus run` (a preemption): workers are stopped, the exit code is
-    torchrun's (non-zero), and the JSONL ends with AGENT_EXIT naming the signal."""
+@pytest.mark.parametrize("drain", [True, False], ids=["drain", "drain-signals-off"])
+def test_sigterm_to_the_agent_stops_workers_and_records_agent_exit(
+        tmp_path: Path, drain: bool) -> None:
+    """SIGTERM to `eventbus run` (a preemption), to a script that acts on no drain: the
+    workers are stopped (the signal at once), and the JSONL ends with AGENT_EXIT. By
+    default that is a drain: state PREEMPTED, the drain's exit code 75
+    (docs/preemption.md); with `--drain-signals off`, torchrun's behaviour: a non-zero
+    exit and AGENT_EXIT FAILED naming the signal."""
     out = tmp_path / "out"
     out.mkdir()
     events_path = tmp_path / "events.jsonl"
     cmd = [sys.executable, "-m", "eventbus", "run", "--events-jsonl", str(events_path),
+           *([] if drain else ["--drain-signals", "off"]),
            "--standalone", "--nproc-per-node", "2", "--monitor-interval", "0.1",
            str(JOBS / "gloo_fail_once.py"), "--out", str(out), "--fail-on", "",
            "--hold", "120"]
@@ -220,7 +226,6 @@ def test_sigterm_to_the_agent_stops_workers_and_records_agent_exit(tmp_path: Pat
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode != 0
     for pid in worker_pids:  # the workers are gone, not orphaned
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
@@ -228,8 +233,15 @@ def test_sigterm_to_the_agent_stops_workers_and_records_agent_exit(tmp_path: Pat
     events = list(read)
     assert read.torn == 0
     agent_exit = [e for e in events if e["type"] == "AGENT_EXIT"]
-    assert len(agent_exit) == 1 and agent_exit[0]["state"] == "FAILED", stderr[-3000:]
-    assert "signal" in agent_exit[0]["reason"].lower()
+    assert len(agent_exit) == 1, stderr[-3000:]
+    if drain:
+        assert proc.returncode == 75, stderr[-3000:]
+        assert agent_exit[0]["state"] == "PREEMPTED", stderr[-3000:]
+        assert agent_exit[0]["reason"].startswith("SIGTERM on node 0: the job drained")
+    else:
+        assert proc.returncode != 0
+        assert agent_exit[0]["state"] == "FAILED", stderr[-3000:]
+        assert "signal" in agent_exit[0]["reason"].lower()
 
 
 @pytest.mark.timeout(10 * 300)

@@ -77,6 +77,10 @@ def _decode_otlp(requests: list[tuple[str, bytes]]) -> tuple[list, dict[str, flo
                             labels = ",".join(f"{a.key}={a.value.string_value}"
                                               for a in point.attributes)
                             sums[f"{metric.name}{{{labels}}}"] = point.as_int
+                        for point in metric.gauge.data_points:
+                            labels = ",".join(f"{a.key}={a.value.string_value}"
+                                              for a in point.attributes)
+                            sums[f"{metric.name}{{{labels}}}"] = point.as_double
     return spans, sums
 
 
@@ -92,8 +96,14 @@ def test_otlp_exports_spans_per_worker_per_attempt_and_counters() -> None:
     """otlp:URL: job/attempt/worker spans (the failed worker ERROR) and counters, decoded."""
     from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
+    from eventbus.app.readers.goodput import GoodputTracker
+
+    tracker = GoodputTracker()  # what `eventbus run` gives the sink: its bus's tracker
     with receiver() as r:
         sink = make_sink(f"otlp:{r.url}")
+        sink.goodput_source = tracker.result
+        for event in fabricated_job():
+            tracker.observe(event)
         feed(sink)
         assert sink.close(timeout=10.0)
         spans, sums = _decode_otlp(r.requests)
@@ -120,6 +130,11 @@ def test_otlp_exports_spans_per_worker_per_attempt_and_counters() -> None:
     assert sums["eventbus.events{type=METRIC}"] == 12
     assert sums["eventbus.worker.exits{exit_code=3}"] == 1
     assert sums["eventbus.restarts{}"] == 1
+    figure = tracker.result()
+    assert figure is not None
+    assert sums["eventbus.goodput.ratio{}"] == pytest.approx(figure.goodput_ratio)
+    for cause, seconds in figure.badput_s.items():
+        assert sums[f"eventbus.badput.seconds{{cause={cause}}}"] == pytest.approx(seconds)
 
 
 def test_prometheus_serves_counters_on_loopback() -> None:

@@ -22,7 +22,9 @@ minute); the counters are cumulative, so a failed metrics export is made up by t
 exporter reads itself; eventbus never prints them, and shows the URL without its
 ``user:password@`` and query.
 Counters (monotonic sums): ``eventbus.events`` by ``type``, ``eventbus.worker.exits`` by
-``exit_code``, ``eventbus.restarts``, ``eventbus.stalls``. Spans are batched; metrics are
+``exit_code``, ``eventbus.restarts``, ``eventbus.stalls``; gauges, when ``eventbus run``
+gave the sink the job's figure (:attr:`OtlpSink.goodput_source`): ``eventbus.goodput.ratio``
+and ``eventbus.badput.seconds`` by ``cause`` (docs/goodput.md). Spans are batched; metrics are
 exported every ``export_interval`` seconds and at close. :meth:`close` flushes both within
 its budget (default :data:`OTLP_CLOSE_TIMEOUT_S`); each HTTP export gives up after
 ``export_timeout`` seconds.
@@ -248,11 +250,46 @@ class OtlpSink(EventSink):
         self._restarts = meter.create_counter("eventbus.restarts",
                                               description="worker group restarts")
         self._stalls = meter.create_counter("eventbus.stalls", description="stalled workers")
+        #: a callable returning the job's goodput so far (``goodput_ratio``, ``badput_s``)
+        #: or None: set by ``eventbus run`` (its one tracker of the bus); read at export
+        self.goodput_source: Any = None
+        meter.create_observable_gauge(
+            "eventbus.goodput.ratio", callbacks=[self._observe_ratio],
+            description="the job's goodput so far: the share of its wall time kept")
+        meter.create_observable_gauge(
+            "eventbus.badput.seconds", callbacks=[self._observe_badput], unit="s",
+            description="the job's wall time lost so far, by cause")
         self._job: Any = None
         self._attempts: dict[int, Any] = {}
         self._workers: dict[tuple[int, int], Any] = {}  # (attempt, rank) -> span
         super().__init__(label=f"{origin}={shown}" if origin else shown, settings=settings,
                          target=self.url)
+
+    # -- goodput (docs/goodput.md), observed at each export --------------------------------
+    def _figure(self) -> Any:
+        source = self.goodput_source
+        if source is None:
+            return None
+        try:
+            return source()
+        except Exception:
+            logging.getLogger("eventbus").exception("otlp: the goodput figure failed")
+            return None
+
+    def _observe_ratio(self, options: Any) -> list[Any]:
+        from opentelemetry.metrics import Observation
+
+        figure = self._figure()
+        return [] if figure is None else [Observation(figure.goodput_ratio)]
+
+    def _observe_badput(self, options: Any) -> list[Any]:
+        from opentelemetry.metrics import Observation
+
+        figure = self._figure()
+        if figure is None:
+            return []
+        return [Observation(seconds, {"cause": cause})
+                for cause, seconds in figure.badput_s.items()]
 
     # -- spans --------------------------------------------------------------------------
     def _job_span(self, event: Event) -> Any:
