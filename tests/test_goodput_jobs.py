@@ -116,3 +116,25 @@ def test_a_plain_scripts_torch_save_is_noticed_and_counted(tmp_path: Path) -> No
     result = _goodput(tmp_path)
     assert result["badput_s"]["checkpoint"] == pytest.approx(save["end"] - save["start"],
                                                             abs=0.01)
+
+
+@pytest.mark.timeout(240)
+def test_a_stall_and_its_restart_are_counted(tmp_path: Path) -> None:
+    """tests/jobs/plain_train.py, rank 1 hangs in Python at step 25 of attempt 0 under
+    --stall-timeout 4: the stall (its silence until the verdict) and the restart are
+    badput, attempt 1 trains to the end, and the parts add up to the wall time."""
+    out = tmp_path / "out"
+    out.mkdir()
+    env = job_env()
+    env.update({"PLAIN_OUT": str(out), "PLAIN_MODE": "hang", "PLAIN_STEPS": "60"})
+    cmd = [sys.executable, "-m", "eventbus", "run", "--events-jsonl",
+           str(tmp_path / "events.jsonl"), "--stall-timeout", "4", "--standalone",
+           "--nproc-per-node", "2", "--monitor-interval", "0.1", "--max-restarts", "1",
+           str(JOBS / "plain_train.py")]
+    done = run_command(cmd, cwd=tmp_path, timeout=200, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = _goodput(tmp_path)
+    bad = result["badput_s"]
+    assert 3.5 <= bad["stall"] <= 4 + 3, result  # the silence: the timeout, give or take
+    assert bad["restart"] > 0 and bad["wasted"] > 0, result
+    assert result["attempts"] == 2 and result["goodput_s"] > 0

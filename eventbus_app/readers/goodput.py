@@ -92,6 +92,8 @@ class Goodput:
     error_bound_s: float = 0.0
     #: per node (group rank) figures, when the file holds several nodes
     nodes: dict[int, Goodput] = attrs.field(factory=dict)
+    #: the job's time in order: (start, end, cause or "goodput"), unix seconds
+    spans: tuple[tuple[float, float, str], ...] = ()
 
     @property
     def goodput_ratio(self) -> float:
@@ -303,7 +305,9 @@ def goodput(records: Iterable[Record], *, problems: Sequence[Problem] = (),
         # the failure's moment, as well as it is known: the attempt's last progress (a
         # failed worker's last heartbeat says it), not the agent's notice of the exit,
         # which comes after the process's teardown
-        failed_at = min(verdict, last) if last is not None and last >= at else verdict
+        # (a stall's silence is its own cause: there the verdict ends it)
+        stalled_first = bool(stalls) and min(st.timestamp for st in stalls) <= verdict
+        failed_at = verdict if stalled_first or last is None or last < at else min(verdict, last)
         if first is not None:
             kept = [end for _, end, _, a in saves if a == attempt and end <= verdict]
             from_ = max(kept) if kept else first
@@ -323,7 +327,7 @@ def goodput(records: Iterable[Record], *, problems: Sequence[Problem] = (),
         if r.type == "PREEMPTING":
             claim(r.timestamp, finish, "drain")
             break
-    badput = _sweep(claims, begin, finish)
+    badput, spans = _sweep(claims, begin, finish)
     lost_events = sum(as_int(r.fields.get("count")) or 0 for r in rows
                       if r.type == "EVENTS_LOST")
     if lost_events:
@@ -350,13 +354,15 @@ def goodput(records: Iterable[Record], *, problems: Sequence[Problem] = (),
                    wasted_steps=wasted_steps if lost_any else None,
                    attempts=len(attempts), run_id=runs[0] if runs else None, start=begin,
                    end=finish, ended=ended, notes=tuple(notes), error_bound_s=bound,
-                   nodes=nodes)
+                   nodes=nodes, spans=spans)
 
 
 def _sweep(claims: list[tuple[float, float, str]], begin: float,
-           finish: float) -> dict[str, float]:
-    """Each instant to the first cause of :data:`PRIORITY` that claims it."""
+           finish: float) -> tuple[dict[str, float], tuple[tuple[float, float, str], ...]]:
+    """Each instant to the first cause of :data:`PRIORITY` that claims it ("goodput" where
+    none does): the seconds per badput cause, and the job's spans in time order."""
     out = dict.fromkeys(CAUSES, 0.0)
+    spans: list[tuple[float, float, str]] = []
     points = sorted({begin, finish, *(p for s, e, _ in claims for p in (s, e))})
     rank = {cause: i for i, cause in enumerate(PRIORITY)}
     for left, right in itertools.pairwise(points):
@@ -364,9 +370,14 @@ def _sweep(claims: list[tuple[float, float, str]], begin: float,
             continue
         mid = (left + right) / 2
         owners = [c for s, e, c in claims if s <= mid < e]
+        cause = min(owners, key=rank.__getitem__) if owners else "goodput"
         if owners:
-            out[min(owners, key=rank.__getitem__)] += right - left
-    return out
+            out[cause] += right - left
+        if spans and spans[-1][2] == cause and spans[-1][1] == left:
+            spans[-1] = (spans[-1][0], right, cause)
+        else:
+            spans.append((left, right, cause))
+    return out, tuple(spans)
 
 
 # -- the command -----------------------------------------------------------------------------

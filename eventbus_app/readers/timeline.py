@@ -20,11 +20,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import sys
+from collections.abc import Callable
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from typing import Literal
 
+from eventbus.app.readers.goodput import CAUSES
 from eventbus.app.readers.jobview import AGENT
 from eventbus.app.readers.jobview import JobView
 from eventbus.app.readers.jobview import expand_inputs
@@ -125,8 +127,10 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
         return t - t0
 
     span = max(view.t1 - t0, 1e-3)
-    fig = figure_cls(figsize=(12, 1.6 + 0.55 * n_rows), dpi=dpi, layout="constrained")
-    ax = fig.add_subplot()
+    fig = figure_cls(figsize=(12, 2.0 + 0.55 * n_rows), dpi=dpi, layout="constrained")
+    grid = fig.add_gridspec(2, 1, height_ratios=[n_rows, 0.7])
+    ax = fig.add_subplot(grid[0])
+    strip = fig.add_subplot(grid[1], sharex=ax)
     ax.set_ylim(n_rows - 0.5, -0.5)
     ax.set_xlim(-0.01 * span, span * 1.02)
     ax.set_yticks(range(len(labels)), labels)
@@ -343,11 +347,47 @@ def plot_timeline(view: JobView, output: str | Path, *, title: str | None = None
                              label="process start-up / shut-down"))
     if view.epochs:
         handles.append(Patch(facecolor="#999999", label="epochs: numbered, ticked in white"))
+    _goodput_strip(strip, view, x, handles)
     fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 6),
                fontsize=8, frameon=False)
     out = Path(output)
     fig.savefig(out)
     return out
+
+
+#: the goodput strip's colours, per cause (docs/goodput.md)
+_CAUSE_COLOURS = {"goodput": "#4caf50", "startup": "#b0bec5", "checkpoint": "#26a69a",
+                  "stall": "#ef6c00", "restart": "#e53935", "wasted": "#f48fb1",
+                  "drain": _DRAIN, "other": "#e0e0e0"}
+
+
+def _goodput_strip(strip: Any, view: JobView, x: Callable[[float], float],
+                   handles: list[Any]) -> None:
+    """The job's time by cause under the rows (docs/goodput.md), titled with its sentence;
+    the causes it shows join the legend."""
+    from matplotlib.patches import Patch
+
+    from eventbus.app.readers.goodput import GoodputError
+    from eventbus.app.readers.goodput import goodput
+
+    strip.set_yticks([])
+    strip.tick_params(axis="x", labelbottom=False)
+    try:
+        result = goodput(view.records, per_node=False)
+    except GoodputError:
+        strip.set_axis_off()
+        return
+    shown: list[str] = []
+    for start, end, cause in result.spans:
+        strip.barh(0, x(end) - x(start), left=x(start), height=0.8,
+                   color=_CAUSE_COLOURS.get(cause, "#999999"), linewidth=0)
+        if cause not in shown:
+            shown.append(cause)
+    strip.set_ylim(-0.5, 0.5)
+    strip.set_title(result.sentence(), fontsize=8, loc="left", pad=2)
+    for cause in sorted(shown, key=lambda c: ("goodput", *CAUSES).index(c)):
+        handles.append(Patch(facecolor=_CAUSE_COLOURS.get(cause, "#999999"),
+                             label=f"time: {cause}"))
 
 
 def _parser() -> argparse.ArgumentParser:
