@@ -385,7 +385,8 @@ def _goodput_strip(strip: Any, view: JobView, x: Callable[[float], float],
             shown.append(cause)
     strip.set_ylim(-0.5, 0.5)
     strip.set_title(result.sentence(), fontsize=8, loc="left", pad=2)
-    for cause in sorted(shown, key=lambda c: ("goodput", *CAUSES).index(c)):
+    order = ("goodput", *CAUSES)
+    for cause in sorted(shown, key=order.index):
         handles.append(Patch(facecolor=_CAUSE_COLOURS.get(cause, "#999999"),
                              label=f"time: {cause}"))
 
