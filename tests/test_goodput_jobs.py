@@ -138,3 +138,48 @@ def test_a_stall_and_its_restart_are_counted(tmp_path: Path) -> None:
     assert 3.5 <= bad["stall"] <= 4 + 3, result  # the silence: the timeout, give or take
     assert bad["restart"] > 0 and bad["wasted"] > 0, result
     assert result["attempts"] == 2 and result["goodput_s"] > 0
+
+
+@pytest.mark.timeout(240)
+def test_two_nodes_one_job_wide_figure_with_each_nodes_share(tmp_path: Path) -> None:
+    """Two agents on this machine (two nodes, one rank each): group rank 0's file gives
+    the job-wide figure, and per node its share (its agent's events and its worker's)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    out = tmp_path / "out"
+    out.mkdir()
+    env = job_env()
+    env.update({"PLAIN_OUT": str(out), "PLAIN_STEPS": "80"})
+    procs = []
+    for node in (0, 1):
+        cmd = [sys.executable, "-m", "eventbus", "run", "--events-jsonl",
+               str(tmp_path / f"node{node}.jsonl"), "--nnodes", "2", "--node-rank",
+               str(node), "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"goodput-{port}",
+               "--monitor-interval", "0.1", str(JOBS / "plain_train.py")]
+        procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=env, text=True,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                      start_new_session=True))
+    try:
+        for proc in procs:
+            proc.communicate(timeout=200)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate(timeout=30)
+    assert [p.returncode for p in procs] == [0, 0]
+    done = run_command([sys.executable, "-m", "eventbus", "goodput", "--json",
+                        str(tmp_path / "node0.jsonl")], cwd=tmp_path, timeout=60)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert set(result["nodes"]) == {"0", "1"}, result
+    for node in result["nodes"].values():
+        assert node["wall_s"] == pytest.approx(result["wall_s"], abs=0.01)
+        assert sum(node["badput_s"].values()) + node["goodput_s"] == pytest.approx(
+            node["wall_s"], abs=0.01)
+        assert node["goodput_s"] > 0
+    assert result["goodput_s"] > 0 and result["ended"]
