@@ -81,3 +81,20 @@ def test_between_two_heartbeats_the_list_is_bounded(fake_torch: Any, tmp_path: P
         fake_torch.torch.save(i, str(tmp_path / "c.pt"))
     assert len(watch.take()) == MAX_PENDING and watch.overflow == 5
     assert watch.noted == MAX_PENDING + 5
+
+
+def test_a_real_dcp_save_is_one_save_with_its_folders_size(tmp_path: Path) -> None:
+    """torch.distributed.checkpoint.save (no process group) writes through torch.save
+    itself: one save is noted, the DCP one, with its folder's bytes."""
+    torch = pytest.importorskip("torch")
+    dcp = pytest.importorskip("torch.distributed.checkpoint")
+    save, dcp_save, dcp_async = torch.save, dcp.save, dcp.async_save
+    watch = SaveWatch()
+    try:
+        watch.arm()
+        dcp.save({"w": torch.zeros(1000)}, checkpoint_id=str(tmp_path / "step-1"))
+        (noted,) = watch.take()
+        assert noted["kind"] == "dcp.save" and noted["ok"]
+        assert noted["bytes"] >= 4000 and noted["path"] == str(tmp_path / "step-1")
+    finally:
+        torch.save, dcp.save, dcp.async_save = save, dcp_save, dcp_async

@@ -32,6 +32,8 @@ __all__ = ["MAX_PENDING", "SaveWatch"]
 MAX_PENDING = 64
 
 _WRAPPED = "_eventbus_save_watch"
+#: set while a wrapped save runs on this thread: the saves it makes itself are its own
+_inside = threading.local()
 
 
 class SaveWatch:
@@ -83,13 +85,18 @@ class SaveWatch:
 
         @functools.wraps(original)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
+            if getattr(_inside, "save", False):  # DCP's own torch.save calls: one save
+                return original(*args, **kwargs)
             start = watch.clock()
             path = _path_of(args, kwargs)
+            _inside.save = True
             try:
                 result = original(*args, **kwargs)
             except BaseException:
                 watch._note(kind, start, watch.clock(), path, ok=False)
                 raise
+            finally:
+                _inside.save = False
             if asynchronous and callable(getattr(result, "add_done_callback", None)):
                 result.add_done_callback(
                     lambda future: watch._note(kind, start, watch.clock(), path,
@@ -107,7 +114,10 @@ class SaveWatch:
         size = None
         if path is not None and ok:
             try:
-                size = os.path.getsize(path) if os.path.isfile(path) else None
+                if os.path.isfile(path):
+                    size = os.path.getsize(path)
+                elif os.path.isdir(path):  # a DCP checkpoint: the files of its folder
+                    size = sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
             except OSError:
                 size = None
         save = {"kind": kind, "start": round(start, 6), "end": round(end, 6), "ok": ok,
