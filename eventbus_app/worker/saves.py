@@ -34,6 +34,8 @@ MAX_PENDING = 64
 _WRAPPED = "_eventbus_save_watch"
 #: set while a wrapped save runs on this thread: the saves it makes itself are its own
 _inside = threading.local()
+#: the watch the wrappers note to: the one armed last
+_active: SaveWatch | None = None
 
 
 class SaveWatch:
@@ -49,7 +51,11 @@ class SaveWatch:
         self._done: set[str] = set()
 
     def arm(self) -> None:
-        """Wrap what the script has imported so far (cheap when done: a set lookup)."""
+        """Wrap what the script has imported so far (cheap when done: a set lookup). The
+        wrappers note each save to the watch armed last (one per worker: its progress
+        watch's), so a function wrapped once serves every later watch of the process."""
+        global _active
+        _active = self
         if "torch" not in self._done:
             torch = _ready("torch")
             if torch is not None and self._wrap(torch, "save", "torch.save"):
@@ -81,12 +87,12 @@ class SaveWatch:
             return False
         if getattr(original, _WRAPPED, False):
             return True
-        watch = self
 
         @functools.wraps(original)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
-            if getattr(_inside, "save", False):  # DCP's own torch.save calls: one save
-                return original(*args, **kwargs)
+            watch = _active
+            if watch is None or getattr(_inside, "save", False):
+                return original(*args, **kwargs)  # DCP's own torch.save calls: one save
             start = watch.clock()
             path = _path_of(args, kwargs)
             _inside.save = True
@@ -98,9 +104,10 @@ class SaveWatch:
             finally:
                 _inside.save = False
             if asynchronous and callable(getattr(result, "add_done_callback", None)):
+                noting = watch
                 result.add_done_callback(
-                    lambda future: watch._note(kind, start, watch.clock(), path,
-                                               ok=future.exception() is None))
+                    lambda future: noting._note(kind, start, noting.clock(), path,
+                                                ok=future.exception() is None))
             else:
                 watch._note(kind, start, watch.clock(), path, ok=True)
             return result
