@@ -1,10 +1,12 @@
 """End-to-end: what a person at the terminal of a real `eventbus run` job sees on stderr,
 without --log-events: one `eventbus:` line per decision, naming the rank that caused it
-(never a collateral one); and an ordinary script's uncaught exception reaching
+(never a collateral one), and the run's goodput as its last line; and an ordinary
+script's uncaught exception reaching
 WORKER_EXIT.message and a reactor, with no @record in the script."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -15,8 +17,17 @@ from tests.launcher_helpers import run_job
 REACTORS = "tests.jobs.reactors"
 
 
+#: the run's last line, after the decisions: its goodput (docs/goodput.md)
+GOODPUT_LINE = re.compile(r"eventbus: goodput \d+\.\d% of .+ \(eventbus goodput FILE for "
+                          r"the table\)")
+
+
 def _console(run: JobRun) -> list[str]:
-    return [line for line in run.stderr.splitlines() if line.startswith("eventbus: ")]
+    """The decisions' ``eventbus:`` lines; the run's last line, its goodput, is checked
+    and left out."""
+    lines = [line for line in run.stderr.splitlines() if line.startswith("eventbus: ")]
+    assert lines and GOODPUT_LINE.fullmatch(lines[-1]), lines[-3:]
+    return lines[:-1]
 
 
 @pytest.mark.slow
