@@ -391,18 +391,19 @@ class QueuedSink:
 
     # -- the sink side (own thread) -----------------------------------------------------
     def _start(self) -> None:
-        thread = threading.Thread(target=self._run, name=f"eventbus-sink:{self.name}",
-                                  daemon=True)
-        self._thread = thread
-        self._kick_at = self._max_batch  # from now on, _kick wakes it for a full batch
-        self._sync_direct()
-        # A signal handler that raises (a script's SIGTERM handler, say) must not cut
-        # Thread.start() short: an exception between its bookkeeping and the new thread's
+        # A signal handler that raises (a script's SIGTERM handler, say) must not cut the
+        # start short: an exception between the bookkeeping below and the new thread's
         # spawn leaves a thread that never runs, and the queue never drains (flush fails,
-        # close cannot join it: seen with a handler raising every 0.2 ms). Signals are held
-        # for the microseconds of the start and handled right after it; the sink's thread
-        # keeps them blocked, as only the main thread runs Python's handlers anyway.
+        # close cannot join it: seen with a handler raising every 0.2 ms, inside
+        # Thread.start() and, rarer, between setting _thread and starting it). Signals are
+        # held for the microseconds of the whole start and handled right after it; the
+        # sink's thread keeps them blocked, as only the main thread runs Python's handlers.
         with _signals_held():
+            thread = threading.Thread(target=self._run, name=f"eventbus-sink:{self.name}",
+                                      daemon=True)
+            self._thread = thread
+            self._kick_at = self._max_batch  # from now on, _kick wakes it for a full batch
+            self._sync_direct()
             thread.start()
 
     def _take(self) -> list[Event]:
@@ -518,7 +519,8 @@ class QueuedSink:
                 self.queued_bytes = 0
             self._cond.notify_all()
         thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
+        if thread is not None and thread is not threading.current_thread() \
+                and thread.is_alive():
             # within the caller's budget: a hung sink's thread is a daemon, leave it
             thread.join(max(0.0, min(0.5, deadline - time.monotonic())))
         self._maybe_report(force=True)
