@@ -98,3 +98,15 @@ def test_a_real_dcp_save_is_one_save_with_its_folders_size(tmp_path: Path) -> No
         assert noted["bytes"] >= 4000 and noted["path"] == str(tmp_path / "step-1")
     finally:
         torch.save, dcp.save, dcp.async_save = save, dcp_save, dcp_async
+
+
+def test_a_newer_watch_keeps_the_saves_from_an_older_one_that_arms_again(
+        fake_torch: Any, tmp_path: Path) -> None:
+    """Two watches in one process (a progress watch left by an earlier test, say): the
+    older one's later arm() (its every tick) does not take the saves back."""
+    older, newer = SaveWatch(), SaveWatch()
+    older.arm()
+    newer.arm()
+    older.arm()  # the older watch's next tick
+    fake_torch.torch.save(1, str(tmp_path / "d.pt"))
+    assert len(newer.take()) == 1 and not older.take()

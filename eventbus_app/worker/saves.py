@@ -49,13 +49,17 @@ class SaveWatch:
         self.noted = 0
         self.overflow = 0
         self._done: set[str] = set()
+        self._claimed = False
 
     def arm(self) -> None:
         """Wrap what the script has imported so far (cheap when done: a set lookup). The
-        wrappers note each save to the watch armed last (one per worker: its progress
-        watch's), so a function wrapped once serves every later watch of the process."""
+        wrappers note each save to the watch whose first arm() came last (one per worker: its
+        progress watch's), so a function wrapped once serves every later watch of the
+        process; a watch's later calls (each tick) do not take it back from a newer one."""
         global _active
-        _active = self
+        if not self._claimed:  # once: a watch's later ticks take nothing from a newer one
+            self._claimed = True
+            _active = self
         if "torch" not in self._done:
             torch = _ready("torch")
             if torch is not None and self._wrap(torch, "save", "torch.save"):
