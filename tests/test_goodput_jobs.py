@@ -59,7 +59,7 @@ def test_a_crash_after_a_checkpoint_wastes_the_time_since_it(tmp_path: Path) -> 
     result = _goodput(tmp_path)
     wasted = result["badput_s"]["wasted"]
     assert abs(wasted - truth) <= max(0.5, 0.25 * truth), (wasted, truth, result)
-    assert result["wasted_steps"] == 150
+    assert 140 <= result["wasted_steps"] <= 150  # as far as the last heartbeat saw
     assert result["badput_s"]["checkpoint"] > 0.25  # the 0.3 s save
     assert result["badput_s"]["startup"] > 0
 
