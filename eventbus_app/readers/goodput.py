@@ -146,18 +146,23 @@ def _attempt(record: Record) -> int:
 def _progress_time(record: Record) -> float | None:
     """When ``record`` shows the rank made progress (None: it shows none): the rank's last
     progress before it."""
-    kind = record.type
+    return _progress_at(record.type, record.timestamp, record.fields)
+
+
+def _progress_at(kind: str, timestamp: float, fields: Any) -> float | None:
+    """:func:`_progress_time` from an event's type, time and fields (anything with
+    ``.get``: a record's mapping, a typed event's attributes)."""
     if kind == "WORKER_PROGRESS":
-        step = as_int(record.fields.get("step"))
-        done = as_int(record.fields.get("collectives"))
+        step = as_int(fields.get("step"))
+        done = as_int(fields.get("collectives"))
         if not ((step or 0) > 0 or (done or 0) > 0):
             return None
-        idle = as_number(record.fields.get("idle_s")) or 0.0
-        return record.timestamp - max(0.0, idle)
-    if kind == "METRIC" and as_int(record.fields.get("step")) is not None:
-        return record.timestamp
+        idle = as_number(fields.get("idle_s")) or 0.0
+        return timestamp - max(0.0, idle)
+    if kind == "METRIC" and as_int(fields.get("step")) is not None:
+        return timestamp
     if kind in ("CHECKPOINT_SAVED", "EPOCH_END"):
-        return record.timestamp
+        return timestamp
     return None
 
 
@@ -477,15 +482,8 @@ class GoodputTracker:
         attempt = as_int(context.get("restart_count"))
         key = (attempt if attempt is not None and attempt >= 0 else 0,
                (as_int(context.get("rank")), as_int(context.get("pid"))))
-        ts = as_number(event.timestamp) or 0.0
         step = as_int(fields.get("step"))
-        at: float | None = None
-        if kind == "WORKER_PROGRESS":
-            done = as_int(fields.get("collectives"))
-            if (step or 0) > 0 or (done or 0) > 0:
-                at = ts - max(0.0, as_number(fields.get("idle_s")) or 0.0)
-        elif kind == "EPOCH_END" or step is not None:
-            at = ts
+        at = _progress_at(kind, as_number(event.timestamp) or 0.0, fields)
         with self._lock:
             self.observed += 1
             if kind == "WORKER_PROGRESS" and event.data.get("saves"):
