@@ -28,7 +28,9 @@ view to :func:`node_key`, and group rank 0 acknowledges a node's end marker at
 A sender's exit ledger, the local file it leaves for when the store is gone, is
 :mod:`eventbus.ledger`'s.
 
-Importing this module does not import torch; :func:`connect_store` does.
+Importing this module does not import torch; :func:`connect_store` does. A sender needs
+no torch at all: :class:`QueueClient` speaks the few messages of the store's protocol that
+pushing takes, so a worker's events leave before (or without) the script's ``import torch``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
+import struct
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
@@ -60,6 +64,7 @@ __all__ = [
     "MAX_PUSH_BYTES",
     "MAX_VALUE_BYTES",
     "WIRE_VERSION",
+    "QueueClient",
     "Batch",
     "BatchDecoder",
     "BatchEncoder",
@@ -92,7 +97,10 @@ MAX_VALUE_BYTES = 6 * 1024 * 1024
 _MAX_SENDER_ID = 256
 _MAX_CONTEXTS = 256
 _MAX_DROP_REASONS = 32
-_MAX_CACHED_CONTEXTS = 4096
+#: decoded contexts a decoder keeps (one per sending process: group rank 0's job receiver
+#: sees every rank of the job); when full it starts again, so that a restart's new
+#: contexts replace the dead attempt's instead of never being cached
+_MAX_CACHED_CONTEXTS = 16_384
 
 #: ``"w"``: a worker process, numbered by global rank; ``"n"``: a node's agent, by group rank
 SenderKind = Literal["w", "n"]
@@ -154,6 +162,87 @@ def connect_store(host: str, port: int, *, timeout: float) -> Any:
 
     return TCPStore(host, port, is_master=False, wait_for_workers=False,
                     timeout=datetime.timedelta(seconds=timeout))
+
+
+class QueueClient:
+    """A client of a c10d ``TCPStore`` that only pushes to queues, written on the socket
+    module: no torch on the sender's side.
+
+    A worker's first ``record()`` must never wait for ``import torch`` (seconds, tens of
+    seconds on a loaded machine), and the forwarder's thread must not import torch either:
+    an import racing the script's own ``import torch.distributed`` on the main thread can
+    deadlock on the two packages' import locks (``torch/__init__`` imports
+    ``torch.distributed``), and Python breaks such a cycle by raising in one of the two
+    threads. So the sender speaks the store's protocol itself, the few messages of it a
+    push takes (c10d's ``TCPStoreBackend.hpp`` and ``TCPStore.cpp``, as torch 2.8 to 2.13
+    have them; checked against a real store by tests/test_store_transport.py):
+
+    * on connect, ``VALIDATE`` with the store's magic number, then a ``PING`` whose nonce the
+      store echoes: what proves the peer is a c10d store and answers (a server that speaks
+      first, hangs up or says nothing fails here, within ``timeout``);
+    * ``QUEUE_PUSH``: the key (with the client's ``/`` prefix, as torch's own client adds)
+      and the value, each as a native ``uint64`` length and its bytes; the store answers
+      nothing, as to torch's client.
+
+    Every socket operation is bounded by ``timeout``. Not thread-safe: the forwarder calls
+    it with its client lock held.
+    """
+
+    #: c10d's QueryType values (an enum of uint8, append-only across torch releases)
+    VALIDATE, PING, QUEUE_PUSH = 0, 13, 14
+    #: c10d's validationMagicNumber
+    MAGIC = 0x3C85F7CE
+    _U32 = struct.Struct("=I")
+    _U64 = struct.Struct("=Q")
+
+    def __init__(self, host: str, port: int, *, timeout: float) -> None:
+        self.host, self.port = host, port
+        self._sock: socket.socket | None = None
+        sock = socket.create_connection((host, port), timeout=timeout)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            nonce = os.getpid() & 0xFFFFFFFF
+            sock.sendall(bytes((self.VALIDATE,)) + self._U32.pack(self.MAGIC)
+                         + bytes((self.PING,)) + self._U32.pack(nonce))
+            answer = b""
+            while len(answer) < 4:
+                part = sock.recv(4 - len(answer))
+                if not part:
+                    raise ConnectionError("not a c10d store: it hung up after the handshake")
+                answer += part
+            if self._U32.unpack(answer)[0] != nonce:
+                raise ConnectionError("not a c10d store: it did not echo the ping")
+        except TimeoutError:
+            sock.close()
+            raise TimeoutError(f"the store at {host}:{port} did not answer the handshake "
+                               f"within {timeout:g} s") from None
+        except BaseException:
+            sock.close()
+            raise
+        self._sock = sock
+
+    def queue_push(self, key: str, value: bytes | str) -> None:
+        """Append ``value`` to the store's queue ``key`` (raises ``OSError`` when the
+        connection is gone or the send does not finish within the timeout)."""
+        sock = self._sock
+        if sock is None:
+            raise ConnectionError("the queue client is closed")
+        name = ("/" + key).encode("utf-8")
+        data = value.encode("utf-8") if isinstance(value, str) else bytes(value)
+        sock.sendall(b"".join((bytes((self.QUEUE_PUSH,)), self._U64.pack(len(name)), name,
+                               self._U64.pack(len(data)), data)))
+
+    def fileno(self) -> int:
+        """The socket's descriptor (-1 once closed)."""
+        return -1 if self._sock is None else self._sock.fileno()
+
+    def close(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+
+    def __del__(self) -> None:
+        self.close()
 
 
 def queue_empty_error() -> type[BaseException]:
@@ -434,7 +523,9 @@ class BatchDecoder:
                     ctx = context_from_dict(item)
                 except (TypeError, ValueError):
                     raise WireError("bad context", n) from None
-                if cache_key is not None and len(self._context_cache) < _MAX_CACHED_CONTEXTS:
+                if cache_key is not None:
+                    if len(self._context_cache) >= _MAX_CACHED_CONTEXTS:
+                        self._context_cache.clear()
                     self._context_cache[cache_key] = ctx
             claimed = ctx.rank if kind == "w" else ctx.group_rank
             # An event must come from the rank whose queue carries it: None marks the

@@ -44,11 +44,10 @@ in the compiled enqueue (a memoryview update on the pure-Python path).
 from __future__ import annotations
 
 import contextlib
-import encodings.idna  # noqa: F401  (see _probe_port)
+import encodings.idna  # noqa: F401  (see the note above attach_worker_forwarder)
 import logging
 import os
 import socket
-import sys
 import threading
 import time
 import weakref
@@ -69,8 +68,8 @@ from eventbus.ledger import write_ledger
 from eventbus.subscribers.queued import QueuedSink
 from eventbus.subscribers.queued import QueueSettings
 from eventbus.wire import BatchEncoder
+from eventbus.wire import QueueClient
 from eventbus.wire import SenderKind
-from eventbus.wire import connect_store
 from eventbus.wire import worker_key
 
 __all__ = [
@@ -220,17 +219,17 @@ class StoreForwarder:
         takes milliseconds); once the store was reached and went away, the queue's thread
         never waits: batches are counted lost at once and the queue stays short.
 
-        Why: with the store down, the queue's thread used to sit in ``TCPStore(...)``
-        (seconds per attempt, whatever its timeout) while up to ``max_events`` events piled
-        up; those hundreds of thousands of live objects made each full garbage collection,
-        run by whichever thread allocates (the caller of ``record()``), take 160-800 ms.
+        Why: with the store down, a queue's thread that sat in each connect attempt (up to
+        its timeout) let up to ``max_events`` events pile up; those hundreds of thousands
+        of live objects made each full garbage collection, run by whichever thread
+        allocates (the caller of ``record()``), take 160-800 ms.
         """
         client = self._client
         if client is not None:
             return client
         if self._gave_up:
             # close() ended a stuck push: a connect now (into a store that accepts and
-            # does not answer) would be one more thread inside c10d as the process exits
+            # does not answer) would only hold the exiting process longer
             return None
         connector = self._connector
         if connector is None and time.monotonic() >= self._next_connect:
@@ -240,8 +239,8 @@ class StoreForwarder:
                 daemon=True)
             connector.start()
         if connector is not None and not self._connected_once and not self._waited:
-            # Once: a server that accepts and never answers (not a store) keeps
-            # TCPStore(...) hanging past its timeout; later batches must not wait on it.
+            # Once: a server that accepts and never answers (not a store) holds the
+            # connect for its whole timeout; later batches must not wait on it.
             self._waited = True
             connector.join(self.connect_timeout)
             if self._client is None and not self._connect_error:
@@ -272,15 +271,13 @@ class StoreForwarder:
 
     def _connect_in_background(self) -> None:
         try:
-            _probe_port(self.host, self.port, timeout=self.connect_timeout)
-            before = _socket_fds()
-            client = connect_store(self.host, self.port, timeout=self.connect_timeout)
+            client = QueueClient(self.host, self.port, timeout=self.connect_timeout)
         except Exception as exc:
             self._connect_error = (f"cannot connect to the store at {self.host}:{self.port}: "
                                    f"{_first_line(exc)}")
         else:
-            # the client's own sockets, so that close() can end a push stuck in one
-            self._client_fds = _new_sockets_to(before, self.port)
+            # the client's own socket, so that close() can end a push stuck in it
+            self._client_fds = frozenset({client.fileno()})
             self._client = client
             self._connected_once = True
         finally:
@@ -303,13 +300,10 @@ class StoreForwarder:
 
     def _end_stuck_push(self, waited: float) -> None:
         """The queue's thread has been in a store call for the whole close: a push into a
-        socket the store no longer reads (c10d's timeout does not bound it). Shut that
-        socket down, so the call fails now and the thread leaves torch's C++ code before
-        the interpreter finalizes: a thread that returns into a finalizing interpreter is
-        ended by ``pthread_exit`` inside c10d, and the process aborts ("terminate called
-        without an active exception"), as it did when the store resumed during the exit.
-        The end marker is given up either way (the ledger says so), and no connection
-        is made after this one."""
+        socket the store no longer reads (bounded only by ``connect_timeout``, longer than
+        what is left of the close). Shut that socket down, so the call fails now and the
+        thread is out of it before the interpreter finalizes. The end marker is given up
+        either way (the ledger says so), and no connection is made after this one."""
         self._gave_up = True
         shut = 0
         for fd in self._client_fds:
@@ -456,8 +450,8 @@ class StoreForwarder:
 
 
 def _first_line(exc: BaseException) -> str:
-    # c10d's errors carry a C++ backtrace of ~20 lines: one line is the reason (and a
-    # stable key for StoreForwarder.lost)
+    # one line is the reason (and a stable key for StoreForwarder.lost); c10d's errors
+    # carry a C++ backtrace of ~20 lines
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
@@ -497,35 +491,6 @@ def _new_sockets_to(before: frozenset[int], port: int) -> frozenset[int]:
     return frozenset(found)
 
 
-#: how long the probe listens for a server that speaks first (a store never does)
-_PROBE_LISTEN_S = 0.05
-
-
-def _probe_port(host: str, port: int, *, timeout: float) -> None:
-    """Raise ``OSError`` unless something accepts TCP connections at ``host:port``.
-
-    A plain socket connect, which fails at once on a closed port; ``TCPStore(...)`` would
-    retry for seconds, past its own timeout (measured with torch 2.13: 2-4 s for 1 s).
-    """
-    # create_connection() encodes the host with the "idna" codec, whose first lookup imports
-    # encodings.idna: done in a connect thread while the main thread forks DataLoader
-    # workers or imports, that lookup failed now and then ("unknown encoding: idna") and
-    # the process never reached its store. The module imports it up front instead.
-    with socket.create_connection((host, port), timeout=timeout) as sock:
-        # A c10d store says nothing until the client speaks. A server that speaks first
-        # or hangs up is not one, and TCPStore(...) on it retries in C++ past its timeout
-        # and can abort the process at exit (seen with torch 2.13): refuse it here.
-        sock.settimeout(_PROBE_LISTEN_S)
-        try:
-            first = sock.recv(1)
-        except TimeoutError:
-            return
-        except OSError as exc:
-            raise ConnectionError(f"not a c10d store: {exc}") from None
-        raise ConnectionError("not a c10d store: it " + ("spoke first" if first else
-                                                         "hung up at once"))
-
-
 _forwarders: weakref.WeakSet[StoreForwarder] = weakref.WeakSet()
 #: the forwarder attach_worker_forwarder() attached in this process, if any
 _worker_forwarder: StoreForwarder | None = None
@@ -554,21 +519,16 @@ def attach_worker_forwarder(*, host: str, port: int, prefix: str, rank: int,
     global _worker_forwarder
     if _worker_forwarder is not None:
         return _worker_forwarder
-    # The store client is torch's, and the queue's thread must not import torch itself,
-    # racing the script's own `import torch` (or a fork). Nor may the bootstrap import it
-    # before the script's first line: a script that sets OMP_NUM_THREADS, say, before
-    # `import torch` would lose it. So torch is imported by the first event's recording
-    # thread, just before the forwarder takes that event (a one-shot subscriber, first in
-    # line); by then the script has imported torch itself, as training scripts do.
-    if "torch.distributed" not in sys.modules:
-        get_default_bus().subscribe(ALL, on_event=_import_torch, once=True)
+    # No torch here, in record() or on the queue's thread: the client is the socket-level
+    # QueueClient (eventbus.wire), so the first record() of a script that has not imported
+    # torch yet returns at once and its events leave while the script imports it.
+    # create_connection() encodes the host with the "idna" codec, whose first lookup imports
+    # encodings.idna: done on the connect thread while the main thread forks DataLoader
+    # workers or imports, that lookup failed now and then ("unknown encoding: idna") and the
+    # process never reached its store; this module imports it up front instead.
     _worker_forwarder = StoreForwarder(host=host, port=port, key=worker_key(prefix, rank),
                                        rank=rank, kind="w", ledger_dir=ledger_dir, bell=bell)
     return _worker_forwarder
-
-
-def _import_torch(_: Event) -> None:
-    import torch.distributed  # noqa: F401
 
 
 def worker_forwarder() -> StoreForwarder | None:

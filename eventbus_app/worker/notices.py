@@ -19,8 +19,9 @@ each notice, in order:
 
 The thread starts once ``torch.distributed`` is imported (the store client is torch's,
 and the bootstrap never imports torch before the script does): at :func:`start` if it is,
-else at the progress watch's next tick after the script imported it, or on the first
-event the script records (the forwarder imports torch just before), whichever is first.
+else at the progress watch's next tick after the script imported it, or at the first
+event the script records after that, whichever is first. Nothing of eventbus imports
+torch in a worker (see :func:`start`).
 """
 
 from __future__ import annotations
@@ -318,7 +319,11 @@ def reader() -> NoticeReader | None:
 def start(*, host: str, port: int, root: str, start_after: int, rank: int | None,
           world_size: int | None, attempt: int | None) -> None:
     """Start this process's reader now if the script imported ``torch.distributed``, else
-    on the first event it records. Once per process."""
+    once it has: at the progress watch's next tick, or at the first event recorded after
+    the import. Once per process. Nothing here imports torch: an import on another thread
+    than the script's could deadlock with the script's own (see
+    :class:`eventbus.wire.QueueClient`), and on the recording thread it would make that
+    ``record()`` wait seconds."""
     global _pending, _trigger
     if _reader is not None or _pending is not None:
         return
@@ -327,8 +332,7 @@ def start(*, host: str, port: int, root: str, start_after: int, rank: int | None
     if _torch_ready():
         _start_pending()
         return
-    _trigger = get_default_bus().subscribe(ALL, on_event=local_only(_on_first_event),
-                                           once=True)
+    _trigger = get_default_bus().subscribe(ALL, on_event=local_only(_on_event))
 
 
 def waiting() -> bool:
@@ -349,15 +353,10 @@ def _torch_ready() -> bool:
     return module is not None and not getattr(spec, "_initializing", False)
 
 
-def _on_first_event(_: Event) -> None:
+def _on_event(_: Event) -> None:
+    # until the reader starts: one sys.modules lookup per event recorded
     if _torch_ready():
         _start_pending()
-        return
-    # the forwarder imports torch on this thread just before it takes the event; a
-    # process without the forwarder imports it here, as the forwarder would
-    import torch.distributed  # noqa: F401
-
-    _start_pending()
 
 
 def _start_pending() -> None:
@@ -367,6 +366,9 @@ def _start_pending() -> None:
             return
         settings, _pending = _pending, None
         _reader = NoticeReader(**settings)
+        trigger = _trigger
+    if trigger is not None:
+        trigger.cancel()
     _reader.start()
 
 

@@ -5,8 +5,8 @@ events its store forwarder counted lost, and the events it numbered (its sender 
 second line).
 
 Writes ``<out>/rank<R>.pid`` first, so a test can find (and end) workers an agent left, and
-``<out>/rank<R>.recording`` once its first record() returned (that call attaches the store
-forwarder and imports torch: seconds on a loaded machine).
+``<out>/rank<R>.recording`` once its first record() returned. The script never imports
+torch, nor does eventbus in it (the forwarder's store client is a plain socket).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def main() -> int:
                 eventbus.record(EventType.EPOCH_END, epoch=i, data={"rank": rank})
             except Exception:
                 errors += 1
-            if i == 0:  # the first record() attaches the forwarder (and imports torch)
+            if i == 0:  # the first record() returned (the forwarder connects meanwhile)
                 (out / f"rank{rank}.recording").write_text(str(time.monotonic()))
                 deadline = time.monotonic() + args.seconds  # --seconds of recording
             i += 1
