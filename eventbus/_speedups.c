@@ -877,7 +877,7 @@ static PyTypeObject PublisherType = {
 /* ------------------------------------------------------------------------------------ */
 
 /* The same steps as the Python method, in the same order: the size estimate, the lock,
-   the byte sum, the two appends, the kick. Anything unusual is the Python method's: a
+   the kick, the byte sum, the two appends. Anything unusual is the Python method's: a
    value whose size is not a plain int, a queue that is full, closed or over its bytes
    (the `overflow` callable the sink hands over), a sink not synced yet.
 
@@ -900,9 +900,11 @@ static PyTypeObject PublisherType = {
    sink's thread takes, so it is read from the sink's __dict__ each time.
 
    The lock is the sink's RLock, taken and released around the locked part as `with`
-   does. No Python code runs between the two except the sink's kick or overflow, as in
-   the Python method, so no signal handler can interrupt the byte sum or the appends
-   (handlers run only between bytecodes). */
+   does. No Python code runs between the two except the sink's kick (before the byte sum
+   and the appends) or overflow, as in the Python method, so no signal handler can
+   interrupt the byte sum or the appends (handlers run only between bytecodes). The kick
+   comes when the queue is empty (start or wake the sink's thread) and when this event
+   fills a batch (kick_at). */
 
 static PyObject *s_queued_bytes, *s_append, *s_acquire, *s_release;
 
@@ -915,7 +917,8 @@ typedef struct {
     Py_ssize_t base_size;  /* queued.BASE_BYTES */
     Py_ssize_t per_key;    /* queued.PER_KEY_BYTES */
     PyObject *free_types;  /* queued.FREE_VALUE_TYPES: a tuple of exact classes */
-    PyObject *kick;        /* kick(): start or wake the sink's thread (lock held) */
+    PyObject *kick;        /* kick(): start or wake the sink's thread (lock held), called
+                              before an event goes into an empty queue or fills a batch */
     PyObject *overflow;    /* overflow(event, size): the unusual case (lock held) */
     /* the synced state (NULL until the first sync) */
     PyObject *queue, *queue_append, *sizes_append, *acquire, *release;
@@ -1020,7 +1023,27 @@ enqueuer_locked(EnqueuerObject *self, PyObject *dict, PyObject *event, long long
     int ok = 0;
     Py_ssize_t n = PyObject_Size(queue);
     if (n >= 0 && n < limit && bytes + size <= max_bytes) {
-        PyObject *total = PyLong_FromLongLong(bytes + size);
+        /* The kick first, as in the Python method: a signal handler that raises inside it
+           (it is Python code) loses this event with its wake-up, never leaves the event
+           queued with no wake-up on its way. The byte count is read again after it: an
+           enqueue nested in the kick may have added to it. */
+        int kicked = 1;
+        if (n == 0 || n + 1 == kick_at) {
+            PyObject *k = PyObject_CallNoArgs(self->kick);
+            kicked = k != NULL;
+            Py_XDECREF(k);
+            if (kicked) {
+                value = PyDict_GetItemWithError(dict, s_queued_bytes);
+                kicked = value != NULL && PyLong_CheckExact(value);
+                if (kicked) {
+                    bytes = PyLong_AsLongLongAndOverflow(value, &overflow);
+                    kicked = !overflow && !PyErr_Occurred();
+                }
+                if (!kicked && !PyErr_Occurred())
+                    PyErr_SetString(PyExc_RuntimeError, "queued_bytes is not an int");
+            }
+        }
+        PyObject *total = kicked ? PyLong_FromLongLong(bytes + size) : NULL;
         PyObject *r1 = NULL, *r2 = NULL;
         if (total != NULL && PyDict_SetItem(dict, s_queued_bytes, total) == 0 &&
             (r1 = PyObject_CallOneArg(queue_append, event)) != NULL &&
@@ -1028,12 +1051,6 @@ enqueuer_locked(EnqueuerObject *self, PyObject *dict, PyObject *event, long long
             ok = 1;
             if (self->counter != NULL)  /* queued: counted before record() returns */
                 (*self->counter)++;
-            if (n + 1 == kick_at) {
-                PyObject *k = PyObject_CallNoArgs(self->kick);
-                if (k == NULL)
-                    ok = 0;
-                Py_XDECREF(k);
-            }
         }
         Py_XDECREF(total);
         Py_XDECREF(r1);

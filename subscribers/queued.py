@@ -11,6 +11,16 @@ deliver them) and a fresh lock; its thread starts on the first event.
 
 Exit: every live sink is flushed by an ``atexit`` hook within its ``close_timeout``;
 :func:`flush_all` does the same on demand (the worker's SIGTERM handler calls it).
+
+Wake-ups: the thread sleeps, with no timeout, while its queue is empty and no drop report
+is due: an idle sink costs no CPU and takes the GIL from no one. The enqueue that finds
+the queue empty wakes it, through a descriptor (an ``eventfd``, or a pipe where there is
+none) that the thread polls: one ``write`` system call, made before the event is appended,
+so that a signal handler raising inside the enqueue either loses the wake-up with the
+event or leaves a spare wake-up, never an event queued with its wake-up lost. Batches go
+at most one per ``flush_interval``: a first event after a quiet spell is handed over at
+once, and within ``flush_interval`` of the last batch the next one grows until then (cut
+short by a full batch, ``flush`` or ``close``).
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ import collections
 import contextlib
 import logging
 import os
+import select
 import signal
 import threading
 import time
@@ -238,12 +249,23 @@ class QueuedSink:
         self._cond = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self._closed = False
+        #: flush() calls waiting now: the thread hands over what it has without waiting
+        #: for the batch to grow
+        self._flushing = 0
+        #: the thread's wake-up descriptors (read end, write end: one eventfd is both),
+        #: made with the thread; None before, after the thread ended, and where the
+        #: platform has no poll() (the thread then polls the queue every flush_interval)
+        self._wake_r: int | None = None
+        self._wake_w: int | None = None
+        #: times the thread came back from a wait (a wake-up or a timeout): what an idle
+        #: sink must not add to
+        self.wakeups = 0
         #: the count the fast path admits below: max_events, or 0 once closed (one test
         #: per event covers both)
         self._limit = self._max_events
-        #: the queue length at which the fast path calls _kick: 1 until the thread runs
-        #: (start it), then max_batch (wake it for a full batch)
-        self._kick_at = 1
+        #: the fast path calls _kick when the queue is empty (start or wake the thread) and
+        #: when the event makes a full batch of this length (cut its wait short)
+        self._kick_at = self._max_batch
         self._in_flight = 0
         self._pid = os.getpid()
         #: events that left the queue (handed over, evicted, or cleared by close):
@@ -252,6 +274,8 @@ class QueuedSink:
         #: flow control (see backlogged): on, and when the thread last took a batch
         self._flow = self.settings.flow_control
         self._progress = time.monotonic()
+        #: when the thread last took a batch (0.0: never)
+        self._handed_at = 0.0
         self.handled = 0
         self.failed = 0
         self.dropped: dict[str, int] = {}
@@ -288,19 +312,21 @@ class QueuedSink:
         # call: the length is read once, the byte sum is one statement, and the kick
         # depends on this enqueue's own length, so nested enqueues neither skip it nor
         # lose bytes (they may only swap two events' sizes, or order the nested event
-        # first).
+        # first). The kick comes before the appends: a handler that raises in it loses
+        # this event with its wake-up (record() raises), never strands a queued event with
+        # no wake-up on its way (the thread may sleep with no timeout).
         with self._lock:
             queue = self._queue
             n = len(queue)
             if n < self._limit and self.queued_bytes + size <= self._max_bytes:
+                if n == 0 or n + 1 == self._kick_at:
+                    self._kick()
                 self.queued_bytes += size
                 queue.append(event)
                 self._sizes.append(size)
                 counter = self._counter
                 if counter is not None:  # queued: counted before record() returns
                     counter[0] += 1
-                if n + 1 == self._kick_at:
-                    self._kick()
             else:
                 self._enqueue_slow(event, size)
 
@@ -343,11 +369,24 @@ class QueuedSink:
             self._counter = None if view is None else view[:8].cast("Q")
 
     def _kick(self) -> None:
-        # Called with the lock held, when the queue just reached _kick_at.
+        # Called with the lock held, before an event is appended to an empty queue or one
+        # that it fills to a batch.
         if self._thread is None:
             self._start()
         else:
-            self._cond.notify()
+            self._wake()
+
+    def _wake(self) -> None:
+        # With the lock held (the thread closes the descriptors under it): one system
+        # call, nothing else. A full pipe or counter means a wake-up is pending already.
+        fd = self._wake_w
+        if fd is None:
+            self._cond.notify()  # no poll() here: the thread waits on the condition
+            return
+        try:  # noqa: SIM105  (no context manager object: nothing the collector tracks)
+            os.write(fd, _WAKE_BYTES)
+        except OSError:
+            pass
 
     def _enqueue_slow(self, event: Event, size: int) -> None:
         # Called with the lock held. Every event it gets is queued or dropped: counted.
@@ -401,9 +440,8 @@ class QueuedSink:
         with _signals_held():
             thread = threading.Thread(target=self._run, name=f"eventbus-sink:{self.name}",
                                       daemon=True)
+            self._wake_r, self._wake_w = _wake_descriptors()
             self._thread = thread
-            self._kick_at = self._max_batch  # from now on, _kick wakes it for a full batch
-            self._sync_direct()
             thread.start()
 
     def _take(self) -> list[Event]:
@@ -425,20 +463,73 @@ class QueuedSink:
         self._removed += n
         return batch
 
+    def _sleep(self, timeout: float | None) -> None:
+        # The thread's one way to wait, without the lock: until a wake-up, or ``timeout``
+        # seconds (None: no limit). Where there is no poll(), a timed wait on the
+        # condition, never longer than flush_interval.
+        self.wakeups += 1
+        fd = self._wake_r
+        if fd is None:
+            limit = self.settings.flush_interval
+            with self._cond:
+                if not self._flushing and not self._closed:
+                    self._cond.wait(limit if timeout is None else min(timeout, limit))
+            return
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        poller.poll(None if timeout is None else min(_POLL_MAX_MS, max(0, int(timeout * 1000))))
+        self._drain_wakes()
+
+    def _drain_wakes(self) -> None:
+        fd = self._wake_r
+        if fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.read(fd, 4096)  # an eventfd's 8-byte count, or what the pipe holds
+
+    def _idle_timeout(self) -> float | None:
+        # An idle thread sleeps with no limit unless a drop report is being held back.
+        return self.settings.report_interval if self._drop_reports.held else None
+
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            with self._cond:
+                _close_wake(self._wake_r, self._wake_w)
+                self._wake_r = self._wake_w = None
+
+    def _loop(self) -> None:
+        interval = self.settings.flush_interval
         while True:
             with self._cond:
-                if not self._queue and not self._closed:
-                    self._cond.wait(self.settings.flush_interval)
+                idle = not self._queue
+                if idle and self._closed:
+                    self._cond.notify_all()
+                    return
+                timeout = self._idle_timeout()
+            if idle:
+                self._sleep(timeout)
+                self._maybe_report()
+                continue
+            # Events queued. Batches go at most one per flush_interval: within that time of
+            # the last one the batch grows until then, unless a flush or the close waits,
+            # or it is full; a first event after a quiet spell (a heartbeat) goes at once.
+            # Spare wake-ups are drained first, the state read after: a wake-up written
+            # since is not missed.
+            self._drain_wakes()
+            with self._cond:
+                wait = interval - (time.monotonic() - self._handed_at)
+                grow = wait > 0 and not self._flushing and not self._closed and \
+                    0 < len(self._queue) < self._max_batch
+            if grow:
+                self._sleep(wait)
+            with self._cond:
                 if not self._queue:
-                    if self._closed:
-                        self._cond.notify_all()
-                        return
-                    self._maybe_report()
                     continue
                 batch = self._take()
                 self._in_flight = len(batch)
-                self._progress = time.monotonic()
+                self._progress = self._handed_at = time.monotonic()
             try:
                 self.handle_batch(batch)
             except Exception:
@@ -489,13 +580,17 @@ class QueuedSink:
         with self._cond:
             if self._thread is None and self._queue:
                 self._start()
-            self._cond.notify_all()
-            while self._queue or self._in_flight:
-                left = deadline - time.monotonic()
-                if left <= 0 or self._thread is None or not self._thread.is_alive():
-                    return not (self._queue or self._in_flight)
-                self._cond.wait(min(left, 0.05))
-            return True
+            self._flushing += 1
+            try:
+                self._wake()
+                while self._queue or self._in_flight:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self._thread is None or not self._thread.is_alive():
+                        return not (self._queue or self._in_flight)
+                    self._cond.wait(min(left, 0.05))
+                return True
+            finally:
+                self._flushing -= 1
 
     def close(self, timeout: float | None = None) -> bool:
         """Flush within ``timeout`` (default ``close_timeout``), then stop the thread.
@@ -518,6 +613,7 @@ class QueuedSink:
                 self._sizes.clear()
                 self.queued_bytes = 0
             self._cond.notify_all()
+            self._wake()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread() \
                 and thread.is_alive():
@@ -546,13 +642,44 @@ class QueuedSink:
 
     def _after_fork_in_child(self) -> None:
         # The parent keeps (and delivers) what was queued; the child starts empty, and
-        # counts into no counter of its parent's.
+        # counts into no counter of its parent's. The wake-up descriptors it inherited are
+        # the parent thread's: closed here (the parent's stay open), new ones come with
+        # the child's own thread.
+        inherited = (self._wake_r, self._wake_w)
         self._init_state()
+        _close_wake(*inherited)
         if self._counter is not None:
             self.count_into(None)
 
     def __repr__(self) -> str:
         return f"<QueuedSink {self.name} pending={self.pending}>"
+
+
+#: poll()'s longest timeout (a C int of milliseconds); a longer one is as good as none
+_POLL_MAX_MS = 2**31 - 1
+#: what one wake-up writes: an eventfd takes an 8-byte count, a pipe any byte
+_WAKE_BYTES = (1).to_bytes(8, "little") if hasattr(os, "eventfd") else b"\x01"
+
+
+def _wake_descriptors() -> tuple[int | None, int | None]:
+    """A new thread's wake-up descriptors: one non-blocking eventfd (Linux), else a
+    non-blocking pipe, both close-on-exec; (None, None) where there is no poll()."""
+    if not hasattr(select, "poll"):
+        return None, None
+    if hasattr(os, "eventfd"):
+        fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        return fd, fd
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    return r, w
+
+
+def _close_wake(r: int | None, w: int | None) -> None:
+    for fd in {r, w}:
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def flush_all(timeout: float = 5.0) -> bool:

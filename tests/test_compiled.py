@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import threading
 import types
 from collections import OrderedDict
 from pathlib import Path
@@ -475,7 +476,9 @@ def test_compiled_enqueue_matches_the_python_path(options: dict[str, Any]) -> No
         enqueue = compiled_sink._eventbus_direct()
         assert type(enqueue).__name__ == "Enqueuer"
         for sink in (compiled_sink, python_sink):
-            sink._kick_at = -1  # no thread: compare the queues as the enqueues left them
+            # a thread never started: a kick wakes no one, and the queues stay as the
+            # enqueues left them
+            sink._thread = threading.Thread(target=lambda: None)
             sink._sync_direct()
         for event in events:
             enqueue(event)
@@ -521,7 +524,7 @@ def test_compiled_enqueue_sizes_events_as_estimate_size_does() -> None:
     sink = QueuedSink(lambda batch: None, name="sizes", max_events=1_000,
                       max_bytes=1 << 40)
     try:
-        sink._kick_at = -1  # no thread: the sizes stay queued
+        sink._thread = threading.Thread(target=lambda: None)  # never started: sizes stay
         sink._sync_direct()
         enqueue = sink._eventbus_direct()
         assert type(enqueue).__name__ == "Enqueuer"

@@ -42,6 +42,108 @@ def test_batches_reach_the_sink_on_its_own_thread(bus: eventbus.Bus) -> None:
     sink.close()
 
 
+def _wait_until(predicate: object, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def test_an_idle_queue_thread_never_wakes(bus: eventbus.Bus) -> None:
+    """Counted, not timed: once the queue is empty, its thread sleeps with no timeout;
+    over 20 flush intervals with nothing queued it comes back from no wait at all (the
+    thread used to wake every flush_interval to look at an empty queue)."""
+    got: list[Event] = []
+    sink = QueuedSink(got.extend, name="idle", flush_interval=0.01)
+    bus.subscribe(ALL, on_event=sink)
+    bus.record(EventType.EPOCH_END, epoch=0)
+    assert _wait_until(lambda: len(got) == 1)  # delivered with no flush(): the enqueue woke it
+    thread = sink._thread
+    assert thread is not None
+    time.sleep(0.05)  # the thread reaches its idle sleep
+    before = sink.wakeups
+    time.sleep(0.2)
+    assert sink.wakeups == before
+    assert thread.is_alive()
+    # the enqueue into the empty queue wakes it: delivered with no flush()
+    bus.record(EventType.EPOCH_END, epoch=1)
+    assert _wait_until(lambda: len(got) == 2)
+    assert [e.epoch for e in got] == [0, 1]  # type: ignore[attr-defined]
+    # a wake-up for the event, the end of its batch's flush_interval: a handful, not a poll
+    assert sink.wakeups - before <= 3
+    assert sink.close(5)
+    assert not thread.is_alive()
+
+
+def test_a_burst_is_one_batch_per_flush_interval_not_one_wake_per_event(
+        bus: eventbus.Bus) -> None:
+    """Only the enqueue that finds the queue empty wakes the thread, and batches go at
+    most one per flush_interval: 1,000 events recorded at once are a few batches."""
+    batches: list[int] = []
+    sink = QueuedSink(lambda b: batches.append(len(b)), name="burst", flush_interval=0.2)
+    bus.subscribe(ALL, on_event=sink)
+    for epoch in range(1000):
+        bus.record(EventType.EPOCH_END, epoch=epoch)
+    assert _wait_until(lambda: sum(batches) == 1000)
+    assert len(batches) <= 3, batches
+    assert sink.wakeups <= 2 * len(batches) + 1
+    assert sink.close(5)
+
+
+def test_a_full_batch_and_flush_cut_the_wait_short(bus: eventbus.Bus) -> None:
+    """A first event after a quiet spell goes at once; within flush_interval of it the
+    next batch grows, but one that fills up goes at once, and flush() does not wait out
+    flush_interval: with a 60 s interval all of it happens well before it."""
+    batches: list[int] = []
+    sink = QueuedSink(lambda b: batches.append(len(b)), name="cut", flush_interval=60.0,
+                      max_batch=100)
+    bus.subscribe(ALL, on_event=sink)
+    bus.record(EventType.EPOCH_END, epoch=0)
+    assert _wait_until(lambda: batches == [1], timeout=30)
+    for epoch in range(1, 101):
+        bus.record(EventType.EPOCH_END, epoch=epoch)
+    assert _wait_until(lambda: batches == [1, 100], timeout=30)
+    bus.record(EventType.EPOCH_END, epoch=101)
+    assert sink.flush(30)
+    assert batches == [1, 100, 1]
+    assert sink.close(30)
+
+
+def test_a_forked_child_gets_its_own_wake_up(tmp_path: os.PathLike[str]) -> None:
+    """The child's thread wakes on its own descriptor (the parent's stays the parent's):
+    both deliver what they record after the fork, with no flush()."""
+    out = os.path.join(tmp_path, "out.txt")
+    code = f"""
+import os, time, eventbus
+from eventbus.subscribers.queued import QueuedSink
+def write(batch):
+    with open({out!r}, "a") as f:
+        f.write("".join(f"{{os.getpid()}} {{e.epoch}}\\n" for e in batch))
+sink = QueuedSink(write, flush_interval=0.01)
+eventbus.get_default_bus().subscribe(eventbus.ALL, on_event=sink)
+eventbus.record("EPOCH_END", epoch=0)
+time.sleep(0.2)
+pid = os.fork()
+me = "child" if pid == 0 else "parent"
+eventbus.record("EPOCH_END", epoch=1 if pid == 0 else 2)
+deadline = time.time() + 20
+while time.time() < deadline and sink.stats()["handled"] < (1 if pid == 0 else 2):
+    time.sleep(0.01)
+assert sink.stats()["handled"] == (1 if pid == 0 else 2), (me, sink.stats())
+if pid == 0:
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+assert status == 0, status
+sink.close(10)
+"""
+    subprocess.run([sys.executable, "-c", code], env=subprocess_env(), timeout=120, check=True)
+    with open(out) as f:
+        rows = sorted(line.split()[1] for line in f if line.strip())
+    assert rows == ["0", "1", "2"]
+
+
 def test_a_slow_sink_does_not_block_record(bus: eventbus.Bus) -> None:
     """A sink sleeping 10 ms per batch never holds record() up: the queue absorbs it."""
     release = threading.Event()
@@ -420,7 +522,9 @@ def test_a_signal_handler_raising_while_the_thread_starts_leaves_a_running_threa
     """A signal that arrives while the first enqueue starts the queue's thread, with a
     handler that raises, is handled after the start: the thread runs, the queue drains and
     closes (before, the handler could cut Thread.start() short: a thread that never ran,
-    flush() False, close() raising; seen in CI under the sanitizers)."""
+    flush() False, close() raising; seen in CI under the sanitizers). The start comes
+    before the event is appended, so the interrupted enqueue queues nothing: the caller
+    got the handler's exception instead."""
     import signal
 
     class Interrupt(Exception):
@@ -450,7 +554,8 @@ def test_a_signal_handler_raising_while_the_thread_starts_leaves_a_running_threa
     assert thread is not None and thread.is_alive()
     sink(eventbus.EpochEnd(epoch=2))
     assert sink.flush(10)
-    assert [e.epoch for e in handled] == [1, 2]  # type: ignore[attr-defined]
+    assert [e.epoch for e in handled] == [2]  # type: ignore[attr-defined]
+    assert sink.stats()["enqueued"] == 1
     assert sink.close(5)
 
 
