@@ -97,8 +97,9 @@ def test_recorded_events_count_as_progress() -> None:
 
 def test_a_dump_request_is_served_once_and_an_older_one_never(tmp_path: Path) -> None:
     """A request file that predates the watch (a former attempt's) is not served; a new
-    token is served at the next tick, once: a beat with fr_dump_token and the dump's path
-    (or why there is none)."""
+    token is served at the next tick of an idle rank (a progressing one looks with its
+    next heartbeat), once: a beat with fr_dump_token and the dump's path (or why there is
+    none)."""
     pytest.importorskip("torch")
     agent_worker.write_fr_request(str(tmp_path), "old")
     beats: list[dict[str, Any]] = []
@@ -110,6 +111,7 @@ def test_a_dump_request_is_served_once_and_an_older_one_never(tmp_path: Path) ->
         watch.tick()
         assert not any("fr_dump_token" in b["data"] for b in beats)
         agent_worker.write_fr_request(str(tmp_path), "stall-2")
+        watch._progress_t -= progress.TICK_S  # idle since a tick: it looks at every tick
         watch.tick()
         watch.tick()
     finally:

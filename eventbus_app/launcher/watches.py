@@ -349,26 +349,31 @@ class StragglerWatch:
         self._clock = clock
         #: (attempt, rank) -> recent steps
         self._steps: dict[tuple[int, int], deque[_Step]] = {}
-        #: (attempt, rank) -> recent heartbeats' compute_s (time outside collectives)
-        self._compute: dict[tuple[int, int], deque[float]] = {}
+        #: (attempt, rank) -> recent heartbeats' compute_s (time outside collectives) and
+        #: the collective intervals each was measured over (None where a beat has none)
+        self._compute: dict[tuple[int, int], deque[tuple[float, int | None]]] = {}
         self._last_report: dict[int, float] = {}
         #: the previous METRIC's context and its rank's steps (see observe)
         self._hit: tuple[Any, deque[_Step] | None] = (None, None)
 
     def observe_progress(self, beat: WorkerProgress) -> None:
         """Note a heartbeat's ``data["compute_s"]`` (the rank's own clock; idle beats,
-        which carry none, skip)."""
+        which carry none, skip) and ``data["intervals"]``, the collective intervals it was
+        measured over."""
         rank = beat.context.rank
         if rank is None:
             rank = beat.worker_id
-        compute = _number(beat.data.get("compute_s")) if beat.data else None
+        data = beat.data
+        compute = _number(data.get("compute_s")) if data else None
         if compute is None or beat.idle_s >= 1.0:
             return
+        n = data.get("intervals")
+        intervals = n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
         key = (beat.context.restart_count or 0, rank)
         window = self._compute.get(key)
         if window is None:
             window = self._compute[key] = deque(maxlen=self.window)
-        window.append(compute)
+        window.append((compute, intervals))
 
     def observe(self, event: Event) -> None:
         """Note a ``METRIC`` event's step, or a heartbeat's compute time (others, and those
@@ -417,12 +422,22 @@ class StragglerWatch:
         return max(0.0, last.timestamp - first.timestamp) / done
 
     def compute_time(self, attempt: int, rank: int) -> float | None:
-        """The median of the rank's recent heartbeats' ``compute_s`` (None with fewer than
-        ``min_beats``)."""
+        """The rank's recent compute time per collective interval (None with fewer than
+        ``min_beats`` heartbeats): the window's beats pooled, each weighted by the
+        intervals it was measured over (each beat's figure comes from a few samples of the
+        rank's state, a handful a second: pooled, the window's samples count together),
+        or the median of their ``compute_s`` where a beat does not say."""
         window = self._compute.get((attempt, rank))
         if not window or len(window) < self.min_beats:
             return None
-        return float(statistics.median(window))
+        total = 0
+        weighted = 0.0
+        for compute, n in window:
+            if n is None:
+                return float(statistics.median(c for c, _ in window))
+            total += n
+            weighted += compute * n
+        return weighted / total
 
     def check(self, attempt: int) -> list[Slow]:
         """The stragglers of ``attempt`` now, rate-limited per rank."""

@@ -2,7 +2,8 @@
 
 Armed by the bootstrap (:func:`eventbus.app.worker.attach`) under ``eventbus run``, or
 wherever ``EVENTBUS_PROGRESS`` names sources. A daemon thread (``eventbus-progress``) ticks
-about every 0.1 s (jittered, so it does not alias with a steady step rhythm) and reads:
+about every :data:`TICK_S` (jittered, so it does not alias with a steady step rhythm) and
+reads:
 
 - ``steps``: optimizer steps, counted by torch's global optimizer step post hook
   (``torch.optim.optimizer.register_optimizer_step_post_hook``), registered once the
@@ -24,7 +25,8 @@ changed and at least :data:`BEAT_S` passed since the last one, and an idle beat 
 innermost frame in the user's code) and, once idle for :data:`STACK_AFTER_S`,
 ``data["stack"]`` (every thread, the main one first, eventbus's own last and marked).
 ``data["compute_s"]``/``data["wait_s"]``: the window's time outside/inside collectives
-(from the samples, on the rank's own clock) per collective completed in it.
+(from the samples, on the rank's own clock) per collective completed in it, and
+``data["intervals"]``, how many completed (the agent pools windows by it).
 ``data["pending"]``: the collective each group is inside of, read from one full flight
 recorder dump, only in a beat while a collective has been pending for at least
 :data:`PENDING_AFTER_S` (so healthy training never pays for full dumps).
@@ -89,8 +91,10 @@ from eventbus.app.worker.saves import SaveWatch
 
 __all__ = [
     "BEAT_S",
+    "BUSY_COLLECTIVES_PER_TICK",
     "IDLE_BEAT_S",
     "PENDING_AFTER_S",
+    "SLOW_TICK_S",
     "STACK_AFTER_S",
     "THREAD_NAME",
     "TICK_S",
@@ -103,7 +107,19 @@ __all__ = [
 
 THREAD_NAME = "eventbus-progress"
 
-TICK_S = 0.1
+#: The tick. Each wake-up of a Python thread costs a busy worker ~50 us of CPU (measured in
+#: a tight 2-rank gloo loop: the GIL taken from the training thread, cold caches) and a tick
+#: ~150 us more, so the rate is what the watch costs (benchmarks/bench_health.py). The
+#: samples classify each tick's interval as inside or outside a collective, which the
+#: straggler rule needs precisely only when a collective interval can be long: see
+#: :data:`FAST_TICK_S`. The agent pools a window's beats (``data["intervals"]``).
+TICK_S = 0.25
+#: ...and while collectives complete at least this often (per tick), the tick stretches to
+#: :data:`SLOW_TICK_S`: the rank's compute time between two of them is then a few tens of
+#: milliseconds at most, below what the straggler rule can report (its
+#: ``min_step_time_s``, 50 ms, over the median), so a finer split buys nothing
+BUSY_COLLECTIVES_PER_TICK = 10
+SLOW_TICK_S = 0.5
 #: how long the exit waits for the watch's thread before the final beat (a tick's dump
 #: on a loaded machine); the beat is skipped past it rather than raced
 FINAL_JOIN_S = 5.0
@@ -268,6 +284,8 @@ class ProgressWatch:
         self._ranks: dict[str, list[int]] = {}
         self.armed = False
         self.beats = 0
+        #: ticks so far (each one wake-up of the thread)
+        self.ticks = 0
         # the state at the last tick and at the last beat
         now = time.monotonic()
         self._progress_t = now
@@ -290,6 +308,9 @@ class ProgressWatch:
         self._own = 0
         self._pid = os.getpid()
         self._final_sent = False
+        #: the wait before the next tick: TICK_S, or SLOW_TICK_S while collectives are busy
+        self._next_tick = TICK_S
+        self._tick_completed = 0
 
     # -- lifecycle
     def start(self) -> None:
@@ -322,7 +343,7 @@ class ProgressWatch:
         return self._thread is not None and self._thread.is_alive()
 
     def _run(self) -> None:
-        while not self._stop.wait(TICK_S * random.uniform(0.8, 1.2)):
+        while not self._stop.wait(self._next_tick * random.uniform(0.8, 1.2)):
             try:
                 self.tick()
             except Exception as exc:  # a sample that fails must not end the watch
@@ -383,6 +404,7 @@ class ProgressWatch:
 
     def tick(self) -> None:
         """Sample once; record a heartbeat when one is due."""
+        self.ticks += 1
         had_sample = self._sample is not None
         if notices.waiting():  # the notices' ear starts once the script imported torch
             notices.start_if_ready()
@@ -410,13 +432,20 @@ class ProgressWatch:
         if len(pgs) != len(self._pgs):
             self._ranks = _pg_ranks()
         self._pgs = pgs
+        completed = sum(max(0, c) for _, c in pgs.values())
+        self._next_tick = SLOW_TICK_S if (
+            completed - self._tick_completed >= BUSY_COLLECTIVES_PER_TICK) else TICK_S
+        self._tick_completed = completed
         elapsed, self._tick_t = now - self._tick_t, now
         if inside:
             self._inside_s += elapsed
         else:
             self._outside_s += elapsed
-        served = self._serve_request()
         since = now - self._beat_t
+        # the agent's dump requests come at a stall: looked for at every tick while this
+        # rank is idle, else with each heartbeat (a stat() is a system call each time)
+        served = self._serve_request() if (
+            now - self._progress_t >= TICK_S or since >= BEAT_S) else None
         if served is not None or gone or (self._changed and since >= BEAT_S) \
                 or since >= IDLE_BEAT_S or self.saves.waiting:
             self._beat(now, idle=not self._changed, extra=served)
@@ -436,6 +465,7 @@ class ProgressWatch:
             if intervals > 0 and self._beat_completed > 0:  # not the start-up's window
                 data["compute_s"] = round(self._outside_s / intervals, 6)
                 data["wait_s"] = round(self._inside_s / intervals, 6)
+                data["intervals"] = intervals
             pending = {} if final else self._pending(now)
             if pending:
                 data["pending"] = pending
