@@ -327,3 +327,31 @@ def test_stop_reason_survives_an_error_raised_on_the_way_out(
     assert agent_exit.reason is not None
     assert agent_exit.reason.startswith("rank 1 failed (exit code 3); STOP from ")
     assert "JSONDecodeError" in agent_exit.reason
+
+
+def test_an_agent_about_to_restart_sees_a_stop_set_during_its_grace() -> None:
+    """Another node's STOP set while this node is about to restart (its workers lost their
+    peers to that STOP) is seen within RESTART_GRACE_S, and acknowledged; with no STOP,
+    wait_remote gives up after its timeout (under load, a node used to restart once
+    before its 0.5 s poll saw the key: tests/reliability/test_job_health.py)."""
+    import datetime
+    import threading
+
+    from torch.distributed import TCPStore
+
+    from eventbus.app.launcher.stop_signal import RESTART_GRACE_S
+    from eventbus.app.launcher.stop_signal import StopSignal
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                     timeout=datetime.timedelta(seconds=10))
+    signal_ = StopSignal(host="127.0.0.1", port=store.port, run_id="grace", group_rank=0,
+                         group_world_size=2)
+    try:
+        assert signal_.wait_remote(0.2) is None
+        setter = threading.Timer(0.3, store.set, args=(signal_.key, b"rank 3 exited 3"))
+        setter.start()
+        assert signal_.wait_remote(RESTART_GRACE_S * 5) == "rank 3 exited 3"
+        setter.join(5)
+        assert store.check([f"{signal_.key}/ack/0"])  # the STOP node's wait ends
+    finally:
+        signal_.close()

@@ -556,6 +556,12 @@ class EventAgent(LocalElasticAgent):
                 self.exits.decided(self.attempt, event.worker_id, event.data.get("error_file"))
         outcome = self.decider.decide(failures, restarts_left=self._remaining_restarts,
                                       next_attempt=self._next_attempt())
+        if outcome.action == "restart" and self._stop_signal is not None \
+                and self._stop_signal.wait_remote() is not None:
+            # another node's STOP, set while this node's workers lost their peers to it
+            line = self.decider.stop_for_remote()
+            outcome = Outcome("stop", str(Cause.REMOTE_STOP), line or outcome.line,
+                              restart_by=outcome.restart_by, announce=False)
         if outcome.action == "stop":
             if outcome.announce and self._stop_signal is not None:
                 self._stop_signal.announce(self.decider.stop_reason or "STOP")

@@ -14,6 +14,12 @@ must not be retried. With it (docs/run.md, "Job health", several nodes):
 
 So each agent ends within about ``STOP_POLL_S + --monitor-interval + 5 s`` (the grace) of
 the STOP, and the STOP node within ``STOP_ACK_TIMEOUT_S`` more at worst.
+
+A STOP on one node usually ends the other nodes' workers too (they lose their peers), so
+another node's agent may be about to restart when the key is set: before it restarts, an
+agent looks for the key for up to :data:`RESTART_GRACE_S` (:meth:`StopSignal.wait_remote`),
+and stops instead of restarting if it appears (seen without it under load: a node
+restarted once, then stopped).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from typing import Any
 
 from eventbus.wire import connect_store
 
-__all__ = ["STOP_ACK_TIMEOUT_S", "STOP_POLL_S", "StopSignal"]
+__all__ = ["RESTART_GRACE_S", "STOP_ACK_TIMEOUT_S", "STOP_POLL_S", "StopSignal"]
 
 logger = logging.getLogger("eventbus")
 
@@ -33,6 +39,8 @@ logger = logging.getLogger("eventbus")
 STOP_POLL_S = 0.5
 #: how long the STOP node waits for the others to acknowledge before it exits
 STOP_ACK_TIMEOUT_S = 10.0
+#: how long an agent about to restart its group looks for another node's STOP first
+RESTART_GRACE_S = 1.0
 
 
 class StopSignal:
@@ -66,21 +74,45 @@ class StopSignal:
     def _ack_key(self, rank: int) -> str:
         return f"{self.key}/ack/{rank}"
 
+    def _look(self) -> bool:
+        """One look at the key (with the lock held): True once it is set (``remote`` then
+        holds its reason, and this node acknowledged it)."""
+        store = self._store()
+        if not store.check([self.key]):
+            return False
+        reason = store.get(self.key).decode("utf-8", "replace")
+        if not self.announced:
+            self.remote = reason
+        store.set(self._ack_key(self.group_rank), b"1")
+        return True
+
     def _watch(self) -> None:
         while not self._done.wait(STOP_POLL_S):
             try:
                 with self._lock:
-                    store = self._store()
-                    if not store.check([self.key]):
+                    if not self._look():
                         continue
-                    reason = store.get(self.key).decode("utf-8", "replace")
-                    if not self.announced:
-                        self.remote = reason
-                    store.set(self._ack_key(self.group_rank), b"1")
                 return
             except Exception as exc:  # the store is gone: the job is ending anyway
                 logger.debug("eventbus: STOP watch: %s", exc)
                 return
+
+    def wait_remote(self, timeout: float = RESTART_GRACE_S) -> str | None:
+        """Look for another node's STOP now, and every 0.1 s for up to ``timeout``
+        seconds (the agent, before a restart): its reason, or None."""
+        deadline = time.monotonic() + timeout
+        while self.remote is None and not self.announced:
+            try:
+                with self._lock:
+                    if self._look():
+                        break
+            except Exception as exc:  # the store is gone: no STOP can be read from it
+                logger.debug("eventbus: STOP look: %s", exc)
+                break
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
+        return self.remote
 
     def announce(self, reason: str) -> None:
         """Tell the other nodes that this node's reactor stopped the job."""
