@@ -71,11 +71,12 @@ test-slow: $(STAMP) browser
 
 test-all: test test-slow
 
-# Every test marked slow, N rounds (default 10), under one busy process per core that the
-# script starts and stops; prints one table (runs, passed, failed, slowest, each distinct
-# failure), writes it into docs/guarantees.md ("Soak") and fails on any failure.
-# SOAK_K=EXPR selects within the slow tests (pytest -k). 25-30 min a round on 2 cores
-# under the soak's load (the slow suite grew when the fast one was held to ~3 minutes).
+# Every test of tests/reliability (the fault matrix), N rounds (default 10), under one busy
+# process per core that the script starts and stops; prints one table (runs, passed,
+# failed, slowest, each distinct failure, each process a test left behind: killed and
+# counted as a failure), writes it into docs/guarantees.md ("Soak") and fails on any
+# failure. SOAK_K=EXPR selects (pytest -k), e.g. N=30 SOAK_K='sigterm_flush and chained'.
+# 10-12 min a round on 2 cores under the soak's load.
 N ?= 10
 SOAK_K ?=
 soak: $(STAMP)

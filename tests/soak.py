@@ -1,15 +1,26 @@
-"""Soak: run the tests marked slow N times under CPU load, and tabulate every outcome.
+"""Soak: run the reliability tests N times under CPU load, and tabulate every outcome.
 
 ``make soak`` (``N=10``, ``SOAK_K=EXPR`` for a selection) runs::
 
     python tests/soak.py -n N [-k EXPR] [--doc docs/guarantees.md] [pytest args...]
 
+What runs: every test under ``tests/reliability`` (the fault matrix of RELIABILITY.md, slow
+and fast), or the paths and options given after the soak's own (``--slow`` keeps only the
+tests marked slow, the whole suite's included when no path is given:
+``python tests/soak.py --slow tests``).
+
 * Load: one busy process per core (``--load``, default ``os.cpu_count()``), started before
   the first round and stopped after the last; they also end by themselves when this process
   dies (each polls its parent), so an interrupted soak leaves none behind.
-* Rounds: ``pytest -m slow`` once per round, each with its own ``--junitxml`` file, and with
+* Rounds: pytest once per round, each with its own ``--junitxml`` file, and with
   faulthandler's traceback dump after ``--hang-dump`` seconds in a test (pytest's
-  ``faulthandler_timeout``): a hang leaves its stacks in the round's output file.
+  ``faulthandler_timeout``): a hang leaves its stacks in the round's output file. Every
+  test keeps its own timeout (pytest-timeout's, 300 s unless the test says otherwise).
+* Leftovers: each round's pytest runs with a variable of its own in its environment
+  (``EVENTBUS_SOAK_ROUND``), which every process a test starts inherits, whatever session
+  it moves to. When the round has ended, and after up to :data:`LEFTOVER_GRACE_S` for
+  processes on their way out, any process still carrying it was left behind by a test:
+  the round fails for it (the table names each process), and the soak kills it.
 * The table: per test, runs, passed, failed, skipped, the slowest run, and the first line
   of each distinct failure. Exit status 1 when any run failed (or a round failed without
   a test to blame: a collection error, a crash), else 0.
@@ -36,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from dataclasses import field
@@ -45,6 +57,12 @@ from typing import IO
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- soak:begin -->", "<!-- soak:end -->"
+#: what a soak runs when given no path: the fault matrix (RELIABILITY.md)
+DEFAULT_PATHS = ("tests/reliability",)
+#: the variable that marks a round's processes (see the module docstring)
+ROUND_VAR = "EVENTBUS_SOAK_ROUND"
+#: how long a round's processes may take to exit after its pytest did
+LEFTOVER_GRACE_S = 5.0
 
 # A busy loop that ends when its parent (this script) is gone, whatever killed it.
 _BUSY = ("import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n"
@@ -131,11 +149,55 @@ def write_doc(doc: Path, text: str) -> None:
     doc.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}", encoding="utf-8")
 
 
-def run_round(cmd: list[str], sink: IO[bytes], timeout: float) -> int | None:
-    """Run one round's pytest in its own process group; its exit status, or None when it
-    ran past ``timeout`` (the whole group, jobs and workers included, is killed then)."""
+def marked(mark: str) -> dict[int, str]:
+    """The live processes whose environment holds ``ROUND_VAR=mark``: pid -> command line
+    (Linux's /proc; empty elsewhere). Zombies are gone already and not listed."""
+    needle = f"{ROUND_VAR}={mark}".encode()
+    found: dict[int, str] = {}
+    try:
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return found
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[-1].split()[0] == b"Z":
+                    continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+        except (OSError, IndexError):
+            continue  # gone meanwhile, or not ours to read
+        found[pid] = cmdline[:200]
+    return found
+
+
+def sweep(mark: str, grace: float = LEFTOVER_GRACE_S) -> dict[int, str]:
+    """The processes of a round (``mark``) still alive ``grace`` seconds after it ended,
+    each SIGKILLed: pid -> command line."""
+    deadline = time.monotonic() + grace
+    left = marked(mark)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = marked(mark)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return left
+
+
+def run_round(cmd: list[str], sink: IO[bytes], timeout: float,
+              mark: str | None = None) -> int | None:
+    """Run one round's pytest in its own process group, with ``ROUND_VAR=mark`` in its
+    environment; its exit status, or None when it ran past ``timeout`` (the whole group,
+    jobs and workers included, is killed then)."""
+    env = dict(os.environ)
+    if mark is not None:
+        env[ROUND_VAR] = mark
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            start_new_session=True, env=env)
     try:
         return proc.wait(timeout)
     except subprocess.TimeoutExpired:
@@ -153,7 +215,10 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
     parser.add_argument("-n", type=int, default=10, help="rounds (default 10)")
-    parser.add_argument("-k", default="", help="pytest -k selection within the slow tests")
+    parser.add_argument("-k", default="", help="pytest -k selection")
+    parser.add_argument("--slow", action="store_true",
+                        help="only the tests marked slow (of the paths given, else of the "
+                             "whole suite)")
     parser.add_argument("--load", type=int, default=os.cpu_count() or 1,
                         help="busy processes (default: one per core; 0: none)")
     parser.add_argument("--hang-dump", type=float, default=120.0,
@@ -181,16 +246,26 @@ def main(argv: list[str] | None = None) -> int:
     rounds = 0
     #: the exit status of the signal that stopped the soak early, if one did
     interrupted = 0
+    paths = [a for a in extra if not a.startswith("-")]
+    if not paths and not args.slow:
+        extra = [*extra, *DEFAULT_PATHS]
+    marker = ["-m", "slow"] if args.slow else ["-m", "slow or not slow"]
     try:
         for i in range(1, args.n + 1):
             xml = out_dir / f"round-{i}.xml"
-            cmd = [sys.executable, "-m", "pytest", "-m", "slow", "-q", "-p", "no:cacheprovider",
+            cmd = [sys.executable, "-m", "pytest", *marker, "-q", "-p", "no:cacheprovider",
                    f"--junitxml={xml}", "-o", f"faulthandler_timeout={args.hang_dump:g}",
                    *(["-k", args.k] if args.k else []), *extra]
             log = out_dir / f"round-{i}.out"
             r0 = time.monotonic()
+            mark = uuid.uuid4().hex
             with open(log, "wb") as sink:
-                rc = run_round(cmd, sink, args.round_timeout)
+                rc = run_round(cmd, sink, args.round_timeout, mark)
+            left = sweep(mark)
+            if left:
+                round_errors.append(
+                    f"round {i}: {len(left)} process(es) left behind, killed: " + "; ".join(
+                        f"{pid} {cmdline[:100]}" for pid, cmdline in sorted(left.items())))
             rounds = i
             cases = read_junit(xml, table) if xml.exists() else 0
             failed_now = sum(o.failed for o in table.values())
@@ -204,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
                 # 1 with failing tests is theirs; anything else is the round's own failure
                 round_errors.append(f"round {i}: pytest exit {rc} (see {log})")
             if rc == 5:
-                print(f"soak: no test selected by -m slow -k {args.k!r}", file=sys.stderr)
+                print(f"soak: no test selected by {shlex.join([*marker, *extra])} -k "
+                      f"{args.k!r}", file=sys.stderr)
                 break
     except (SystemExit, KeyboardInterrupt) as exc:
         # Stopped early (SIGTERM, Ctrl-C): the round in flight was killed with its group
@@ -217,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         stop_load(load)
     failed = sum(o.failed for o in table.values()) + len(round_errors)
     table_text = render(table, round_errors)
-    selection = f"-m slow -k {shlex.quote(args.k)}" if args.k else "-m slow"
+    selection = shlex.join([*marker, *(["-k", args.k] if args.k else []), *extra])
     planned = f" (of {args.n} planned: stopped early)" if interrupted else ""
     summary = (f"Soak of {started:%Y-%m-%d %H:%M} UTC: N = {rounds} rounds{planned} of "
                f"`pytest {selection}`, under {args.load} busy processes "

@@ -130,3 +130,46 @@ def test_soak_tabulates_runs_and_failures_and_an_interrupted_soak_keeps_its_tabl
     assert written.startswith("before\n<!-- soak:begin -->\nSoak of ")
     assert "old table" not in written and written.endswith("<!-- soak:end -->\nafter\n")
     assert "test_flaky" in written
+
+
+LEAK = '''
+import subprocess, sys
+from pathlib import Path
+
+def test_leaves_a_process_behind():
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                            start_new_session=True)
+    Path({pid!r}).write_text(str(proc.pid))
+'''
+
+
+@pytest.mark.slow  # one pytest round, then the soak's 5 s grace for leftovers
+def test_a_process_a_test_leaves_behind_fails_the_round_and_is_killed(tmp_path: Path) -> None:
+    """A test that passes but leaves a process behind (in a session of its own, out of the
+    round's process group) fails the soak: the round names the process, and the soak kills
+    it."""
+    fake = tmp_path / "fake" / "test_fake_leak.py"
+    fake.parent.mkdir()
+    pid_file = tmp_path / "leaked.pid"
+    fake.write_text(LEAK.format(pid=str(pid_file)))
+    done = subprocess.run(
+        [sys.executable, str(SOAK), "-n", "1", "--load", "0", "--out", str(tmp_path / "out"),
+         str(fake)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    leaked = int(pid_file.read_text())
+    try:
+        assert done.returncode == 1, done.stdout[-3000:]
+        assert "1 test runs, 1 failed" in done.stdout, done.stdout[-3000:]
+        assert f"1 process(es) left behind, killed: {leaked} " in done.stdout
+        deadline = time.monotonic() + 10
+        while _alive(leaked) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(leaked)
+    finally:
+        if _alive(leaked):
+            os.kill(leaked, signal.SIGKILL)
+
+
+def test_the_default_selection_is_the_fault_matrix() -> None:
+    """With no path, a soak runs tests/reliability, slow and fast tests alike."""
+    assert soak.DEFAULT_PATHS == ("tests/reliability",)
+    assert (ROOT / "tests" / "reliability").is_dir()
