@@ -1,7 +1,14 @@
-"""A synthetic events file of a 64-rank job (8 nodes x 8) for the job view: attempt 0 ends
-with rank 37's CUDA out-of-memory error and a restart; in attempt 1 rank 12 is a straggler
-and rank 50 stalls in an all_reduce the others wait in. The file ends with the job still
-running, its last events ``now``. What the page's screenshot in docs/ shows."""
+"""Synthetic events files for the job view.
+
+:func:`write_64_rank_job`: a 64-rank job (8 nodes x 8): attempt 0 ends with rank 37's CUDA
+out-of-memory error and a restart; in attempt 1 rank 12 is a straggler and rank 50 stalls
+in an all_reduce the others wait in. The file ends with the job still running, its last
+events ``now``. What the page's screenshot in docs/ shows.
+
+:func:`write_large_job`: a job of 8,192 ranks (1,024 nodes x 8) beating its
+``WORKER_PROGRESS`` heartbeats, one rank stalled: the page and ``/api/state`` at scale
+(tests/test_ui_scale.py).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +16,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RANKS", "write_64_rank_job"]
+from eventbus.context import JobContext
+from eventbus.encoding import event_line
+from eventbus.events import AgentStart
+from eventbus.events import WorkerProgress
+from eventbus.events import WorkerStalled
+from eventbus.events import WorkerStart
+
+__all__ = ["LARGE_RANKS", "RANKS", "write_64_rank_job", "write_large_job"]
 
 RANKS = 64
 NODES = 8
@@ -117,3 +131,57 @@ def write_64_rank_job(path: Path, now: float) -> None:
         worker_pid=10_150))
     out.sort(key=lambda line: json.loads(line)["timestamp"])
     path.write_text("\n".join(out) + "\n")
+
+
+#: the ranks of :func:`write_large_job`'s job (1,024 nodes x 8)
+LARGE_RANKS = 8192
+
+
+def write_large_job(path: Path, now: float, *, ranks: int = LARGE_RANKS, beats: int = 12,
+                    stalled: int = 4242) -> int:
+    """Write a ``ranks``-rank job's events to ``path``, ending at ``now`` with the job
+    running: its start, each rank's ``WORKER_START`` and ``beats`` ``WORKER_PROGRESS``
+    heartbeats (two seconds apart), except that rank ``stalled`` stops beating halfway
+    and is reported stalled. Each rank's events are eventbus's own classes encoded as
+    ``eventbus run --events-jsonl`` writes them (a beat's time, step and collectives
+    changed on its rank's first encoded beat: 100,000 classes built would take seconds).
+    Returns how many events were written."""
+    t0 = now - beats * 2.0 - 6.0
+
+    def agent(node: int) -> JobContext:
+        return JobContext(group_rank=node, world_size=ranks, local_world_size=8,
+                          role="default", run_id="large", restart_count=0,
+                          hostname=f"node-{node}", pid=900 + node)
+
+    def worker(rank: int) -> JobContext:
+        return JobContext(rank=rank, local_rank=rank % 8, group_rank=rank // 8,
+                          world_size=ranks, local_world_size=8, role="default",
+                          run_id="large", restart_count=0, hostname=f"node-{rank // 8}",
+                          pid=10_000 + rank)
+
+    lines = [AgentStart(entrypoint="train.py", max_restarts=3, nproc_per_node=8,
+                        timestamp=t0, data={}, context=agent(0)).to_json()]
+    lines.extend(WorkerStart(worker_id=rank, worker_local_rank=rank % 8,
+                             worker_pid=10_000 + rank, timestamp=t0 + 1.0, data={},
+                             context=agent(rank // 8)).to_json() for rank in range(ranks))
+    beat = [WorkerProgress(worker_id=rank, step=0, collectives=0, idle_s=0.1,
+                           timestamp=t0, data={"where": "train.py:64 in sync_grads"},
+                           context=worker(rank)).to_dict() for rank in range(ranks)]
+    for number in range(beats):
+        for rank in range(ranks):
+            if rank == stalled and number >= beats // 2:
+                continue
+            lines.append(event_line({**beat[rank], "timestamp": t0 + 4.0 + 2.0 * number
+                                     + rank * 1e-5, "step": 10 * number,
+                                     "collectives": 1000 + number}))
+    silent = 2.0 * (beats - beats // 2) + 1.0
+    lines.append(WorkerStalled(
+        worker_id=stalled, silent_s=silent, timeout_s=silent - 2.0, worker_pid=10_000 + stalled,
+        worker_local_rank=stalled % 8, timestamp=now - 0.5,
+        data={"diagnosis": f"Rank {stalled} has made no progress for {silent:.0f} s while "
+                           f"the other {ranks - 1} ranks wait in all_reduce.",
+              "culprit_ranks": [stalled],
+              "waiting_ranks": [r for r in range(ranks) if r != stalled]},
+        context=agent(stalled // 8)).to_json())
+    path.write_text("\n".join(lines) + "\n")
+    return len(lines)

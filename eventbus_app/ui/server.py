@@ -9,17 +9,20 @@ nothing (docs/seeing-the-job.md):
 * each stream polls the state's ``version`` every ``poll_interval`` seconds on its own
   thread and sends what changed; the bus never waits for, nor wakes, a stream;
 * the state's JSON is built at most once per ``poll_interval`` and shared by every
-  stream (50 open pages cost one snapshot, not 50);
+  stream (50 open pages cost one snapshot, not 50), and no more often than
+  :data:`STREAM_COST_FACTOR` times its last build's CPU time (a large job's state is
+  pushed less often, not at a larger share of a core);
 * every socket has a timeout (``io_timeout``): a client that reads nothing fills its
   socket buffer, its write times out and its thread ends; at most ``max_streams``
   streams are open at once (more get 503).
 
 Routes: ``/`` (the page), ``/static/app.js``, ``/static/app.css``, ``/api/state``
-(``?recent=N`` events too), ``/api/events?since=SEQ``, ``/api/stream`` (``text/event-stream``:
-``events`` messages with the new events, ``state`` messages with the state, ``end`` when
-the server closes). With a token, every route answers 401 unless the request carries it:
-``?token=``, the cookie the page gets with it, ``X-Eventbus-Token`` or
-``Authorization: Bearer``.
+(``?recent=N`` events too; ``?ranks=``, ``?state=``, ``?offset=``, ``?limit=`` and
+``?detail=`` page and select the ranks: :func:`state_options`), ``/api/events?since=SEQ``,
+``/api/stream`` (``text/event-stream``: ``events`` messages with the new events, ``state``
+messages with the state, ``end`` when the server closes). With a token, every route
+answers 401 unless the request carries it: ``?token=``, the cookie the page gets with it,
+``X-Eventbus-Token`` or ``Authorization: Bearer``.
 """
 
 from __future__ import annotations
@@ -38,9 +41,11 @@ import time
 import urllib.parse
 from typing import Any
 
+from eventbus.app.ui.state import RANK_STATES
 from eventbus.app.ui.state import JobState
 
-__all__ = ["STATIC_FILES", "UIServer", "dumps", "loopback_name"]
+__all__ = ["STATIC_FILES", "UIServer", "dumps", "loopback_name", "parse_ranks",
+           "state_options"]
 
 logger = logging.getLogger("eventbus")
 
@@ -50,6 +55,10 @@ STATIC_FILES = {
     "app.js": "text/javascript; charset=utf-8",
     "app.css": "text/css; charset=utf-8",
 }
+
+#: the streams' shared state is rebuilt no more often than this many times what its last
+#: build cost (at most about 1/20 of a core, whatever the job's size)
+STREAM_COST_FACTOR = 20.0
 
 _CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
         "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
@@ -204,10 +213,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             if set(query) <= {"token"}:
                 # the state the streams share: a poller costs no snapshot of its own
                 self._send(200, ui.current_snapshot(), "application/json", cookie)
-            else:
-                recent = _int_arg(query, "recent", 200, 0, ui.state.max_events)
-                self._send(200, dumps(ui.state.snapshot(recent=recent)),
-                           "application/json", cookie)
+                return
+            try:
+                options = state_options(query)
+            except ValueError as exc:
+                self._text(400, f"eventbus job view: {exc}")
+                return
+            recent = _int_arg(query, "recent", 0, 0, ui.state.max_events)
+            self._send(200, dumps(ui.state.snapshot(recent=recent, **options)),
+                       "application/json", cookie)
         elif path == "/api/events":
             since = _int_arg(query, "since", 0, 0, 1 << 62)
             limit = _int_arg(query, "limit", 500, 1, ui.state.max_events)
@@ -247,14 +261,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _stream_loop(self, ui: UIServer, since: int) -> None:
         state = ui.state
-        sent_version = -1
+        sent_version = -1  # the version of the state last sent
         sent_at = 0.0
         closing = False
         while True:
             closing = ui._closing.is_set()
             version = state.version
             now = time.monotonic()
-            if version != sent_version or closing or now - sent_at >= ui.keepalive_s:
+            keepalive = now - sent_at >= ui.keepalive_s
+            if version != sent_version or closing or keepalive:
                 chunks = []
                 events, gap, newest = state.events_since(since, ui.batch_events)
                 if events or gap:
@@ -262,15 +277,81 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                         newest, dumps({"events": events, "gap": gap})))
                     since = newest
                 snapshot, shown = ui.snapshot_bytes(force=closing)
-                chunks.append(b"event: state\ndata: " + snapshot + b"\n\n")
+                # the shared state is rebuilt at its own pace (snapshot_bytes): a state
+                # this stream has sent already is not sent again, but as the keepalive
+                if shown != sent_version or closing or keepalive:
+                    chunks.append(b"event: state\ndata: " + snapshot + b"\n\n")
+                    sent_version, sent_at = shown, now
                 if closing:
                     chunks.append(b"event: end\ndata: {}\n\n")
-                self.wfile.write(b"".join(chunks))
-                sent_version, sent_at = shown, now
-                ui._count_push()
+                if chunks:
+                    self.wfile.write(b"".join(chunks))
+                    ui._count_push()
             if closing:
                 return
             ui._closing.wait(ui.poll_interval)
+
+
+#: ranges one ``?ranks=`` may name at most
+MAX_RANK_RANGES = 1024
+_RANGE = re.compile(r"\s*([0-9]{1,18})\s*(?:-\s*([0-9]{1,18})\s*)?")
+
+
+def parse_ranks(text: str) -> list[tuple[int, int]] | None:
+    """``?ranks=``'s value: ``all`` (None), or ranks and inclusive ranges separated by
+    commas (``0-255,4242``) as ``(first, last)`` pairs. ValueError naming what is wrong."""
+    if text.strip().lower() == "all":
+        return None
+    items = [item for item in text.split(",") if item.strip()]
+    if not items:
+        raise ValueError("?ranks= is empty: give ranks and ranges, e.g. ?ranks=0-255,4242")
+    if len(items) > MAX_RANK_RANGES:
+        raise ValueError(f"?ranks= names {len(items)} ranks or ranges; at most "
+                         f"{MAX_RANK_RANGES} (give ranges: 0-1023)")
+    out = []
+    for item in items:
+        match = _RANGE.fullmatch(item)
+        if match is None:
+            raise ValueError(f"?ranks={text[:80]!r}: {item.strip()[:40]!r} is not a rank nor "
+                             "a range; give e.g. ?ranks=0-255,4242")
+        first = int(match.group(1))
+        last = int(match.group(2)) if match.group(2) is not None else first
+        if last < first:
+            raise ValueError(f"?ranks=: the range {first}-{last} ends before it starts")
+        out.append((first, last))
+    return out
+
+
+def state_options(query: dict[str, list[str]]) -> dict[str, Any]:
+    """``/api/state``'s paging parameters as :meth:`JobState.snapshot`'s keywords:
+    ``ranks`` (:func:`parse_ranks`), ``state`` (names separated by commas), ``offset``,
+    ``limit`` and ``detail`` (docs/seeing-the-job.md). ValueError naming what is wrong."""
+    options: dict[str, Any] = {}
+    if query.get("ranks"):
+        ranks = parse_ranks(query["ranks"][0])
+        if ranks is None:  # ?ranks=all: every rank, each in full unless ?detail= says
+            options["detail"] = "full"
+        else:
+            options["ranks"] = ranks
+    if query.get("state"):
+        names = [name.strip() for name in query["state"][0].split(",") if name.strip()]
+        unknown = [name for name in names if name not in RANK_STATES]
+        if unknown or not names:
+            raise ValueError(f"?state={query['state'][0][:80]!r}: a rank's state is one of "
+                             f"{', '.join(RANK_STATES)} (several separated by commas)")
+        options["states"] = names
+    for name in ("offset", "limit"):
+        if query.get(name):
+            value = query[name][0].strip()
+            if not re.fullmatch(r"[0-9]{1,18}", value):
+                raise ValueError(f"?{name}={value[:40]!r}: give a whole number >= 0")
+            options[name] = int(value)
+    if query.get("detail"):
+        detail = query["detail"][0].strip()
+        if detail not in ("full", "compact"):
+            raise ValueError(f"?detail={detail[:40]!r}: give full or compact")
+        options["detail"] = detail
+    return options
 
 
 def _int_arg(query: dict[str, list[str]], name: str, default: int, low: int,
@@ -322,6 +403,8 @@ class UIServer:
         self._snap: bytes | None = None
         self._snap_version = -1
         self._snap_at = 0.0
+        #: CPU seconds the last build of the shared state took (see snapshot_bytes)
+        self._snap_cost = 0.0
         #: pushes sent to streams, all together (for tests and the curious)
         self.pushes = 0
         self._thread: threading.Thread | None = None
@@ -350,7 +433,10 @@ class UIServer:
 
     def snapshot_bytes(self, *, force: bool = False) -> tuple[bytes, int]:
         """The state as JSON and the state version it shows: built at most once per
-        ``poll_interval`` whatever the number of streams (``force``: now, if it changed)."""
+        ``poll_interval`` whatever the number of streams, and no more often than
+        :data:`STREAM_COST_FACTOR` times what the last build cost in CPU time (a large
+        job's state: 8,192 ranks take some 30 ms, so its streams get it about every
+        0.6 s); ``force``: now, if it changed."""
         if force:
             self.state.fold()
         with self._snap_lock:
@@ -358,11 +444,20 @@ class UIServer:
             version = self.state.version
             age = now - self._snap_at
             changed = version != self._snap_version
-            if (self._snap is None or (changed and (force or age >= self.poll_interval))
+            every = max(self.poll_interval, STREAM_COST_FACTOR * self._snap_cost)
+            snap = self._snap
+            if (snap is None or (changed and (force or age >= every))
                     or age >= self.keepalive_s):
-                self._snap = dumps(self.state.snapshot())
-                self._snap_version, self._snap_at = version, now
-            return self._snap, self._snap_version
+                snap = self._build(version)
+            return snap, self._snap_version
+
+    def _build(self, version: int) -> bytes:
+        # under _snap_lock: the shared state's JSON, and what it cost this thread
+        began = time.thread_time()
+        self._snap = snap = dumps(self.state.snapshot())
+        self._snap_cost = time.thread_time() - began
+        self._snap_version, self._snap_at = version, time.monotonic()
+        return snap
 
     def current_snapshot(self) -> bytes:
         """The state as JSON, counting every event published before the call, from the
@@ -377,10 +472,7 @@ class UIServer:
             wait = self._snap_at + self.poll_interval - time.monotonic()
             if wait > 0:
                 time.sleep(wait)  # the lock held: the callers behind get this one's build
-            version = self.state.version
-            self._snap = dumps(self.state.snapshot())
-            self._snap_version, self._snap_at = version, time.monotonic()
-            return self._snap
+            return self._build(self.state.version)
 
     def _enter_stream(self) -> bool:
         with self._streams_lock:

@@ -22,28 +22,34 @@ Cost on the publishing thread (the agent's monitor thread, the store receiver's 
 one ``deque.append`` of the event, nothing else (a bus calls the deque's own ``append``:
 see ``_eventbus_direct``; benchmarks/bench_ui.py measures it). The events are folded into
 the summaries on the view's own threads: the folder thread :meth:`JobState.start` starts
-(every :data:`FOLD_INTERVAL_S`), and any reader (:meth:`snapshot`, :meth:`events_since`,
-:attr:`version`, :attr:`events`) first folds what is pending, so a reader always sees
-every event published before it asked. A live event is timed by its arrival: its own
-timestamp held within the window in which it arrived (after the previous fold began,
-before this one), so a worker's clock that differs from the agent's moves it by at most
-one fold interval. Pending events are bounded by :attr:`JobState.max_pending`: beyond it
-the oldest are folded light (their ranks' lifecycle, failures, stalls and the end still
-count, their steps and list rows do not) and counted as the view's own drops, shown with
-the drop counters. Everything a reader wants (JSON, sentences, ages) is built on the
-reader's thread by :meth:`snapshot` and :meth:`events_since`, which hold the lock only to
-fold and copy.
+(every :data:`FOLD_INTERVAL_S`; it also refreshes the goodput figure while it is read), and
+any reader (:meth:`snapshot`, :meth:`events_since`, :attr:`version`, :attr:`events`) first
+folds what is pending, so a reader always sees every event published before it asked. A
+live event is timed by its arrival: its own timestamp held within the window in which it
+arrived (after the previous fold began, before this one), so a worker's clock that differs
+from the agent's moves it by at most one fold interval. Pending events are bounded by
+:attr:`JobState.max_pending`: beyond it the oldest are folded light (their ranks'
+lifecycle, failures, stalls and the end still count, their steps and list rows do not) and
+counted as the view's own drops, shown with the drop counters. Everything a reader wants
+(JSON, sentences, ages) is built on the reader's thread by :meth:`snapshot` and
+:meth:`events_since`, which hold the lock only to fold and copy.
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
+import itertools
 import logging
 import math
+import operator
 import threading
 import time
 from collections.abc import Callable
+from collections.abc import Collection
+from collections.abc import Iterable
 from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 from eventbus.app.readers.goodput import GoodputTracker
@@ -64,6 +70,8 @@ from eventbus.events import Cause
 from eventbus.events import Event
 
 __all__ = [
+    "COMPACT_ABOVE",
+    "COMPACT_KEYS",
     "DEFAULT_MAX_EVENTS",
     "DEFAULT_MAX_PENDING",
     "FOLD_INTERVAL_S",
@@ -93,6 +101,9 @@ FOLD_INTERVAL_S = 0.05
 FOLD_CHUNK = 1024
 #: ranks summarised at most (a record naming a rank beyond this many is counted only)
 DEFAULT_MAX_RANKS = 65536
+#: a job of more ranks than this gets compact rank entries in the default ``/api/state``
+#: (and the page draws its ranks as a scrolled grid; docs/seeing-the-job.md)
+COMPACT_ABOVE = 256
 #: attempts kept on the timeline (the oldest go first)
 MAX_ATTEMPTS = 200
 #: marks kept per attempt (more are counted)
@@ -100,12 +111,20 @@ MAX_MARKS = 64
 #: a rank reported slow (``WORKER_SLOW``) shows as slow this long; the agent reports a
 #: straggler again every 60 s while it stays one
 SLOW_HOLD_S = 90.0
+#: the goodput figure is recomputed no more often than this many times what it last cost
+#: (a second at least): at most about 1/20 of a core, whatever the job's size
+GOODPUT_COST_FACTOR = 20.0
+#: the folder thread keeps the goodput figure fresh while someone read the state within
+#: this many seconds (an open page's stream reads it every 5 s at least)
+GOODPUT_IDLE_S = 10.0
 #: distinct event type names counted (more are counted as ``"(other)"``)
 MAX_TYPES = 512
 #: distinct ``EVENTS_LOST`` (source, reason) pairs kept (more are summed as ``"(other)"``)
 MAX_LOSS_KEYS = 256
 
 logger = logging.getLogger("eventbus")
+
+_finite = math.isfinite
 
 
 def _str(value: object) -> str | None:
@@ -207,12 +226,6 @@ class _Rank:
         #: (step, collectives) of its latest progress heartbeat
         self.progress: tuple[object, object] | None = None
 
-    def copy(self) -> _Rank:
-        other = _Rank.__new__(_Rank)
-        for name in _Rank.__slots__:
-            setattr(other, name, getattr(self, name))
-        return other
-
 
 class _Attempt:
     __slots__ = ("attempt", "end", "marks", "more", "outcome", "reason", "start", "stopped")
@@ -299,10 +312,15 @@ class JobState:
         self._fold_failed = 0
         self._folder: threading.Thread | None = None
         self._stop_folding = threading.Event()
-        #: the job's goodput as its events are folded (docs/goodput.md); computed on
-        #: snapshot at most once a second
+        #: the job's goodput as its events are folded (docs/goodput.md); its figure is
+        #: computed at most once a second (less often when it is costly: _goodput_figure)
+        #: by the folder thread, or by a snapshot when none runs
         self._goodput = GoodputTracker()
-        self._goodput_json: tuple[float, int, dict[str, Any] | None] = (0.0, -1, None)
+        #: (when, at which seq, the figure, the CPU seconds it took)
+        self._goodput_json: tuple[float, int, dict[str, Any] | None, float] = (
+            0.0, -1, None, 0.0)
+        #: when a reader last asked for the figure (time.monotonic)
+        self._goodput_asked = -math.inf
         self.max_events = max_events
         self.max_ranks = max_ranks
         self.live = live
@@ -362,6 +380,36 @@ class JobState:
             self._fold_one(_FromRecord(record), record.type, record.timestamp,
                            _HANDLERS.get(record.type, JobState._on_other), True)
             self._version += 1
+
+    def add_records(self, records: Iterable[Record]) -> int:
+        """Note many events read back from a JSONL file, in order (what ``eventbus view``
+        does with each read of the file): the lock is taken once per :data:`FOLD_CHUNK`
+        records, not once per record. A record whose folding raises is counted with the
+        view's drops and logged once, like a live event's. Returns how many were noted."""
+        if self._pending:
+            self.fold()
+        handlers = _HANDLERS
+        other = JobState._on_other
+        source = iter(records)
+        done = 0
+        while True:
+            chunk = list(itertools.islice(source, FOLD_CHUNK))
+            if not chunk:
+                return done
+            with self._lock:
+                for record in chunk:
+                    name = record.type
+                    try:
+                        self._fold_one(_FromRecord(record), name, record.timestamp,
+                                       handlers.get(name, other), True)
+                    except Exception:
+                        self._fold_failed += 1
+                        if self._fold_failed == 1:
+                            logger.exception("the job view could not fold a %s record; it "
+                                             "is counted with the view's drops", name)
+                self._version += 1
+            done += len(chunk)
+            time.sleep(0)  # a reader waiting for the lock gets it between chunks
 
     def add_unreadable(self, count: int = 1) -> None:
         """Count lines of the file that were not events (shown with the drop counters)."""
@@ -493,6 +541,10 @@ class JobState:
         while not stop.wait(interval):
             try:
                 self.fold()
+                # the goodput figure, when due: here rather than on a reader's request
+                ended = self._ended_at
+                self._goodput_figure(self._seq, None if ended is not None or not self.live
+                                     else self._clock(), reader=False)
             except Exception:  # the folder must outlive a bad clock or a bug
                 logger.exception("the job view's folder thread failed to fold")
 
@@ -664,24 +716,42 @@ class JobState:
         self._mark(ev, "slow", arrived, rank, sentence(ev))
 
     def _on_progress(self, ev: Any, name: str, arrived: float, seq: int) -> None:
-        rank = _int(getattr(ev, "worker_id", None))
-        if rank is None:
-            rank = ev.rank
-        r = self._touch(ev, name, arrived, rank)
+        # the heartbeat: every rank's, every second (8,192 a second at 1,024 nodes x 8), so
+        # its fields are read once each, a file's record straight from its mapping
+        if ev.__class__ is _FromRecord:
+            fields = ev._record.fields
+            worker, step, collectives, idle = (fields.get("worker_id"), fields.get("step"),
+                                               fields.get("collectives"), fields.get("idle_s"))
+        else:
+            worker = getattr(ev, "worker_id", None)
+            step = getattr(ev, "step", None)
+            collectives = getattr(ev, "collectives", None)
+            idle = getattr(ev, "idle_s", None)
+        rank = worker if worker.__class__ is int else ev.rank
+        r = self._ranks.get(rank)
         if r is None:
-            return
-        step = _int(getattr(ev, "step", None))
-        key = (step, getattr(ev, "collectives", None))
+            if rank is None:
+                return
+            r = self._rank(rank)
+            if r is None:
+                return
+        r.last = arrived
+        r.last_type = name
+        if step.__class__ is not int:
+            step = None
+        key = (step, collectives)
         if r.state == "stalled" and r.progress is not None and key != r.progress:
             r.state = "running"  # it moved again
         r.progress = key
         if step is not None:
             r.step = step
-        r.idle_s, r.idle_at = _num(getattr(ev, "idle_s", None)), arrived
-        data = ev.data if isinstance(ev.data, dict) else {}
-        where = data.get("where")
-        if isinstance(where, str):
-            r.where = where[:200]
+        r.idle_s = idle if idle.__class__ is float and _finite(idle) else _num(idle)
+        r.idle_at = arrived
+        data = ev.data
+        if isinstance(data, dict):  # a typed event's is a dict subclass (eventbus.snapshot)
+            where = data.get("where")
+            if where.__class__ is str:
+                r.where = where[:200]
         if r.host is None:
             r.host = ev.hostname or None
             self._note(ev)
@@ -806,13 +876,28 @@ class JobState:
         """Events published and not folded yet."""
         return len(self._pending)
 
-    def snapshot(self, *, recent: int = 0) -> dict[str, Any]:
+    def snapshot(self, *, recent: int = 0, ranks: Sequence[tuple[int, int]] | None = None,
+                 states: Collection[str] | None = None, offset: int = 0,
+                 limit: int | None = None, detail: str | None = None) -> dict[str, Any]:
         """The job as JSON-ready data: ``status``, ``attempt``, ``restarts``, ``events``,
-        ``ranks`` (docs/seeing-the-job.md has every key), plus the last ``recent`` events."""
+        ``ranks`` (docs/seeing-the-job.md has every key), plus the last ``recent`` events.
+
+        Which ranks ``ranks`` lists (``/api/state``'s paging, docs/seeing-the-job.md): those
+        in the inclusive ``(first, last)`` ranges of ``ranks`` and in one of ``states``
+        (each None: any), in rank order, from the ``offset``-th of them, ``limit`` at most
+        (None: all). ``ranks_matched`` says how many matched, ``next_offset`` where the
+        next page starts (None: this was the last). ``detail``: ``"full"`` (every key of
+        a rank) or ``"compact"`` (the contract's four keys and the others that differ from
+        their defaults, :data:`COMPACT_KEYS`); None picks full for a selection or a job of
+        at most :data:`COMPACT_ABOVE` ranks, compact otherwise. ``states`` and
+        ``ranks_total`` always count every rank."""
+        if detail not in (None, "full", "compact"):
+            raise ValueError(f"detail must be 'full' or 'compact', got {detail!r}")
         if self._pending:
             self.fold()
         with self._lock:
-            ranks = [r.copy() for r in self._ranks.values()]
+            # one C call per rank: a tuple of its fields (_ROW), no copy of its object
+            rows = list(map(_ROW, self._ranks.values()))
             attempts = [(a.attempt, a.start, a.end, a.outcome, a.reason, list(a.marks), a.more,
                          a.stopped) for a in self._attempts.values()]
             status, exit_event, ended_at = self._status, self._exit, self._ended_at
@@ -830,20 +915,37 @@ class JobState:
         now = self._clock()
         if not self.live:
             # a file: ages up to its end (a finished run) or up to now (a growing one)
-            last = max((r.last for r in ranks if r.last is not None), default=None)
+            last = max((row[_LAST] for row in rows if row[_LAST] is not None), default=None)
             reference = ended_at if ended_at is not None else max(
                 now, last if last is not None else now)
         else:
             reference = ended_at if ended_at is not None else now
-        ranks.sort(key=lambda r: r.rank)
-        rank_list = [self._rank_json(r, reference, last_at) for r in ranks]
-        counts = collections.Counter(r["state"] for r in rank_list)
+        rows.sort(key=_BY_RANK)
+        # the state each rank shows: a straggler report holds SLOW_HOLD_S of the job's time
+        hold = last_at - SLOW_HOLD_S
+        shown = [row[_STATE] if row[_STATE] != "slow" or row[_SLOW_AT] is None
+                 or row[_SLOW_AT] >= hold else "running" for row in rows]
+        counts = collections.Counter(shown)
+        selected = ranks is not None or states is not None or offset > 0 or limit is not None
+        picked: Sequence[int] = (_select(rows, shown, ranks, states) if selected
+                                 else range(len(rows)))
+        matched = len(picked)
+        start = max(0, offset)
+        end = matched if limit is None else min(matched, start + max(0, limit))
+        if detail is None:
+            detail = "full" if selected or len(rows) <= COMPACT_ABOVE else "compact"
+        build = _rank_json if detail == "full" else _rank_compact
+        rank_list = [build(rows[i], shown[i], reference) for i in picked[start:end]]
         out: dict[str, Any] = {
             "status": status,
             "attempt": attempt,
             "restarts": attempt,
             "events": seq,
             "ranks": rank_list,
+            "ranks_total": len(rows),
+            "ranks_matched": matched,
+            "ranks_detail": detail,
+            "next_offset": end if end < matched else None,
             "version": version,
             "now": now,
             "source": self.source,
@@ -865,6 +967,8 @@ class JobState:
                 for a, start, end, outcome, reason, marks, more, stopped in attempts],
             "problem": None if problem is None else _problem_json(*problem),
             "drain": None if drain is None else self._drain_json(drain, reference),
+            # with the folder thread running, it refreshes the figure (a large job's takes
+            # a tenth of a second: not on a reader's request)
             "goodput": self._goodput_figure(seq, None if ended_at is not None or not self.live
                                             else now),
             "types": dict(sorted(types.items(), key=lambda kv: (-kv[1], kv[0]))),
@@ -874,16 +978,32 @@ class JobState:
             out["recent"] = self._render(tail)
         return out
 
-    def _goodput_figure(self, seq: int, until: float | None) -> dict[str, Any] | None:
+    def _goodput_figure(self, seq: int, until: float | None, *,
+                        reader: bool = True) -> dict[str, Any] | None:
         """``/api/state``'s ``goodput``: the object of ``eventbus goodput --json`` plus
         ``sentence``, recomputed when events arrived and a second passed (a live job's
-        wall time runs until now)."""
-        at, seen, figure = self._goodput_json
+        wall time runs until now), or :data:`GOODPUT_COST_FACTOR` times its last
+        computation's CPU time when that is longer (a large job's figure).
+
+        A large job's figure takes a tenth of a second or more, so with the folder thread
+        running it is recomputed there (``reader`` False), and only while someone read the
+        state in the last :data:`GOODPUT_IDLE_S`; a reader then gets the figure there is,
+        and computes it only when there is none, or none that recent."""
+        at, seen, figure, cost = self._goodput_json
         mono = time.monotonic()
-        if seen == seq and (until is None or mono - at < 1.0):
+        every = max(1.0, GOODPUT_COST_FACTOR * cost)
+        if reader:
+            self._goodput_asked = mono
+        if seen == seq and (until is None or mono - at < every):
             return figure
-        if seen != -1 and mono - at < 1.0:
+        if seen != -1 and mono - at < every:
             return figure
+        if reader:
+            if self._folder is not None and seen != -1 and mono - at < every + GOODPUT_IDLE_S:
+                return figure  # due: the folder thread recomputes it at its next turn
+        elif mono - self._goodput_asked > GOODPUT_IDLE_S:
+            return figure  # nobody reads the state: nobody would see a new figure
+        began = time.thread_time()
         try:
             result = self._goodput.result(until=until)
         except Exception:
@@ -891,7 +1011,7 @@ class JobState:
             result = None
         figure = None if result is None else {**result.to_json(),
                                               "sentence": result.sentence()}
-        self._goodput_json = (mono, seq, figure)
+        self._goodput_json = (mono, seq, figure, time.thread_time() - began)
         return figure
 
     def events_since(self, seq: int, limit: int) -> tuple[list[dict[str, Any]], int, int]:
@@ -958,36 +1078,6 @@ class JobState:
             "detail": detail,
         }
 
-    def _rank_json(self, r: _Rank, reference: float, last_at: float) -> dict[str, Any]:
-        state = r.state
-        if state == "slow" and r.slow_at is not None and last_at - r.slow_at > SLOW_HOLD_S:
-            state = "running"
-        idle = None
-        if r.idle_s is not None and r.idle_at is not None and state in ("running", "slow",
-                                                                          "stalled"):
-            idle = r.idle_s + max(0.0, reference - r.idle_at)
-        return {
-            "rank": r.rank,
-            "state": state,
-            "step": r.step,
-            "last_event_age_s": None if r.last is None else round(
-                max(0.0, reference - r.last), 3),
-            "restarts": max(0, r.starts - 1),
-            "attempt": r.attempt,
-            "exit_code": r.exit_code,
-            "signal": r.signal,
-            "stopped_by_agent": r.stopped,
-            "drained": r.drained,
-            "message": r.message,
-            "host": r.host,
-            "pid": r.pid,
-            "epoch": r.epoch,
-            "last_type": r.last_type,
-            "slow_factor": r.slow_factor,
-            "idle_s": None if idle is None else round(idle, 3),
-            "where": r.where,
-        }
-
     def _drops(self, lost: dict[tuple[str, str], int], refused: int,
                unreadable: int, overflowed: int, fold_failed: int) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -1024,6 +1114,109 @@ class JobState:
                 for key in [k for k in cache if k <= oldest]:
                     del cache[key]
         return out
+
+
+#: the fields of a rank the snapshot copies under the lock, as one tuple per rank
+_ROW_FIELDS = ("rank", "state", "step", "last", "starts", "attempt", "exit_code", "signal",
+               "stopped", "drained", "message", "host", "pid", "epoch", "last_type",
+               "slow_at", "slow_factor", "idle_s", "idle_at", "where")
+_ROW = operator.attrgetter(*_ROW_FIELDS)
+(_RANK, _STATE, _STEP, _LAST, _STARTS, _ATTEMPT, _EXIT_CODE, _SIGNAL, _STOPPED, _DRAINED,
+ _MESSAGE, _HOST, _PID, _EPOCH, _LAST_TYPE, _SLOW_AT, _SLOW_FACTOR, _IDLE_S, _IDLE_AT,
+ _WHERE) = range(len(_ROW_FIELDS))
+_BY_RANK = operator.itemgetter(_RANK)
+_IDLE_STATES = frozenset({"running", "slow", "stalled"})
+
+
+def _idle(row: tuple[Any, ...], state: str, reference: float) -> float | None:
+    idle_s, idle_at = row[_IDLE_S], row[_IDLE_AT]
+    if idle_s is None or idle_at is None or state not in _IDLE_STATES:
+        return None
+    idle: float = idle_s + max(0.0, reference - idle_at)
+    return round(idle, 3)
+
+
+def _age(row: tuple[Any, ...], reference: float) -> float | None:
+    last = row[_LAST]
+    return None if last is None else round(max(0.0, reference - last), 3)
+
+
+def _rank_json(row: tuple[Any, ...], state: str, reference: float) -> dict[str, Any]:
+    """One rank as ``/api/state`` lists it in full (docs/seeing-the-job.md)."""
+    return {
+        "rank": row[_RANK],
+        "state": state,
+        "step": row[_STEP],
+        "last_event_age_s": _age(row, reference),
+        "restarts": max(0, row[_STARTS] - 1),
+        "attempt": row[_ATTEMPT],
+        "exit_code": row[_EXIT_CODE],
+        "signal": row[_SIGNAL],
+        "stopped_by_agent": row[_STOPPED],
+        "drained": row[_DRAINED],
+        "message": row[_MESSAGE],
+        "host": row[_HOST],
+        "pid": row[_PID],
+        "epoch": row[_EPOCH],
+        "last_type": row[_LAST_TYPE],
+        "slow_factor": row[_SLOW_FACTOR],
+        "idle_s": _idle(row, state, reference),
+        "where": row[_WHERE],
+    }
+
+
+#: what a compact rank entry may hold beyond the contract's four keys (each only when it
+#: differs from its default: 0, false or null); the rest (attempt, message, pid,
+#: last_type, where) are in the full entry (``?ranks=N``)
+COMPACT_KEYS = ("restarts", "exit_code", "signal", "stopped_by_agent", "drained",
+                "slow_factor", "epoch", "idle_s", "host")
+
+
+def _rank_compact(row: tuple[Any, ...], state: str, reference: float) -> dict[str, Any]:
+    """One rank as ``/api/state`` lists it compact: what the page's grid draws."""
+    out: dict[str, Any] = {"rank": row[_RANK], "state": state, "step": row[_STEP],
+                           "last_event_age_s": _age(row, reference)}
+    if row[_STARTS] > 1:
+        out["restarts"] = row[_STARTS] - 1
+    if row[_EXIT_CODE] is not None:
+        out["exit_code"] = row[_EXIT_CODE]
+    if row[_SIGNAL] is not None:
+        out["signal"] = row[_SIGNAL]
+    if row[_STOPPED]:
+        out["stopped_by_agent"] = True
+    if row[_DRAINED]:
+        out["drained"] = True
+    if row[_SLOW_FACTOR] is not None:
+        out["slow_factor"] = row[_SLOW_FACTOR]
+    if row[_EPOCH] is not None:
+        out["epoch"] = row[_EPOCH]
+    idle = _idle(row, state, reference)
+    if idle is not None:
+        out["idle_s"] = idle
+    if row[_HOST] is not None:
+        out["host"] = row[_HOST]
+    return out
+
+
+def _select(rows: list[tuple[Any, ...]], shown: list[str],
+            ranks: Sequence[tuple[int, int]] | None,
+            states: Collection[str] | None) -> list[int]:
+    """The indices (into ``rows``, sorted by rank) of the ranks in one of the inclusive
+    ``ranks`` ranges and one of ``states`` (None: any), in rank order."""
+    if ranks is None:
+        picked: list[int] = list(range(len(rows)))
+    else:
+        numbers = [row[_RANK] for row in rows]
+        found: set[int] = set()
+        for first, last in ranks:
+            if first <= last:
+                found.update(range(bisect.bisect_left(numbers, first),
+                                   bisect.bisect_right(numbers, last)))
+        picked = sorted(found)
+    if states is not None:
+        wanted = frozenset(states)
+        picked = [i for i in picked if shown[i] in wanted]
+    return picked
 
 
 _HANDLERS: dict[str, Handler] = {

@@ -32,12 +32,10 @@ def feed(reader: EventFileReader, state: JobState) -> int:
     """Hand what the file gained since the last call to ``state``; returns how many lines
     were read (events and unreadable lines)."""
     items = reader.poll()
-    bad = 0
-    for item in items:
-        if isinstance(item, Problem):
-            bad += 1
-        else:
-            state.add_record(item)
+    records = [item for item in items if not isinstance(item, Problem)]
+    if records:
+        state.add_records(records)  # one hold of the state's lock per chunk of records
+    bad = len(items) - len(records)
     if bad:
         state.add_unreadable(bad)
     return len(items)
@@ -82,6 +80,7 @@ def main(argv: Sequence[str]) -> int:
     state = JobState(max_events=args.events, live=False, source=str(path))
     reader = EventFileReader(path)
     feed(reader, state)
+    state.snapshot()  # the goodput figure, computed once: the first page gets it at once
     try:
         server = serve(state, address, token, show_token=generated)
     except OSError as exc:

@@ -73,7 +73,7 @@
       (s.max_restarts !== null && s.max_restarts !== undefined ? " / " + s.max_restarts : "");
     $("events").textContent = s.events;
     $("world").textContent = s.world_size !== null && s.world_size !== undefined ?
-      s.world_size : s.ranks.length;
+      s.world_size : (s.ranks_total !== undefined ? s.ranks_total : s.ranks.length);
     $("run-id").textContent = s.run_id ? "run " + s.run_id : "";
     const src = $("source");
     src.textContent = s.source && s.source !== "live" ? s.source.split("/").pop() : "";
@@ -95,8 +95,15 @@
     for (const name of ["running", "slow", "stalled", "late", "failed", "exited"]) {
       const n = s.states ? s.states[name] : 0;
       if (!n) continue;
+      // data-count, not data-state: `[data-state=...]` finds rank elements only
       const c = el("span", "c", n + " " + name);
-      c.dataset.state = name;
+      c.dataset.count = name;
+      c.title = "show only the " + name + " ranks (again: every rank)";
+      c.addEventListener("click", () => {
+        const input = $("rank-filter");
+        input.value = input.value.trim() === name ? "" : name;
+        setRankFilter(input.value);
+      });
       counts.appendChild(c);
     }
     tickElapsed();
@@ -151,6 +158,26 @@
   }
 
   // -- the ranks ------------------------------------------------------------------------------
+  // Up to BIG_ABOVE ranks every rank is a tile in #ranks. A larger job (the server then
+  // sends compact rank entries) is drawn as a grid that makes elements only for the rows in
+  // view (#rank-grid), with the ranks that need attention always drawn as tiles above it
+  // (#attention): `[data-state="stalled"]` finds a stalled rank without scrolling.
+  const BIG_ABOVE = 256;        // the server's COMPACT_ABOVE (eventbus_app/ui/state.py)
+  const ATTENTION_MAX = 256;    // tiles drawn above the grid at most
+  const CELL_W = 62, CELL_H = 32, CELL_GAP = 3;
+  const OVERSCAN = 3;           // rows drawn beyond the visible ones, above and below
+  // which ranks come first above the grid: the lower the sooner
+  const SEVERITY = { stalled: 0, late: 1, failed: 2, slow: 3 };
+
+  let big = false;              // drawn as the large-job grid
+  let shown = [];               // the ranks (entries of state.ranks) the filter keeps
+  let rankFilter = null;        // the parsed rank filter (null: every rank)
+  let gridCols = 1;
+  let gridDrawn = "";           // what the grid's window shows (a key: redraw when it changes)
+  let firstDrawn = false;
+
+  const nullish = (v) => v === null || v === undefined;
+
   function rankNode(rank) {
     let node = rankNodes.get(rank);
     if (node) return node;
@@ -163,51 +190,124 @@
     const l2 = el("div", "line");
     l2.append(el("span", "age"), el("span", "extra"));
     node.append(top, l1, l2);
+    node.addEventListener("click", () => showRankDetail(rank));
     rankNodes.set(rank, node);
     return node;
   }
 
+  function rankLabel(r) {
+    let label = r.state;
+    if (r.state === "failed") label = r.signal ? r.signal : "exit " + r.exit_code;
+    if (r.state === "failed" && r.stopped_by_agent) label = "stopped";
+    if (r.state === "slow" && r.slow_factor) label = "slow " + r.slow_factor.toFixed(1) + "x";
+    if (r.state === "late") label = "late " + (r.signal || "");
+    if (r.state === "exited" && r.drained) label = "drained";
+    if ((r.state === "running" || r.state === "slow") && state.status === "draining") {
+      label = "draining";
+    }
+    return label;
+  }
+
+  function rankTip(r) {
+    // a compact entry (a large job) lacks attempt, pid, message, where and last_type:
+    // a click on the rank fetches them (showRankDetail)
+    const tip = ["rank " + r.rank + ": " + r.state];
+    if (r.step !== null && r.step !== undefined) tip.push("step " + r.step);
+    if (r.host) tip.push("host " + r.host + (r.pid ? " pid " + r.pid : ""));
+    if (!nullish(r.attempt)) tip.push("attempt " + r.attempt);
+    if (!nullish(r.exit_code)) tip.push("exit code " + r.exit_code + (r.signal ? " (" + r.signal + ")" : ""));
+    if (r.state === "late") tip.push("did not stop within the drain's grace: its agent stopped it");
+    else if (r.stopped_by_agent) tip.push("stopped by the agent: not a failure of its own");
+    if (r.drained) tip.push("stopped by itself for the drain");
+    if (r.message) tip.push(r.message);
+    if (r.where) tip.push("at " + r.where);
+    if (r.last_type || !nullish(r.last_event_age_s)) {
+      tip.push("last event" + (r.last_type ? " " + r.last_type : "") +
+               (nullish(r.last_event_age_s) ? "" : ", " + short(r.last_event_age_s) + " ago"));
+    }
+    return tip.join("\n");
+  }
+
+  function fillTile(node, r) {
+    node.dataset.state = r.state;
+    node.dataset.collateral = r.stopped_by_agent ? "true" : "false";
+    node.dataset.drained = r.drained ? "true" : "false";
+    node._age = nullish(r.last_event_age_s) ? null : r.last_event_age_s;
+    node.querySelector(".st").textContent = rankLabel(r);
+    node.querySelector(".step").textContent = !nullish(r.step) ? "step " + r.step : "step -";
+    node.querySelector(".rs").textContent = r.restarts ? "\u21bb" + r.restarts : "";
+    let extra = "";
+    if (!nullish(r.idle_s) && r.idle_s >= 5 && r.state !== "exited" && r.state !== "failed") {
+      extra = "idle " + short(r.idle_s);
+    } else if (!nullish(r.epoch)) {
+      extra = "ep " + r.epoch;
+    }
+    node.querySelector(".extra").textContent = extra;
+    node.title = rankTip(r);
+  }
+
+  // the rank filter: terms separated by commas or spaces, a rank kept when it matches one:
+  // a rank (12), a range (4096-4200), a state (stalled), else a part of its host's name
+  function parseRankFilter(text) {
+    const terms = text.toLowerCase().split(/[\s,]+/).filter(Boolean);
+    if (!terms.length) return null;
+    const ranges = [], states = new Set(), hosts = [];
+    for (const t of terms) {
+      const m = /^(\d+)(?:-(\d+))?$/.exec(t);
+      if (m) ranges.push([Number(m[1]), m[2] !== undefined ? Number(m[2]) : Number(m[1])]);
+      else if (t in STATE_NAMES) states.add(t);
+      else hosts.push(t);
+    }
+    return { ranges, states, hosts };
+  }
+  const STATE_NAMES = { running: 1, stalled: 1, slow: 1, exited: 1, failed: 1, late: 1 };
+
+  function keeps(f, r) {
+    if (!f) return true;
+    if (f.states.has(r.state)) return true;
+    for (const [a, b] of f.ranges) if (r.rank >= a && r.rank <= b) return true;
+    if (r.host) {
+      const host = r.host.toLowerCase();
+      for (const h of f.hosts) if (host.includes(h)) return true;
+    }
+    return false;
+  }
+
   function renderRanks() {
+    const wantBig = state.ranks.length > BIG_ABOVE;
+    if (wantBig !== big) switchMode(wantBig);
+    if (big) renderBig(); else renderSmall();
+    tickAges();
+    if (!firstDrawn) {
+      firstDrawn = true;
+      // for tests and the curious: when the page first showed its ranks
+      if (window.performance && performance.mark) performance.mark("eventbus:ranks-drawn");
+    }
+  }
+
+  function switchMode(toBig) {
+    big = toBig;
+    for (const node of rankNodes.values()) node.remove();
+    rankNodes.clear();
+    $("ranks").hidden = toBig;
+    $("rank-grid").hidden = !toBig;
+    $("attention").hidden = true;
+    document.body.dataset.ranks = toBig ? "grid" : "tiles";
+    gridDrawn = "";
+  }
+
+  function renderSmall() {
     const box = $("ranks");
     const seen = new Set();
     let previous = null;
+    let count = 0;
     for (const r of state.ranks) {
       const node = rankNode(r.rank);
       seen.add(r.rank);
-      node.dataset.state = r.state;
-      node.dataset.collateral = r.stopped_by_agent ? "true" : "false";
-      node._age = r.last_event_age_s;
-      let label = r.state;
-      if (r.state === "failed") label = r.signal ? r.signal : "exit " + r.exit_code;
-      if (r.state === "failed" && r.stopped_by_agent) label = "stopped";
-      if (r.state === "slow" && r.slow_factor) label = "slow " + r.slow_factor.toFixed(1) + "x";
-      if (r.state === "late") label = "late " + (r.signal || "");
-      if (r.state === "exited" && r.drained) label = "drained";
-      if ((r.state === "running" || r.state === "slow") && state.status === "draining") {
-        label = "draining";
-      }
-      node.dataset.drained = r.drained ? "true" : "false";
-      node.querySelector(".st").textContent = label;
-      node.querySelector(".step").textContent = r.step !== null ? "step " + r.step : "step -";
-      node.querySelector(".rs").textContent = r.restarts ? "\u21bb" + r.restarts : "";
-      let extra = "";
-      if (r.idle_s !== null && r.idle_s >= 5 && r.state !== "exited" && r.state !== "failed") {
-        extra = "idle " + short(r.idle_s);
-      } else if (r.epoch !== null && r.epoch !== undefined) {
-        extra = "ep " + r.epoch;
-      }
-      node.querySelector(".extra").textContent = extra;
-      const tip = ["rank " + r.rank + ": " + r.state];
-      if (r.host) tip.push("host " + r.host + (r.pid ? " pid " + r.pid : ""));
-      if (r.attempt !== null && r.attempt !== undefined) tip.push("attempt " + r.attempt);
-      if (r.exit_code !== null) tip.push("exit code " + r.exit_code + (r.signal ? " (" + r.signal + ")" : ""));
-      if (r.state === "late") tip.push("did not stop within the drain's grace: its agent stopped it");
-      else if (r.stopped_by_agent) tip.push("stopped by the agent: not a failure of its own");
-      if (r.drained) tip.push("stopped by itself for the drain");
-      if (r.message) tip.push(r.message);
-      if (r.where) tip.push("at " + r.where);
-      if (r.last_type) tip.push("last event " + r.last_type);
-      node.title = tip.join("\n");
+      fillTile(node, r);
+      const keep = keeps(rankFilter, r);
+      node.hidden = !keep;
+      if (keep) count++;
       // keep rank order without re-creating elements
       const expected = previous ? previous.nextSibling : box.firstChild;
       if (expected !== node) box.insertBefore(node, expected);
@@ -216,7 +316,113 @@
     for (const [rank, node] of rankNodes) {
       if (!seen.has(rank)) { node.remove(); rankNodes.delete(rank); }
     }
-    tickAges();
+    $("ranks-shown").textContent = rankFilter ? count + " of " + state.ranks.length + " shown" : "";
+  }
+
+  function renderBig() {
+    // the ranks that need attention, most severe first, as tiles (never scrolled away)
+    const urgent = [];
+    for (const r of state.ranks) {
+      if (r.state in SEVERITY) urgent.push(r);
+    }
+    const rankOf = (r) => SEVERITY[r.state] + (r.state === "failed" && r.stopped_by_agent ? 4 : 0);
+    urgent.sort((a, b) => rankOf(a) - rankOf(b) || a.rank - b.rank);
+    const box = $("attention");
+    const seen = new Set();
+    let previous = null;
+    for (const r of urgent.slice(0, ATTENTION_MAX)) {
+      const node = rankNode(r.rank);
+      seen.add(r.rank);
+      fillTile(node, r);
+      const expected = previous ? previous.nextSibling : box.firstChild;
+      if (expected !== node) box.insertBefore(node, expected);
+      previous = node;
+    }
+    for (const [rank, node] of rankNodes) {
+      if (!seen.has(rank)) { node.remove(); rankNodes.delete(rank); }
+    }
+    let more = $("attention-more");
+    if (urgent.length > ATTENTION_MAX) {
+      if (!more) { more = el("div", "more dim"); more.id = "attention-more"; }
+      more.textContent = "... and " + (urgent.length - ATTENTION_MAX) +
+        " more (filter by state to see them in the grid)";
+      box.appendChild(more);
+    } else if (more) {
+      more.remove();
+    }
+    box.hidden = urgent.length === 0;
+    // the grid: every rank the filter keeps, drawn only where it is in view
+    shown = rankFilter ? state.ranks.filter((r) => keeps(rankFilter, r)) : state.ranks;
+    $("ranks-shown").textContent = shown.length + " of " + state.ranks.length +
+      " shown" + (urgent.length ? ", " + urgent.length + " need attention (above)" : "");
+    gridDrawn = "";
+    drawGrid();
+  }
+
+  function drawGrid() {
+    if (!big) return;
+    const view = $("rank-grid");
+    const space = $("grid-space");
+    const win = $("grid-window");
+    const width = view.clientWidth || 600;
+    gridCols = Math.max(1, Math.floor((width - CELL_GAP) / (CELL_W + CELL_GAP)));
+    const rowH = CELL_H + CELL_GAP;
+    const rows = Math.ceil(shown.length / gridCols);
+    const maxH = Math.max(240, Math.round(window.innerHeight * 0.6));
+    view.style.height = Math.min(maxH, rows * rowH + CELL_GAP + 2) + "px";
+    space.style.height = (rows * rowH + CELL_GAP) + "px";
+    const first = Math.max(0, Math.floor(view.scrollTop / rowH) - OVERSCAN);
+    const last = Math.min(rows, Math.ceil((view.scrollTop + view.clientHeight) / rowH) + OVERSCAN);
+    const key = first + ":" + last + ":" + gridCols + ":" + shown.length;
+    if (key === gridDrawn) return;
+    gridDrawn = key;
+    win.style.top = (first * rowH) + "px";
+    win.style.gridTemplateColumns = "repeat(" + gridCols + ", " + CELL_W + "px)";
+    const begin = first * gridCols;
+    const end = Math.min(shown.length, last * gridCols);
+    const cells = win.children;
+    let i = 0;
+    for (let k = begin; k < end; k++, i++) {
+      const r = shown[k];
+      let cell = cells[i];
+      if (!cell) {
+        cell = el("div", "cell");
+        cell.append(el("span", "n"), el("span", "s"));
+        win.appendChild(cell);
+      }
+      const rank = String(r.rank);
+      if (cell.dataset.rank !== rank) {
+        cell.dataset.rank = rank;
+        cell.firstChild.textContent = rank;
+      }
+      if (cell.dataset.state !== r.state) cell.dataset.state = r.state;
+      cell.dataset.collateral = r.stopped_by_agent ? "true" : "false";
+      const sub = r.state === "running" ? (nullish(r.step) ? "-" : "s " + r.step) : rankLabel(r);
+      if (cell.lastChild.textContent !== sub) cell.lastChild.textContent = sub;
+      cell.title = rankTip(r);
+    }
+    while (cells.length > i) win.lastChild.remove();
+  }
+
+  // a rank's whole entry (a large job's are compact): fetched when it is clicked
+  function showRankDetail(rank) {
+    const box = $("rank-detail");
+    box.hidden = false;
+    box.textContent = "rank " + rank + ": ...";
+    fetch(withToken("api/state?ranks=" + rank), { credentials: "same-origin" })
+      .then((r) => r.json())
+      .then((s) => {
+        const r = (s.ranks || [])[0];
+        box.textContent = r ? rankTip(r).replace(/\n/g, " \u00b7 ") : "rank " + rank + ": not known";
+      })
+      .catch(() => { box.textContent = "rank " + rank + ": could not be fetched"; });
+  }
+
+  function setRankFilter(text) {
+    rankFilter = parseRankFilter(text);
+    const view = $("rank-grid");
+    view.scrollTop = 0;
+    if (state) renderRanks();
   }
 
   function tickAges() {
@@ -301,6 +507,20 @@
     }
   }
 
+  // 0, 1, 2, 3, 5 -> "0-3, 5" (a large job's stall names thousands of waiting ranks)
+  function rankRanges(list) {
+    const ranks = list.filter((r) => typeof r === "number").sort((a, b) => a - b);
+    const parts = [];
+    for (let i = 0; i < ranks.length; i++) {
+      let j = i;
+      while (j + 1 < ranks.length && ranks[j + 1] <= ranks[j] + 1) j++;
+      parts.push(ranks[i] === ranks[j] ? String(ranks[i]) : ranks[i] + "-" + ranks[j]);
+      i = j;
+    }
+    const text = parts.join(", ");
+    return text.length > 300 ? text.slice(0, 300) + "... (" + ranks.length + " ranks)" : text;
+  }
+
   // -- the latest failure or stall ----------------------------------------------------------------
   let problemShown = null;
   function renderProblem() {
@@ -329,8 +549,8 @@
       fact("signal", p.signal);
     }
     if (p.silent_s !== null && p.silent_s !== undefined) fact("silent", seconds(p.silent_s));
-    if (p.culprit_ranks) fact("culprits", p.culprit_ranks.join(", "));
-    if (p.waiting_ranks) fact("waiting", p.waiting_ranks.join(", "));
+    if (p.culprit_ranks) fact("culprits", rankRanges(p.culprit_ranks));
+    if (p.waiting_ranks) fact("waiting", rankRanges(p.waiting_ranks));
     if (p.collective) {
       const c = p.collective;
       fact("collective", [c.op, c.pg !== undefined ? "pg " + c.pg : null,
@@ -508,6 +728,19 @@
     for (const id of ["filter", "type-filter", "problems-only"]) {
       $(id).addEventListener("input", () => { eventsDirty = true; renderEvents(); });
     }
+    $("rank-filter").addEventListener("input", () => setRankFilter($("rank-filter").value));
+    let drawing = false;
+    const redraw = () => {
+      if (drawing) return;
+      drawing = true;
+      requestAnimationFrame(() => { drawing = false; drawGrid(); });
+    };
+    $("rank-grid").addEventListener("scroll", redraw, { passive: true });
+    $("grid-window").addEventListener("click", (e) => {
+      const cell = e.target.closest(".cell");
+      if (cell && cell.dataset.rank) showRankDetail(Number(cell.dataset.rank));
+    });
+    window.addEventListener("resize", () => { gridDrawn = ""; redraw(); });
     fetch(withToken("api/state?recent=" + MAX_EVENTS), { credentials: "same-origin" })
       .then((r) => {
         if (r.status === 401) throw new Error("a token is required: open the address eventbus printed");
