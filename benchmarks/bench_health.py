@@ -12,7 +12,15 @@ without the two watches subscribed; their difference is the per-event cost. The 
 check of 8 workers runs once per ``--monitor-interval``. The share of a core for 8 workers
 at ``EVENTS_PER_WORKER_S`` events/s each is computed from both.
 
-The progress watch of issue #22 adds figures measured on real jobs (``--jobs``):
+A worker's side, measured where wall-clock noise cannot hide it (:func:`worker_cost`, in
+the default run): each thread's CPU time inside rank 0 of the tight 2-rank gloo loop
+(benchmarks/health_loop.py) under ``eventbus run --stall-timeout`` with the watch on, as
+ms of CPU per second of wall for eventbus's threads (target <= 1), with the watch's ticks
+and the store forwarder's wake-ups per second; and :func:`first_record`: a worker's first
+``record()`` before the script imported torch (it must not wait for that import) and the
+forwarder's wake-ups while nothing is queued (target 0), counted.
+
+The progress watch's figures on real jobs (``--jobs``):
 steps/s of a plain 2-rank gloo loop with small tensors (benchmarks/health_loop.py, which
 never imports eventbus) under plain torchrun and under ``eventbus run --stall-timeout``
 with the watch on, rounds interleaved and the ratio taken within the run; the flight
@@ -20,9 +28,10 @@ recorder's own cost (plain torchrun, ``TORCH_FR_BUFFER_SIZE`` 64 against 0); the
 stall-to-event latency of a hang (tests/jobs/plain_train.py); and the culprit analysis of
 64 simulated ranks (always).
 
-    python -m benchmarks.bench_health            # prints the figures (not in RESULTS.md's
-    python -m benchmarks.bench_health --quick    # default run: see the note there)
-    python -m benchmarks.bench_health --jobs     # adds the real-job figures (minutes)
+    python -m benchmarks --only health           # the default figures, into RESULTS.md
+    python -m benchmarks.bench_health            # prints them
+    python -m benchmarks.bench_health --quick
+    python -m benchmarks.bench_health --jobs     # adds the steps/s figures (minutes)
 """
 
 from __future__ import annotations
@@ -53,7 +62,8 @@ from eventbus.app.launcher.watches import observer
 from eventbus.app.worker.stack_dump import arm_stack_dump
 from eventbus.app.worker.stack_dump import default_stack_signal
 
-__all__ = ["EVENTS_PER_WORKER_S", "WORKERS", "culprit_cost", "job_figures", "run"]
+__all__ = ["EVENTS_PER_WORKER_S", "WORKERS", "culprit_cost", "first_record", "job_figures",
+           "run", "worker_cost"]
 
 #: the load the core share is computed for: 8 workers, each recording this many events/s
 WORKERS = 8
@@ -124,6 +134,8 @@ def run(*, quick: bool = False) -> dict[str, Any]:
                 f"{MONITOR_INTERVAL_S:g} s",
         "pid": os.getpid(),
         "culprit_ms": culprit_cost(repeats=repeats),
+        "worker": worker_cost(runs=1 if quick else 3, steps=2000 if quick else 12_000),
+        "first_record": first_record(idle_s=0.5 if quick else 3.0),
     }
 
 
@@ -183,6 +195,113 @@ def culprit_cost(*, repeats: int, ranks: int = CULPRIT_RANKS) -> dict[str, float
                   for p in beats]}),
     ], repeats=repeats)
     return {name: ns / 1e6 for name, ns in found.items()}
+
+
+#: eventbus's threads in a worker, watch on: the most CPU per second of wall they may use
+WORKER_CPU_TARGET_MS_PER_S = 1.0
+
+
+def worker_cost(*, runs: int = 3, steps: int = 12_000, warmup: int = 2_000) -> dict[str, Any]:
+    """eventbus's threads in rank 0 of the tight 2-rank gloo loop under ``eventbus run
+    --stall-timeout 60`` (the progress watch on, all three sources): CPU per second of
+    wall, each thread's and their sum, from each thread's own CPU time (health_loop.py
+    reads ``/proc/self/task``); the watch's ticks, beats and the forwarder's wake-ups per
+    second; the training thread's CPU for scale. Medians over ``runs`` jobs, the worst
+    run's sum beside them."""
+    cmd = [sys.executable, "-m", "eventbus", "run", "--stall-timeout", "60", "--standalone",
+           "--nproc-per-node", "2", "--monitor-interval", "0.1", str(LOOP)]
+    per_run: list[dict[str, Any]] = []
+    for _ in range(runs):
+        env = _env(BENCH_STEPS=str(steps), BENCH_WARMUP=str(warmup))
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600,
+                              cwd=tempfile.gettempdir(), check=False)
+        line = next((x for x in done.stdout.splitlines() if x.startswith("{")), None)
+        if line is None:
+            raise RuntimeError(f"{cmd} printed no figures (rc {done.returncode}): "
+                               f"{done.stderr[-2000:]}")
+        figures = json.loads(line)
+        wall = float(figures["wall_s"])
+        threads = {("eventbus-sink:store-forwarder" if name.startswith(
+            "eventbus-sink:store-forwarder") else name): cpu
+            for name, cpu in figures["threads"].items()}
+        own = {name: cpu / wall * 1e3 for name, cpu in threads.items()
+               if name.startswith("eventbus")}
+        per_run.append({
+            "own": own, "total": sum(own.values()),
+            "main": threads.get("main", 0.0) / wall * 1e3,
+            "ticks/s": figures.get("watch_ticks", 0) / wall,
+            "beats/s": figures.get("watch_beats", 0) / wall,
+            "forwarder wake-ups/s": figures.get("forwarder_wakeups", 0) / wall,
+            "steps/s": float(figures["steps_per_s"]), "wall_s": wall})
+    names = sorted({name for r in per_run for name in r["own"]})
+    median = statistics.median
+    return {
+        "runs": runs, "steps": steps,
+        "threads_ms_per_s": {name: median(r["own"].get(name, 0.0) for r in per_run)
+                             for name in names},
+        "total_ms_per_s": median(r["total"] for r in per_run),
+        "worst_total_ms_per_s": max(r["total"] for r in per_run),
+        "training_thread_ms_per_s": median(r["main"] for r in per_run),
+        "ticks_per_s": median(r["ticks/s"] for r in per_run),
+        "beats_per_s": median(r["beats/s"] for r in per_run),
+        "forwarder_wakeups_per_s": median(r["forwarder wake-ups/s"] for r in per_run),
+        "steps_per_s": median(r["steps/s"] for r in per_run),
+        "target_ms_per_s": WORKER_CPU_TARGET_MS_PER_S,
+    }
+
+
+FIRST_RECORD_SCRIPT = r"""
+import json, sys, time
+started = time.perf_counter()
+import eventbus
+from eventbus import EventType
+t = time.perf_counter()
+eventbus.record(EventType.EPOCH_END, epoch=0)
+first_ms = (time.perf_counter() - t) * 1e3
+torch_after_first = "torch" in sys.modules
+from eventbus.subscribers.store_forwarder import worker_forwarder
+forwarder = worker_forwarder()
+assert forwarder.flush(30), forwarder.stats()
+time.sleep(0.2)  # the thread settles into its idle wait
+woken = forwarder.sink.wakeups
+time.sleep(float(sys.argv[1]))
+idle_wakeups = forwarder.sink.wakeups - woken
+t = time.perf_counter()
+import torch
+import_ms = (time.perf_counter() - t) * 1e3
+print(json.dumps({"first_record_ms": first_ms, "torch_imported_by_it": torch_after_first,
+                  "pushed": forwarder.stats()["pushed"], "idle_wakeups": idle_wakeups,
+                  "import_torch_ms": import_ms}), flush=True)
+"""
+
+
+def first_record(*, idle_s: float = 3.0) -> dict[str, Any]:
+    """A worker (the bootstrap, ``python -m eventbus.app.worker``, with a real TCPStore)
+    whose script records before it imports torch: that ``record()``'s time and whether
+    torch got imported by it (it must not: the forwarder's client is a plain socket),
+    the ``import torch`` the script then does (the wait it was spared), and the
+    forwarder's wake-ups over ``idle_s`` seconds with nothing queued (target 0)."""
+    import datetime
+
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                     timeout=datetime.timedelta(seconds=30))
+    try:
+        env = _env(EVENTBUS_AGENT_STORE=f"127.0.0.1:{store.port}",
+                   EVENTBUS_STORE_PREFIX="eventbus/bench/0", RANK="0")
+        done = subprocess.run([sys.executable, "-m", "eventbus.app.worker", "-c",
+                               FIRST_RECORD_SCRIPT, str(idle_s)], env=env,
+                              capture_output=True, text=True, timeout=300, check=False)
+    finally:
+        del store
+    line = next((x for x in done.stdout.splitlines() if x.startswith("{")), None)
+    if line is None:
+        raise RuntimeError(f"the first-record worker printed nothing (rc "
+                           f"{done.returncode}): {done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(line)
+    result["idle_s"] = idle_s
+    return result
 
 
 def _env(**extra: str) -> dict[str, str]:

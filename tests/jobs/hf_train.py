@@ -11,6 +11,7 @@ Environment (all optional):
   ``<OUT>/hf`` (the drain's checkpoint is ``<OUT>/hf/checkpoint-<S>``);
 - ``MAX_STEPS`` (default 100000), ``STEP_S`` (default 0.02: a sleep at each step's start);
 - ``READY_AT`` (default 10): each rank writes ``ready_rank<R>`` once its global step reaches it;
+- ``EVENTBUS_CALLBACK=off``: without eventbus's callback (the script unchanged);
 - ``RESUME``: a checkpoint folder to resume from (``trainer.train(resume_from_checkpoint=)``).
 
 Files: ``pid_rank<R>`` (the worker's pid, first thing); ``ready_rank<R>``;
@@ -34,7 +35,13 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from eventbus.integrations.transformers import EventbusCallback  # noqa: E402
+#: EVENTBUS_CALLBACK=off: the script as its user wrote it, with no eventbus call at all
+#: (what `eventbus run` still watches: heartbeats, stalls, drains by signal)
+CALLBACKS: list[Any] = []
+if os.environ.get("EVENTBUS_CALLBACK", "on") != "off":
+    from eventbus.integrations.transformers import EventbusCallback
+
+    CALLBACKS.append(EventbusCallback())
 
 MAX_STEPS = int(os.environ.get("MAX_STEPS", "100000"))
 STEP_S = float(os.environ.get("STEP_S", "0.02"))
@@ -87,7 +94,7 @@ def main() -> None:
         disable_tqdm=True, seed=0)
     probe = Probe()
     trainer = transformers.Trainer(model=transformers.GPT2LMHeadModel(config), args=args,
-                                   train_dataset=Tokens(), callbacks=[EventbusCallback(), probe])
+                                   train_dataset=Tokens(), callbacks=[*CALLBACKS, probe])
     trainer.train(resume_from_checkpoint=os.environ.get("RESUME") or None)
     end = {"global_step": trainer.state.global_step, "start_step": probe.start_step,
            "first_end_step": probe.first_end_step, "world_size": args.world_size,

@@ -10,6 +10,7 @@ Environment (all optional):
   ``default_root_dir`` (the drain's checkpoint goes to ``<OUT>/checkpoints``);
 - ``MAX_STEPS`` (default 100000), ``STEP_S`` (default 0.02: a sleep in each training step);
 - ``READY_AT`` (default 10): each rank writes ``ready_rank<R>`` once its global step reaches it;
+- ``EVENTBUS_CALLBACK=off``: without eventbus's callback (the script unchanged);
 - ``CKPT``: a checkpoint to resume from (``trainer.fit(ckpt_path=CKPT)``).
 
 Files: ``pid_rank<R>`` (the worker's pid, first thing); ``ready_rank<R>``;
@@ -32,7 +33,13 @@ RANK = os.environ.get("RANK", "0")
 import lightning.pytorch as pl  # noqa: E402
 import torch  # noqa: E402
 
-from eventbus.integrations.lightning import EventbusCallback  # noqa: E402
+#: EVENTBUS_CALLBACK=off: the script as its user wrote it, with no eventbus call at all
+#: (what `eventbus run` still watches: heartbeats, stalls, drains by signal)
+CALLBACKS: list[Any] = []
+if os.environ.get("EVENTBUS_CALLBACK", "on") != "off":
+    from eventbus.integrations.lightning import EventbusCallback
+
+    CALLBACKS.append(EventbusCallback())
 
 MAX_STEPS = int(os.environ.get("MAX_STEPS", "100000"))
 STEP_S = float(os.environ.get("STEP_S", "0.02"))
@@ -89,7 +96,7 @@ def main() -> None:
         accelerator="cpu", devices=int(os.environ.get("LOCAL_WORLD_SIZE", "2")),
         strategy="ddp", num_nodes=1, max_steps=MAX_STEPS, logger=False,
         enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(OUT),
-        log_every_n_steps=5, num_sanity_val_steps=0, callbacks=[EventbusCallback(), probe])
+        log_every_n_steps=5, num_sanity_val_steps=0, callbacks=[*CALLBACKS, probe])
     trainer.fit(Tiny(), ckpt_path=os.environ.get("CKPT") or None)
     env = getattr(trainer.strategy, "cluster_environment", None)  # the DDP strategy's
     end = {"global_step": trainer.global_step, "start_step": probe.start_step,
