@@ -239,6 +239,138 @@ def _preemption(result: dict[str, Any]) -> list[str]:
     return out
 
 
+def _scale(result: dict[str, Any]) -> list[str]:
+    hour = result["hour"]
+    out = ["## Scale: the agent of group rank 0 at 1,024 to 8,192 ranks", "",
+           "`benchmarks/bench_scale.py` (docs/scale.md reads these figures): per size, one "
+           "agent process with a real `TCPStore` master, the real store transport "
+           "(`StoreTransport.after_rendezvous` as group rank 0: the worker receiver with its "
+           "doorbell, the job receiver polling one queue per other node), a real bus with the "
+           "job view's `JobState` (folder thread running) and the health watches' observer "
+           "subscribed, and a simulator process (`benchmarks/scale_job.py`) pushing what "
+           "every other node's job forwarder (50 ms flush) and rank 0's own 8 workers (20 ms "
+           "flush, doorbell) push: one `WORKER_PROGRESS` a second per rank, spread over the "
+           "second, its `data` as the progress watch sends it (`pgs` listing the world "
+           "group's members, `compute_s`, `wait_s`, `intervals`, `step_time_s`, `sources`), "
+           "each push the real encoder's output (checked byte for byte). Measured over a "
+           f"{result['window s']:g} s window ({result['bare window s']:g} s without the "
+           f"member list) after a {result['warm-up s']:g} s warm-up, or less where the "
+           f"agent fell more than {result['behind s']:g} s of beats behind (`stopped "
+           "behind`: the store keeps that backlog in the agent's memory). `% of a core` "
+           "is CPU time of the agent's threads by role "
+           "(`/proc/self/task/<tid>/schedstat`): receiving is both receivers' threads and "
+           "the doorbell's (decoding, validating, publishing, the subscribers' share "
+           "included), folding the view's folder thread, store server the `TCPStore`'s own "
+           "native thread. `us/beat` is that CPU per beat that reached "
+           "the bus in the window, and `at 1 beat/s per rank` what it comes to at the job's "
+           "rate: where the agent fell behind (its threads given less than they need on the "
+           "shared cores), that is the cost of keeping up. Latency is from the beat's "
+           "timestamp to its arrival on the agent's bus, a beat not arrived "
+           f"{result['late s']:g} s after the window counting as infinitely late. After "
+           "the window, in the calling thread's CPU time (the collections it triggers "
+           "included): the culprit verdict (`Judge.overdue` + `Judge.verdict` over a "
+           "fresh stall watch holding every rank's decoded beat at a stall, one culprit on "
+           "another node), the straggler check "
+           "(`StragglerWatch.check` over the live watch; where the agent fell behind it "
+           "knew only `ranks in the stall watch`), and `/api/state` "
+           "(`dumps(state.snapshot())`). The simulator shares the cores with the agent.", ""]
+    for title, key, growth in (
+            ("Beats as the workers send them (the world group's member list in each)",
+             "rows", "growth"),
+            ("Beats without the member list (`ranks: []`)", "bare rows", "bare growth")):
+        rows = result[key]
+        out += [f"### {title}", ""]
+        table = [{"ranks": f"{r['ranks']:,}", **{k: v for k, v in r.items()
+                                                 if k not in ("ranks", "members", "diagnosis")}}
+                 for r in rows]
+        out += _generic({"rows": table})
+        out += ["", f"The verdict at {rows[-1]['ranks']:,} ranks: \"{rows[-1]['diagnosis']}\"",
+                "", "How each cost grows: `grows as ranks^` is the exponent of the power law "
+                "fitted over the sizes where the figure is finite (1: linear, 2: quadratic).",
+                ""]
+        if result[growth]:
+            header = list(result[growth][0])
+            out += _table(header, [[_num(g.get(h, "")) for h in header]
+                                   for g in result[growth]])
+        out.append("")
+    out += [f"### Memory over {hour['simulated s'] // 60} simulated minutes", "",
+            f"{hour['ranks']} ranks (whole nodes spread over a {hour['world']:,}-rank job, the "
+            "world group's member list in each beat) folded at accelerated time: each "
+            "simulated second, every sampled node's push decoded by the real receiver "
+            "(`StoreReceiver.handle_value`, no store), published on a bus with the job view "
+            "and the watches (their clocks driven by the simulated time), and folded; "
+            f"{hour['events']:,} events in {hour['cpu s']:.0f} s of CPU. Resident memory "
+            "and the interpreter's allocated blocks after a full collection, every five "
+            "simulated minutes.", ""]
+    out += _generic({"rows": hour["readings"]})
+    out += ["", "### Targets", "",
+            "Receiving + folding is the larger of the measured share and the share at 1 "
+            "beat/s per rank.", ""]
+    out += _table(["target", "measured", "limit", "met"],
+                  [[t["target"], _num(t["value"]), _num(t["limit"]),
+                    "yes" if t["met"] else "**no**"] for t in result["targets"]])
+    calm = result.get("calibration: sum(range(1000)) us (idle core ~8-10)")
+    if calm is not None:
+        out += ["", f"Calibration before the hour: `sum(range(1000))` took {calm} us "
+                "(~8-10 on an idle core of this class)."]
+    load = result.get("load average (1 min) at the start and the end")
+    if load:
+        out += ["", f"Load average (1 min) of the machine at the start and the end of the "
+                f"run: {load[0]:.2f} and {load[1]:.2f} (other processes share its cores: "
+                "latency and falling behind move with them, CPU time per beat much less)."]
+    return out
+
+
+def _health(result: dict[str, Any]) -> list[str]:
+    worker = result["worker"]
+    first = result["first_record"]
+    total, target = worker["total_ms_per_s"], worker["target_ms_per_s"]
+    out = ["## Job health: what the watch costs a worker, and the agent", "",
+           "`benchmarks/bench_health.py`. A worker's side is measured as CPU time, which "
+           "wall-clock noise cannot hide: each thread's own, read from "
+           "`/proc/self/task/<tid>/schedstat` inside rank 0 of the tight 2-rank gloo loop "
+           f"(benchmarks/health_loop.py, ~{1e3 / worker['steps_per_s']:.1f} ms a step here, "
+           "the worst case: the most collectives a second to sample) under `eventbus run "
+           "--stall-timeout 60` with the progress watch on (all three sources), over "
+           f"{worker['steps']:,} steps after a warm-up; medians of {worker['runs']} jobs.", ""]
+    rows = [[name, f"{ms:.3f}"] for name, ms in worker["threads_ms_per_s"].items()]
+    rows.append(["**eventbus's threads, in all**", f"**{total:.3f}**"])
+    rows.append(["the worst job's sum", f"{worker['worst_total_ms_per_s']:.3f}"])
+    rows.append(["the training thread, for scale", f"{worker['training_thread_ms_per_s']:.0f}"])
+    out += _table(["thread", "ms of CPU per s of wall"], rows)
+    verdict = "met" if worker["worst_total_ms_per_s"] <= target else "**not met**"
+    out += ["", f"Target: <= {target:g} ms of CPU a second for eventbus's threads; "
+            f"median {total:.2f}, worst job {worker['worst_total_ms_per_s']:.2f}: {verdict}. "
+            f"The watch ticked {worker['ticks_per_s']:.1f} times a second and beat "
+            f"{worker['beats_per_s']:.2f} times; the store forwarder woke "
+            f"{worker['forwarder_wakeups_per_s']:.2f} times a second (once per heartbeat: "
+            "it sleeps while its queue is empty).", "",
+            "A worker whose script records before it imports torch (the bootstrap and a real "
+            "TCPStore, nothing else):", ""]
+    out += _table(["figure", "value"], [
+        ["the first `record()`", f"{first['first_record_ms']:.2f} ms"],
+        ["torch imported by it", _num(first["torch_imported_by_it"])],
+        ["the script's own `import torch` after it (the wait spared)",
+         f"{first['import_torch_ms']:,.0f} ms"],
+        ["events pushed to the store", _num(first["pushed"])],
+        [f"the forwarder's wake-ups over {first['idle_s']:g} s with nothing queued "
+         "(target 0)", _num(first["idle_wakeups"])],
+    ])
+    out += ["", "The agent's side: `Bus.publish` of a stream of 8 ranks' `METRIC`s as the "
+            "store receiver hands them over, with and without the stall and straggler "
+            "watches; the monitor's checks; the culprit analysis of 64 simulated ranks.", ""]
+    agent = [[name, _ns(ns)] for name, ns in result["agent_ns"].items()]
+    agent.append(["agent cost per event (the difference)", _ns(result["per_event_ns"])])
+    out += _table(["case", "ns"], agent)
+    out += [""]
+    out += _table(["figure", "value"], [
+        [f"share of a core, {result['load']}", f"{result['core_share_8_workers'] * 100:.2f} %"],
+        *[[f"culprit analysis, 64 ranks, {name}", f"{ms:.3f} ms"]
+          for name, ms in result["culprit_ms"].items()],
+    ])
+    return out
+
+
 def render(results: dict[str, Any], *, machine: dict[str, str], versions: dict[str, str],
            when: str, quick: bool, seconds: dict[str, float]) -> str:
     """The whole report as Markdown."""
@@ -255,7 +387,8 @@ def render(results: dict[str, Any], *, machine: dict[str, str], versions: dict[s
     out += _table(["package", "version"], [[k, v] for k, v in versions.items()])
     sections = {"dispatch": _dispatch, "import": _import, "logging": _logging,
                 "store": _store, "memory": _memory, "sinks": _sinks, "ui": _ui,
-                "preemption": _preemption}
+                "preemption": _preemption, "scale": _scale,
+                "health": _health}
     for area, result in results.items():
         out.append("")
         out += sections[area](result)

@@ -58,6 +58,11 @@ _MAX_BELL_TOKEN = 1024
 #: c10d logs two warning lines at every timed-out wait, and stop() wakes the pop itself.
 BELL_WAIT_S = 3600.0
 
+#: a round of drain_once that has popped something ends once it has run this long (the
+#: next round resumes at the next queue), so that the lock it holds is let go of: with a
+#: backlog of large values in a thousand queues a whole round took a minute
+MAX_ROUND_S = 0.25
+
 
 @attrs.define
 class _Sender:
@@ -91,7 +96,8 @@ class StoreReceiver:
     thread blocking on it, and a queue whose key rings is popped at once. ``hold``: asked
     before every pop; while it returns true nothing is popped (what the senders push waits
     in the store): the agent passes :func:`eventbus.subscribers.queued.backlogged`, so that a
-    flood does not overflow the JSONL file's queue.
+    flood does not overflow the JSONL file's queue. ``max_round_s``: how long one round of
+    :meth:`drain_once` may run once it has popped something (see :data:`MAX_ROUND_S`).
     """
 
     def __init__(
@@ -113,6 +119,7 @@ class StoreReceiver:
         on_end: Callable[[str, str], object] | None = None,
         bell: str | None = None,
         hold: Callable[[], object] | None = None,
+        max_round_s: float = MAX_ROUND_S,
     ) -> None:
         if client is None:
             if host is None or port is None:
@@ -163,7 +170,9 @@ class StoreReceiver:
         #: pops deferred because ``hold`` said so, and whether the last drain was held
         self.holds = 0
         self._held = False
-        self._rounds = 0
+        self.max_round_s = max_round_s
+        #: where the next round starts (see drain_once)
+        self._next_queue = 0
 
     # -- queues -------------------------------------------------------------------------
     def watch(self, key: str, *, kind: SenderKind, rank: int) -> None:
@@ -190,8 +199,17 @@ class StoreReceiver:
         is due (``every``: of every queue) and handle them. Returns the values popped.
 
         A queue found empty is polled less and less often, up to ``max_idle_interval``
-        apart; one that gave a value is polled again at once. Idle queues cost the store
-        one pop per ``max_idle_interval`` each (see docs/across-processes.md, Scaling).
+        apart. One that gave values until it was found empty starts that back-off at
+        ``poll_interval`` (its sender pushes at most once per flush interval: polling it
+        again at once would find it empty, one store round trip per push for nothing);
+        one that still held values (``max_pops_per_queue`` reached, or held) is polled
+        again at once. Idle queues cost the store one pop per ``max_idle_interval`` each
+        (see docs/across-processes.md, Scaling; docs/scale.md).
+
+        A round holds the receiver's lock, so it is bounded: once it has popped something
+        and run ``max_round_s``, it ends, and the next round resumes at the next queue
+        (:meth:`stats`, :meth:`watch` and :meth:`stop` wait for one round at most). A
+        round that returns 0 has visited every due queue.
         """
         popped = 0
         hold = self.hold
@@ -211,15 +229,26 @@ class StoreReceiver:
                 if due is not None:  # anything else rang: not a queue of ours, ignored
                     due.next_poll = 0.0
             queues = list(self._queues.values())
-            if len(queues) > 1:  # each round starts at the next queue: none waits behind
-                start = self._rounds % len(queues)  # a flooding one while others are held
-                queues = queues[start:] + queues[:start]
-            self._rounds += 1
+            # each round starts at the next queue: none waits behind a flooding one while
+            # others are held; a round cut short resumes where it stopped
+            start = self._next_queue % len(queues) if queues else 0
+            queues = queues[start:] + queues[:start]
+            ends = now + self.max_round_s
+            self._next_queue = start + 1
+            visited = 0
+            cut = False
             for queue in queues:
+                if popped and time.monotonic() >= ends:
+                    cut = True
+                    break
+                visited += 1
                 if not every and now < queue.next_poll:
                     continue
                 got = 0
+                drained = False
                 for _ in range(self.max_pops_per_queue):
+                    if got and time.monotonic() >= ends:
+                        break  # the round's time is up: due again at once
                     if hold is not None and hold():
                         # a sink downstream is behind: the rest stays in the store
                         self.holds += 1
@@ -228,6 +257,7 @@ class StoreReceiver:
                     try:
                         raw = client.queue_pop(queue.key, block=False)
                     except self._empty_error:
+                        drained = True
                         if queue.retire_at is not None and now >= queue.retire_at:
                             del self._queues[queue.key]
                         break
@@ -237,15 +267,20 @@ class StoreReceiver:
                     got += 1
                     self.handle_value(queue.key, raw, kind=queue.kind, rank=queue.rank)
                 popped += got
-                if got or self._held:  # a held queue is not idle: due again at once
+                if self._held or (got and not drained):  # values left: due again at once
                     queue.idle = 0.0
                     queue.next_poll = now
+                elif got:  # emptied: its sender's next push is a flush interval away
+                    queue.idle = self.poll_interval
+                    queue.next_poll = now + queue.idle
                 else:
                     queue.idle = min(self.max_idle_interval,
                                      max(self.poll_interval, queue.idle * 2))
                     queue.next_poll = now + queue.idle
                 if self._held:
                     break
+            if cut:
+                self._next_queue = start + visited
             self._flush_rejects()
         return popped
 
@@ -286,6 +321,10 @@ class StoreReceiver:
                 popped = 0
             if not popped:
                 wake.wait(self.poll_interval)
+            else:
+                # a thread waiting for the lock (stats(), watch()) gets it now: a lock let
+                # go of and taken again in one breath starves its waiters
+                time.sleep(0)
 
     def _listen(self, bell: str) -> None:
         """The doorbell thread: block on ``bell`` with a client of its own (a blocking pop

@@ -191,3 +191,151 @@ def test_preemption_benchmark_measures_should_stop_against_a_ddp_step() -> None:
                   seconds={"preemption": 1.0})
     assert "## Preemption: `should_stop()` per step" in text
     assert "Target: `should_stop()` without a drain <= 1% of a step" in text
+
+
+def test_detection_percentiles_interpolate_between_ranks() -> None:
+    """bench_detection's percentile: linear between the closest ranks, NaN for none."""
+    from benchmarks.bench_detection import percentile
+
+    values = [float(v) for v in range(1, 21)]  # 20 hangs
+    assert percentile(values, 50) == 10.5
+    assert percentile(values, 95) == pytest.approx(19.05)
+    assert percentile(values, 100) == 20.0 and percentile([3.0], 95) == 3.0
+    assert math.isnan(percentile([], 50))
+    with pytest.raises(ValueError):
+        percentile(values, 101)
+
+
+def test_detection_section_is_inserted_once_then_replaced_in_place() -> None:
+    """The section goes after the hand-run marker of RESULTS.md (or before docs/run.md's
+    next heading), and a rerun replaces it between its markers, leaving the rest alone."""
+    from benchmarks.__main__ import HAND_RUN_MARKER
+    from benchmarks.bench_detection import BEGIN
+    from benchmarks.bench_detection import DOC_ANCHOR
+    from benchmarks.bench_detection import END
+    from benchmarks.bench_detection import replace_section
+
+    results = f"# Results\n\nmade by make bench\n\n{HAND_RUN_MARKER}\n\n## by hand\n\nkept\n"
+    first = replace_section(results, "## Detection\n\nrun one", after=HAND_RUN_MARKER)
+    assert first == (f"# Results\n\nmade by make bench\n\n{HAND_RUN_MARKER}\n\n{BEGIN}\n"
+                     f"## Detection\n\nrun one\n{END}\n\n## by hand\n\nkept\n")
+    second = replace_section(first, "## Detection\n\nrun two\n", after=HAND_RUN_MARKER)
+    assert second == first.replace("run one", "run two")
+    doc = "## Job health\n\ntext\n\n## Restarts that work\n\nmore\n"
+    placed = replace_section(doc, "### Detection", after=DOC_ANCHOR)
+    assert placed == (f"## Job health\n\ntext\n\n{BEGIN}\n### Detection\n{END}\n\n"
+                      "## Restarts that work\n\nmore\n")
+    assert replace_section(placed, "### Detection", after=DOC_ANCHOR) == placed
+    with pytest.raises(ValueError):
+        replace_section("no anchor here\n", "x", after=HAND_RUN_MARKER)
+    with pytest.raises(ValueError):
+        replace_section(f"{END}\n{BEGIN}\n", "x", after=HAND_RUN_MARKER)
+
+
+def test_detection_table_counts_misses_and_names_false_events() -> None:
+    """render() of made-up figures: a miss is counted and named, never dropped; a false
+    stall is counted and its data shown; a skipped trainer is named."""
+    from benchmarks.bench_detection import Hang
+    from benchmarks.bench_detection import Healthy
+    from benchmarks.bench_detection import render
+
+    stall = {"type": "WORKER_STALLED", "worker_id": 0, "silent_s": 6.1, "timeout_s": 5.0}
+    result = {
+        "quick": False, "commit": "abc1234", "torch": "2.13", "python": "3.11",
+        "date": "today", "cores": 2, "busy": 2, "timeout_s": 4.0, "auto_floor_s": 5.0,
+        "load": [2.5, 4.0], "seconds": 600.0, "skipped": {"transformers": "no module"},
+        "hangs": [vars(Hang(1, 12.0, 1, latency_s=4.3)), vars(Hang(2, 12.0, 1, latency_s=4.5)),
+                  vars(Hang(3, 240.0, None, note="killed at the job's limit"))],
+        "healthy": [vars(Healthy("plain", 4, 20.0, 0, "SUCCEEDED (0)")),
+                    vars(Healthy("lightning", 5, 30.0, 1, "FAILED (1)", stalls=[stall]))],
+    }
+    text = render(result)
+    assert "| 3 | 1 | 4.40 s (+0.40) |" in text and "(not met)" in text
+    assert "- miss, hang 3: killed at the job's limit" in text
+    assert "| 1 | 1 | 0 | 1 (run 5: exit code 1, FAILED (1)) |" in text
+    assert '- lightning run 5: WORKER_STALLED {"type": "WORKER_STALLED"' in text
+    assert "skipped: no module" in text and "load average 2.5-4.0" in text
+
+
+def test_scale_simulator_pushes_exactly_what_the_encoder_writes() -> None:
+    """bench_scale's simulated pushes (cut from a template) equal the real encoder's bytes
+    for real heartbeats, with and without the member list, and decode into the beats."""
+    from benchmarks import scale_job
+    from eventbus.wire import BatchDecoder
+    from eventbus.wire import BatchEncoder
+
+    for members in (True, False):
+        template = scale_job.live_template(64, members=members)
+        template.check(kind="n", rank=2)  # raises where a byte differs
+        template.check(kind="w", rank=5)
+        value = template.push(BatchEncoder(kind="n", rank=3),
+                              [(24, 1.7e9, 5, 50, 51, 50), (29, 1.7e9 + 0.5, 5, 50, 50, 50)])
+        batch = BatchDecoder().batch(value, kind="n", rank=3)
+        beats: list[Any] = []
+        BatchDecoder.publish_all(batch.entries, batch.contexts, beats.append, pytest.fail)
+        assert [(b.worker_id, b.context.rank, b.timestamp) for b in beats] == [
+            (24, 24, 1.7e9), (29, 29, 1.7e9 + 0.5)]
+        assert beats[0].data["pgs"]["0"]["enqueued"] == 51
+        assert list(beats[0].data["pgs"]["0"]["ranks"]) == (list(range(64)) if members
+                                                            else [])
+
+
+def test_scale_schedule_beats_every_rank_once_a_second_on_its_senders_grid() -> None:
+    """One second of the simulated job: each rank's beat in exactly one push; the other
+    nodes push to node queues, group rank 0's workers each to its own worker queue."""
+    from benchmarks import scale_job
+
+    schedule, offsets = scale_job._schedule(64)
+    carried = sorted(r for _, _, _, ranks in schedule for r in ranks)
+    assert carried == list(range(64)) and len(offsets) == 64
+    for tick, kind, who, ranks in schedule:
+        assert all(tick >= offsets[r] for r in ranks)  # pushed after it beat
+        if kind == "w":
+            assert ranks == (who,) and who < scale_job.RANKS_PER_NODE
+        else:
+            assert who >= 1 and all(r // scale_job.RANKS_PER_NODE == who for r in ranks)
+
+
+def test_scale_culprit_cost_names_the_one_culprit() -> None:
+    """The stall check over every rank's decoded beat names the rank that has not entered
+    the collective (a small job here); its timings are positive."""
+    from benchmarks import bench_scale
+
+    cost = bench_scale.culprit_cost(64, repeats=1)
+    assert cost["diagnosis"].startswith("rank 35 has not entered allreduce #4001")
+    assert all(_positive(cost[k]) for k in ("verdict ms", "progress_of ms", "analyze ms"))
+
+
+def test_scale_hour_reads_memory_every_interval_of_simulated_time() -> None:
+    """The accelerated fold reads memory at the start and every interval, folding every
+    sampled rank's beat once a simulated second; the collector is left unfrozen."""
+    import gc
+
+    from benchmarks import bench_scale
+
+    result = bench_scale.hour(64, 16, 120, 60)
+    assert [r["simulated min"] for r in result["readings"]] == [0, 1, 2]
+    assert result["events"] == 16 * 120 == result["readings"][-1]["events folded"]
+    assert gc.get_freeze_count() == 0
+
+
+@pytest.mark.slow
+def test_scale_benchmark_quick_run_reports_each_size_and_renders() -> None:
+    """bench_scale's quick run: a real store, transport and agent subscribers fed by the
+    simulator process, with and without the member list; every beat of the window arrives,
+    each target is judged and the report renders the section."""
+    from benchmarks import bench_scale
+
+    result = bench_scale.run(quick=True)
+    for rows in (result["rows"], result["bare rows"]):
+        assert [r["ranks"] for r in rows] == list(bench_scale.QUICK_SIZES)
+        for row in rows:
+            assert row["lost or rejected"] == 0
+            assert row["beats in window"] > 0 and row["delivered %"] > 0
+            assert row["receiving % of a core"] > 0 and row["store server % of a core"] >= 0
+    for t in result["targets"]:
+        assert t["met"] == (t["value"] <= t["limit"]), t
+    text = render({"scale": result}, machine={}, versions={}, when="now", quick=True,
+                  seconds={"scale": 1.0})
+    assert "## Scale: the agent of group rank 0 at 1,024 to 8,192 ranks" in text
+    assert "### Beats without the member list (`ranks: []`)" in text
