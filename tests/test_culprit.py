@@ -346,3 +346,46 @@ def test_a_bad_progress_value_stops_eventbus_run_naming_the_option() -> None:
                           timeout=120, check=False)
     assert done.returncode == 2
     assert "--progress" in done.stderr and "collectives, steps, events" in done.stderr
+
+
+def test_members_sent_once_are_remembered_for_the_analysis() -> None:
+    """A heartbeat carries a group's members only now and then: the stall watch keeps the
+    last it got per rank, and the analysis still finds the member that never entered
+    the collective from later heartbeats that carry none."""
+    watch = watches.StallWatch(5.0)
+    for rank in (0, 1):  # the first beats carry the members
+        watch.observe(_beat(rank, enq=10, comp=10, ranks=(0, 1, 2)))
+    for rank in (0, 1):  # later ones do not: both ranks wait in #11
+        watch.observe(eventbus.WorkerProgress(
+            worker_id=rank, collectives=10, idle_s=0.0,
+            data={"pgs": {"0": {"enqueued": 11, "completed": 10, "name": "0"}},
+                  "pending": {"0": _pending(11)}},
+            context=JobContext(rank=rank, restart_count=0)))
+    # rank 2 has sent heartbeats but entered no process group yet (still loading data)
+    watch.observe(eventbus.WorkerProgress(worker_id=2, collectives=0, idle_s=5.0,
+                                          data={"where": "x.py:3"},
+                                          context=JobContext(rank=2, restart_count=0)))
+    assert dict(watch.members(0, 1)) == {"0": [0, 1, 2]}
+    beats = watch.beats(0)
+    progress = [culprit.progress_of(b, age_s=age, members=watch.members(0, r))
+                for r, (b, age) in beats.items()]
+    assert all(p is not None and list(p.pgs["0"].ranks) == [0, 1, 2]
+               for p in progress if p is not None and p.rank != 2)
+    analysis = culprit.analyze([p for p in progress if p is not None])
+    assert analysis.culprit_ranks == (2,)  # named from the members its peers sent once
+    bare = culprit.progress_of(beats[1][0])
+    assert bare is not None and list(bare.pgs["0"].ranks) == []
+
+
+def test_peers_median_from_one_sort_equals_the_median_of_the_others() -> None:
+    """The straggler rule's peers' median (one sort for every rank) against
+    statistics.median of each rank's peers, with ties, odd and even counts."""
+    import random
+    import statistics
+
+    rng = random.Random(7)
+    for n in range(2, 40):
+        values = sorted(rng.choice([rng.random(), 0.5, 1.0]) for _ in range(n))
+        for i in range(n):
+            assert watches._median_without(values, i) == pytest.approx(
+                statistics.median(values[:i] + values[i + 1:]))

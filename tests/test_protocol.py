@@ -254,3 +254,54 @@ def test_only_the_protocol_module_defines_the_variables_names() -> None:
                         defined[path.relative_to(ROOT)] = found
     assert defined.pop(PROTOCOL, set()) == VARIABLES
     assert defined == {}
+
+
+def test_the_heartbeat_interval_grows_with_the_job_within_the_stall_timeout() -> None:
+    """1 s up to BEATS_PER_S ranks; then group rank 0 receives about BEATS_PER_S beats a
+    second; never above a quarter of the stall timeout nor MAX_BEAT_S. The workers read
+    it back from EVENTBUS_BEAT_S, anything odd being 1 s."""
+    from eventbus.app.protocol import agent_worker as aw
+
+    assert aw.beat_interval(2) == 1.0
+    assert aw.beat_interval(aw.BEATS_PER_S) == 1.0
+    assert aw.beat_interval(8192) == 8192 / aw.BEATS_PER_S == 4.0
+    assert aw.beat_interval(8192, stall_timeout=8.0) == 2.0
+    assert aw.beat_interval(8192, stall_timeout=2.0) == 1.0
+    assert aw.beat_interval(1_000_000) == aw.MAX_BEAT_S
+    assert aw.parse_beat("4") == 4.0
+    for odd in (None, "", "0.5", "nan", "inf", "soon", "11"):
+        assert aw.parse_beat(odd) == 1.0
+
+
+def test_a_worker_beats_at_the_interval_its_agent_set(monkeypatch: pytest.MonkeyPatch
+                                                      ) -> None:
+    """With EVENTBUS_BEAT_S=3 a progressing rank beats 3 s apart and an idle one 6 s apart
+    (the ticks driven by hand: the watch's clock is the monotonic one, so the beat times
+    are moved back instead)."""
+    import eventbus
+    from eventbus.app.worker import progress
+
+    monkeypatch.setenv("EVENTBUS_BEAT_S", "3")
+    beats: list[dict[str, object]] = []
+    watch = progress.ProgressWatch(frozenset({"events"}), rank=0,
+                                   bus=eventbus.Bus("beat-interval"),
+                                   record=lambda _type, **fields: beats.append(fields))
+    assert watch.beat_s == 3.0
+    watch.armed = True
+    watch.tick()
+    first = len(beats)
+    assert first == 1
+    watch._changed = True
+    watch._beat_t -= 2.0  # progressing, 2 s since the beat: not yet
+    watch.tick()
+    assert len(beats) == first
+    watch._changed = True
+    watch._beat_t -= 1.1  # 3.1 s: a beat
+    watch.tick()
+    assert len(beats) == first + 1
+    watch._beat_t -= 5.0  # idle 5 s: not yet; 6.1 s: an idle beat
+    watch.tick()
+    assert len(beats) == first + 1
+    watch._beat_t -= 1.1
+    watch.tick()
+    assert len(beats) == first + 2

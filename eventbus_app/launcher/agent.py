@@ -70,6 +70,7 @@ from eventbus.app.launcher.drain import Drain
 from eventbus.app.launcher.exits import DYING_GRACE_S
 from eventbus.app.launcher.exits import ExitBook
 from eventbus.app.launcher.exits import Proc
+from eventbus.app.launcher.judge import BEATS_STOPPED_S
 from eventbus.app.launcher.judge import Judge
 from eventbus.app.launcher.notices import NoticeBoard
 from eventbus.app.launcher.processes import peek_exit
@@ -433,6 +434,18 @@ class EventAgent(LocalElasticAgent):
         failure table; the drain's line and ``AGENT_EXIT`` say what happened)."""
         return RunResult(state=WorkerState.SUCCEEDED)
 
+    def _set_beat(self, worker_group: WorkerGroup) -> None:
+        """The workers' heartbeat interval for this attempt's world size (a large job beats
+        less often: protocol.beat_interval), and the judge's patience with it."""
+        spec = worker_group.spec
+        world = (worker_group.group_world_size or 1) * int(spec.local_world_size or 1)
+        stall = self.judge.stall
+        timeout = None if stall is None else (
+            stall.auto_floor_s if stall.timeout == "auto" else float(stall.timeout))
+        beat = protocol.beat_interval(world, timeout)
+        os.environ[protocol.ENV_BEAT] = f"{beat:g}"
+        self.judge.beats_stopped_s = BEATS_STOPPED_S * beat
+
     # -- STOP across nodes (stop_signal.py) ------------------------------------------------
     @property
     def stopped_by_reactor(self) -> bool:
@@ -689,6 +702,7 @@ class EventAgent(LocalElasticAgent):
                   "master_port": worker_group.master_port},
         )
         self._watch_remote_stop(worker_group)
+        self._set_beat(worker_group)
         self._observe_health(steps=worker_group.group_rank in (0, None))
         self.fr_dumps.arm(self.attempt, os.environ)
         if self.plugins:

@@ -145,9 +145,13 @@ def _is_map(value: Any) -> bool:
     return isinstance(value, (dict, Mapping))
 
 
-def progress_of(event: Event, *, age_s: float = 0.0) -> RankProgress | None:
+def progress_of(event: Event, *, age_s: float = 0.0,
+                members: Mapping[str, Any] | None = None) -> RankProgress | None:
     """A ``WORKER_PROGRESS`` heartbeat as a :class:`RankProgress`; ``age_s``: seconds since
-    it arrived (the agent's clock). None for another event or one without a rank.
+    it arrived (the agent's clock); ``members``: each process group's members as an earlier
+    heartbeat of the rank sent them, for a group whose entry here has none (a heartbeat
+    carries them when they change, and now and then). None for another event or one
+    without a rank.
 
     The agent's judge calls it for every rank's latest heartbeat at each stall check
     (8,192 calls at 8,192 ranks): each step reads a field once."""
@@ -164,6 +168,8 @@ def progress_of(event: Event, *, age_s: float = 0.0) -> RankProgress | None:
             if not _is_map(info):
                 continue
             ranks = info.get("ranks")
+            if ranks is None and members:
+                ranks = members.get(pg)
             name = info.get("name", "")
             pgs[pg if type(pg) is str else str(pg)] = PgState(
                 _int(info.get("enqueued")), _int(info.get("completed")),

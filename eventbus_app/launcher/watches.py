@@ -148,6 +148,9 @@ class StallWatch:
         self._seen: dict[tuple[int, int], _Seen] = {}
         #: the latest heartbeat of each rank that has made no progress yet, and its arrival
         self._early: dict[tuple[int, int], tuple[WorkerProgress, float]] = {}
+        #: (attempt, rank) -> process group -> its members, as last sent (a heartbeat
+        #: carries them only when they change, and now and then: progress.MEMBERS_EVERY_S)
+        self._members: dict[tuple[int, int], dict[str, Any]] = {}
         self._reported: set[tuple[int, int]] = set()
         self._lock = threading.Lock()
         self._auto = timeout == "auto"
@@ -196,6 +199,12 @@ class StallWatch:
         its ``idle_s`` dates the rank's last progress (``now - idle_s``, on the agent's
         clock: no clock sync across nodes). Idle beats before the rank's first progress
         do not start its clock (a slow start is never a stall)."""
+        pgs = beat.data.get("pgs") if beat.data else None
+        if pgs and isinstance(pgs, Mapping):
+            for pg, info in pgs.items():
+                members = info.get("ranks") if isinstance(info, Mapping) else None
+                if members is not None:
+                    self._members.setdefault(key, {})[pg] = members
         marker = _marker(beat)
         idle = beat.idle_s if isinstance(beat.idle_s, (int, float)) else 0.0
         progressed_at = now - max(0.0, float(idle))
@@ -232,6 +241,10 @@ class StallWatch:
                       for (a, rank), seen in list(self._seen.items())
                       if a == attempt and seen.beat is not None})
         return found
+
+    def members(self, attempt: int, rank: int) -> Mapping[str, Any]:
+        """The rank's process groups' members as its heartbeats last sent them."""
+        return self._members.get((attempt, rank), {})
 
     def ended(self, attempt: int) -> list[int]:
         """The ranks of ``attempt`` whose scripts have ended (their last heartbeat said so,
@@ -474,8 +487,13 @@ class StragglerWatch:
         ``report_interval_s`` per rank (the one rule of both straggler checks)."""
         now = self._clock()
         late = []
+        # each rank's peers' median from one sort: O(ranks log ranks), not ranks x ranks
+        # (2.3 s of the monitor's CPU a second at 8,192 ranks: docs/scale.md)
+        order = sorted(times, key=times.__getitem__)
+        values = [times[r] for r in order]
+        position = {rank: i for i, rank in enumerate(order)}
         for rank, t in sorted(times.items()):
-            median = statistics.median([v for r, v in times.items() if r != rank])
+            median = _median_without(values, position[rank])
             if not long_enough(t, median) or t < self.factor * median:
                 continue
             last = self._last_report.get(rank)
@@ -493,6 +511,17 @@ class StragglerWatch:
             del self._steps[key]
         for key in [k for k in self._compute if k[0] < attempt]:
             del self._compute[key]
+
+
+def _median_without(values: list[float], i: int) -> float:
+    """The median of sorted ``values`` without the one at index ``i`` (at least two)."""
+    n = len(values) - 1
+
+    def at(j: int) -> float:
+        return values[j] if j < i else values[j + 1]
+
+    half = n // 2
+    return at(half) if n % 2 else (at(half - 1) + at(half)) / 2
 
 
 def observer(stall: StallWatch | None, straggler: StragglerWatch | None

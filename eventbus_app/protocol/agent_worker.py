@@ -33,6 +33,8 @@ import tempfile
 from collections.abc import Iterable
 
 __all__ = [
+    "BEATS_PER_S",
+    "ENV_BEAT",
     "ENV_FR_BUFFER",
     "ENV_FR_DUMP_DIR",
     "ENV_PROGRESS",
@@ -47,13 +49,16 @@ __all__ = [
     "FR_DUMP_TOKEN_KEY",
     "FR_REQUEST_FILE",
     "FR_USER_SETTINGS",
+    "MAX_BEAT_S",
     "MAX_FR_TOKEN_CHARS",
     "PROGRESS_SOURCES",
     "FrRequestReader",
+    "beat_interval",
     "format_progress",
     "fr_dump_folder",
     "fr_dump_path",
     "fr_dump_root",
+    "parse_beat",
     "parse_progress",
     "read_stack_signal",
     "stack_file_path",
@@ -65,6 +70,35 @@ __all__ = [
 
 #: the workers' progress sources, in the grammar of :func:`parse_progress`
 ENV_PROGRESS = "EVENTBUS_PROGRESS"
+#: the worker's heartbeat interval in seconds (:func:`beat_interval`); unset: 1 s
+ENV_BEAT = "EVENTBUS_BEAT_S"
+#: the heartbeats a second the agent of group rank 0 is sized for: a larger job beats less
+#: often (docs/scale.md: receiving and folding ~90 us a beat, 2,048 a second ~18% of a core)
+BEATS_PER_S = 2048
+#: the longest heartbeat interval, whatever the job's size
+MAX_BEAT_S = 10.0
+
+
+def beat_interval(world_size: int, stall_timeout: float | None = None) -> float:
+    """The heartbeat interval for a job of ``world_size`` ranks: 1 s up to
+    :data:`BEATS_PER_S` ranks, then growing with the job so that group rank 0 receives about
+    that many beats a second; never above a quarter of a numeric ``--stall-timeout`` (a rank
+    that progresses beats well within it; the stall rule dates progress by the beat's
+    ``idle_s`` on the rank's clock, so it stays exact) nor :data:`MAX_BEAT_S`."""
+    beat = max(1.0, world_size / BEATS_PER_S)
+    if stall_timeout is not None:
+        beat = min(beat, max(1.0, stall_timeout / 4))
+    return min(beat, MAX_BEAT_S)
+
+
+def parse_beat(value: str | None) -> float:
+    """``EVENTBUS_BEAT_S``'s value: seconds from 1 to :data:`MAX_BEAT_S`; unset, empty or
+    anything else: 1.0."""
+    try:
+        beat = float(value) if value else 1.0
+    except ValueError:
+        return 1.0
+    return beat if 1.0 <= beat <= MAX_BEAT_S else 1.0
 #: every progress source, in their canonical order
 PROGRESS_SOURCES = ("collectives", "steps", "events")
 #: ``data[EXITING_KEY] = True`` in a worker's last heartbeat: its script has ended

@@ -21,9 +21,11 @@ torch is never imported here: the thread looks into ``sys.modules`` for what the
 imported. It records ``WORKER_PROGRESS`` (:class:`eventbus.events.WorkerProgress`) on the
 default bus, which the store forwarder carries to the agent: a heartbeat when progress
 changed and at least :data:`BEAT_S` passed since the last one, and an idle beat every
-:data:`IDLE_BEAT_S` while nothing changes, with ``data["where"]`` (the main thread's
-innermost frame in the user's code) and, once idle for :data:`STACK_AFTER_S`,
-``data["stack"]`` (every thread, the main one first, eventbus's own last and marked).
+:data:`IDLE_BEAT_S` while nothing changes (both longer in a large job: the agent sets
+``EVENTBUS_BEAT_S``, :func:`eventbus.app.protocol.agent_worker.beat_interval`), with
+``data["where"]`` (the main thread's innermost frame in the user's code) and, once idle
+for :data:`STACK_AFTER_S`, ``data["stack"]`` (every thread, the main one first, eventbus's
+own last and marked).
 ``data["compute_s"]``/``data["wait_s"]``: the window's time outside/inside collectives
 (from the samples, on the rank's own clock) per collective completed in it, and
 ``data["intervals"]``, how many completed (the agent pools windows by it).
@@ -79,6 +81,7 @@ from collections.abc import Callable
 from collections.abc import Iterable
 from typing import Any
 
+from eventbus.app.protocol.agent_worker import ENV_BEAT
 from eventbus.app.protocol.agent_worker import EXITING_KEY
 from eventbus.app.protocol.agent_worker import FR_DUMP_ERROR_KEY
 from eventbus.app.protocol.agent_worker import FR_DUMP_KEY
@@ -86,12 +89,14 @@ from eventbus.app.protocol.agent_worker import FR_DUMP_TOKEN_KEY
 from eventbus.app.protocol.agent_worker import PROGRESS_SOURCES
 from eventbus.app.protocol.agent_worker import FrRequestReader
 from eventbus.app.protocol.agent_worker import fr_dump_path
+from eventbus.app.protocol.agent_worker import parse_beat
 from eventbus.app.worker import notices
 from eventbus.app.worker.saves import SaveWatch
 
 __all__ = [
     "BEAT_S",
     "BUSY_COLLECTIVES_PER_TICK",
+    "MEMBERS_EVERY_S",
     "IDLE_BEAT_S",
     "PENDING_AFTER_S",
     "SLOW_TICK_S",
@@ -120,6 +125,9 @@ TICK_S = 0.25
 #: ``min_step_time_s``, 50 ms, over the median), so a finer split buys nothing
 BUSY_COLLECTIVES_PER_TICK = 10
 SLOW_TICK_S = 0.5
+#: a group's members (``data["pgs"][pg]["ranks"]``) are sent when they change and at least
+#: this often; the agent keeps the last it got (StallWatch.members)
+MEMBERS_EVERY_S = 30.0
 #: how long the exit waits for the watch's thread before the final beat (a tick's dump
 #: on a loaded machine); the beat is skipped past it rather than raced
 FINAL_JOIN_S = 5.0
@@ -308,6 +316,11 @@ class ProgressWatch:
         self._own = 0
         self._pid = os.getpid()
         self._final_sent = False
+        #: the heartbeat interval: BEAT_S, or what the agent set for a large job
+        self.beat_s = parse_beat(os.environ.get(ENV_BEAT))
+        #: each group's members as last sent, and when they were last all sent
+        self._members_sent: dict[str, list[int]] = {}
+        self._members_at = -1e9
         #: the wait before the next tick: TICK_S, or SLOW_TICK_S while collectives are busy
         self._next_tick = TICK_S
         self._tick_completed = 0
@@ -445,9 +458,9 @@ class ProgressWatch:
         # the agent's dump requests come at a stall: looked for at every tick while this
         # rank is idle, else with each heartbeat (a stat() is a system call each time)
         served = self._serve_request() if (
-            now - self._progress_t >= TICK_S or since >= BEAT_S) else None
-        if served is not None or gone or (self._changed and since >= BEAT_S) \
-                or since >= IDLE_BEAT_S or self.saves.waiting:
+            now - self._progress_t >= TICK_S or since >= self.beat_s) else None
+        if served is not None or gone or (self._changed and since >= self.beat_s) \
+                or since >= IDLE_BEAT_S * self.beat_s / BEAT_S or self.saves.waiting:
             self._beat(now, idle=not self._changed, extra=served)
 
     def _beat(self, now: float, *, idle: bool, extra: dict[str, Any] | None,
@@ -459,8 +472,20 @@ class ProgressWatch:
         data: dict[str, Any] = {"sources": [s for s in PROGRESS_SOURCES if self._live(s)]}
         completed = sum(max(0, c) for _, c in self._pgs.values())  # -1: none yet
         if self._pgs:
-            data["pgs"] = {pg: {"enqueued": e, "completed": c, "ranks": self._ranks.get(pg, []),
-                                "name": pg} for pg, (e, c) in self._pgs.items()}
+            data["pgs"] = pgs = {pg: {"enqueued": e, "completed": c, "name": pg}
+                                 for pg, (e, c) in self._pgs.items()}
+            # a group's members ride in the first beat that has them, when they change,
+            # and every MEMBERS_EVERY_S (an agent that missed them learns them again):
+            # every beat of 8,192 ranks carrying the world's member list was 320 MB/s
+            # into rank 0's store and most of its agent's CPU (docs/scale.md)
+            resend = now - self._members_at >= MEMBERS_EVERY_S
+            for pg, entry in pgs.items():
+                members = self._ranks.get(pg, [])
+                if resend or self._members_sent.get(pg) != members:
+                    entry["ranks"] = members
+                    self._members_sent[pg] = members
+            if resend:
+                self._members_at = now
             intervals = completed - self._beat_completed
             if intervals > 0 and self._beat_completed > 0:  # not the start-up's window
                 data["compute_s"] = round(self._outside_s / intervals, 6)
