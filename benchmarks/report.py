@@ -275,9 +275,11 @@ def _scale(result: dict[str, Any]) -> list[str]:
            "knew only `ranks in the stall watch`), and `/api/state` "
            "(`dumps(state.snapshot())`). The simulator shares the cores with the agent.", ""]
     for title, key, growth in (
-            ("Beats as the workers send them (the world group's member list in each)",
-             "rows", "growth"),
-            ("Beats without the member list (`ranks: []`)", "bare rows", "bare growth")):
+            ("Beats as the workers send them now: a group's members only when they change "
+             "and every 30 s (measured with `ranks: []` in each beat)", "bare rows",
+             "bare growth"),
+            ("Beats as they were sent before: the world group's member list in each",
+             "rows", "growth")):
         rows = result[key]
         out += [f"### {title}", ""]
         table = [{"ranks": f"{r['ranks']:,}", **{k: v for k, v in r.items()
