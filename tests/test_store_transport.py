@@ -482,3 +482,18 @@ def test_a_typo_in_the_job_filter_keeps_the_default_instead_of_disabling_the_tra
     transport = StoreTransport(job_events="-METRICS")
     assert transport.job_filter(eventbus.Metric(step=1))
     assert "METRICS" in caplog.text
+
+
+def test_group_rank_0_polls_each_node_queue_less_often_in_a_larger_job() -> None:
+    """The job receiver is one thread of store round trips: its polls of the other nodes'
+    queues grow apart with the nodes (about job_polls_per_s in all), from the fast default
+    of a small job to at most job_max_poll_interval (docs/scale.md)."""
+    from eventbus.app.launcher.store_transport import StoreTransport
+
+    transport = StoreTransport()
+    settings = transport.settings
+    assert transport.job_poll_interval(2) == settings.job_poll_interval
+    assert transport.job_poll_interval(40) == settings.job_poll_interval
+    assert transport.job_poll_interval(256) == pytest.approx(256 / settings.job_polls_per_s)
+    assert transport.job_poll_interval(1024) == settings.job_max_poll_interval == 0.25
+    assert transport.job_poll_interval(100_000) == settings.job_max_poll_interval
