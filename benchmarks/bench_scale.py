@@ -29,7 +29,7 @@ store keeps that backlog in the agent's memory):
   one core: decoding, validating and publishing, the subscribers' share included; folding:
   the job view's folder thread (``eventbus-ui-fold``). CPU time, not wall time: robust to
   the simulator and other processes sharing the cores. Also per beat that reached the bus
-  in the window, and what that comes to at one beat a second per rank: where the agent
+  in the window, and what that comes to at the job's beat rate: where the agent
   fell behind (its thread given less CPU than it needs on a shared machine) that is what
   the job's rate would cost. The store's server thread (a native thread of the agent's
   process) is given apart;
@@ -214,6 +214,15 @@ def culprit_cost(ranks: int, *, repeats: int = 3, members: bool = True) -> dict[
 
 
 def agent(ranks: int, window: float, warmup: float, members: bool) -> dict[str, Any]:
+    """(see _agent) The beats as sent now come at the interval the agent sets for the
+    job's size (protocol.beat_interval); with the member list, as before, once a second."""
+    from eventbus.app.protocol.agent_worker import beat_interval
+
+    return _agent(ranks, window, warmup, members, 1.0 if members else beat_interval(ranks))
+
+
+def _agent(ranks: int, window: float, warmup: float, members: bool,
+           period: float) -> dict[str, Any]:
     """The agent process: store, transport, bus and subscribers; the simulator as a child;
     the figures of one size."""
     import datetime
@@ -241,12 +250,14 @@ def agent(ranks: int, window: float, warmup: float, members: bool) -> dict[str, 
     master = TCPStore(HOST, 0, is_master=True, wait_for_workers=False,
                       timeout=datetime.timedelta(seconds=60))
     store_tids = _tasks() - before - {threading.get_native_id()}
+    # every rank beats within the warm-up, and at least twice in the window
+    warmup, window = max(warmup, period + 1.0), max(window, 2 * period)
     seconds = warmup + window
     # the simulator imports torch and checks its pushes while this process sets up
     sim = subprocess.Popen(
         [sys.executable, str(Path(__file__).resolve()), "--simulate", json.dumps(
             {"port": int(master.port), "ranks": ranks, "seconds": seconds, "warmup": warmup,
-             "members": members})],
+             "members": members, "period": period})],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_child_env(), cwd=ROOT)
     bus = Bus("scale-agent")
     # as the agent subscribes them: the job view (--ui) and the health watches' observer
@@ -286,9 +297,9 @@ def agent(ranks: int, window: float, warmup: float, members: bool) -> dict[str, 
         stopped = False
         while time.time() < t0 + seconds:
             time.sleep(min(0.25, max(0.0, t0 + seconds - time.time())))
-            # beats due by now (each rank beats once a second, pushed within 50 ms)
-            behind = ranks * (time.time() - t0 - NODE_FLUSH_S) - len(arrivals)
-            if behind > MAX_BEHIND_S * ranks:
+            # beats due by now (each rank beats once an interval, pushed within 50 ms)
+            behind = ranks / period * (time.time() - t0 - NODE_FLUSH_S) - len(arrivals)
+            if behind > MAX_BEHIND_S * ranks / period:
                 master.set("scale/stop", repr(time.time()))
                 stopped = True
                 break
@@ -313,7 +324,8 @@ def agent(ranks: int, window: float, warmup: float, members: bool) -> dict[str, 
     span = wall1 - wall0
     share = {role: (cpu1[role] - cpu0[role]) / span * 100 for role in cpu0}
     # per beat that reached the bus while the CPU was measured (backlog included): what
-    # the rate the job sends (one beat a second per rank) costs, however loaded the machine
+    # the rate the job sends (one beat per rank per interval) costs, however loaded the
+    # machine
     handled = sum(1 for _, at in list(arrivals) if began <= at < ended)
     per_beat = {role: (cpu1[role] - cpu0[role]) / handled * 1e6 if handled else math.nan
                 for role in ("receiving", "folding")}
@@ -365,8 +377,9 @@ def agent(ranks: int, window: float, warmup: float, members: bool) -> dict[str, 
         "receiving + folding % of a core": share["receiving"] + share["folding"],
         "receiving us/beat": per_beat["receiving"],
         "folding us/beat": per_beat["folding"],
-        "receiving + folding at 1 beat/s per rank, % of a core": (
-            (per_beat["receiving"] + per_beat["folding"]) * ranks / 1e4),
+        "beat interval s": period,
+        "receiving + folding at the job's beat rate, % of a core": (
+            (per_beat["receiving"] + per_beat["folding"]) * ranks / period / 1e4),
         "store server % of a core": share["store"],
         "agent process % of a core": (proc1 - proc0) / span * 100,
         "simulator % of a core": pushed["cpu %"],
@@ -505,17 +518,17 @@ def _target(what: str, value: float, limit: float) -> dict[str, Any]:
 
 
 GROWTH_KEYS = ("wire KiB/beat", "receiving + folding % of a core", "receiving us/beat",
-               "folding us/beat", "receiving + folding at 1 beat/s per rank, % of a core",
+               "folding us/beat", "receiving + folding at the job's beat rate, % of a core",
                "store server % of a core", "p50 ms", "p99 ms", "delivered %",
                "culprit verdict ms", "straggler check ms", "/api/state KiB",
                "/api/state ms", "rss MiB after")
-FULL_RATE = "receiving + folding at 1 beat/s per rank, % of a core"
+FULL_RATE = "receiving + folding at the job's beat rate, % of a core"
 
 
 def _cost_at_rate(row: dict[str, Any]) -> float:
     """Receiving and folding at the job's rate: what was measured, or where the agent fell
     behind (the machine's cores shared, the receiver given less than it needs) what its
-    CPU time per beat comes to at one beat a second per rank, whichever is larger."""
+    CPU time per beat comes to at the job's beat rate, whichever is larger."""
     share = float(row["receiving + folding % of a core"])
     estimate = float(row[FULL_RATE])
     return max(share, estimate) if math.isfinite(estimate) else share

@@ -249,8 +249,8 @@ def _scale(result: dict[str, Any]) -> list[str]:
            "job view's `JobState` (folder thread running) and the health watches' observer "
            "subscribed, and a simulator process (`benchmarks/scale_job.py`) pushing what "
            "every other node's job forwarder (50 ms flush) and rank 0's own 8 workers (20 ms "
-           "flush, doorbell) push: one `WORKER_PROGRESS` a second per rank, spread over the "
-           "second, its `data` as the progress watch sends it (`pgs` listing the world "
+           "flush, doorbell) push: one `WORKER_PROGRESS` per rank per beat interval, spread "
+           "over the interval, its `data` as the progress watch sends it (`pgs` listing the world "
            "group's members, `compute_s`, `wait_s`, `intervals`, `step_time_s`, `sources`), "
            "each push the real encoder's output (checked byte for byte). Measured over a "
            f"{result['window s']:g} s window ({result['bare window s']:g} s without the "
@@ -262,10 +262,12 @@ def _scale(result: dict[str, Any]) -> list[str]:
            "the doorbell's (decoding, validating, publishing, the subscribers' share "
            "included), folding the view's folder thread, store server the `TCPStore`'s own "
            "native thread. `us/beat` is that CPU per beat that reached "
-           "the bus in the window, and `at 1 beat/s per rank` what it comes to at the job's "
-           "rate: where the agent fell behind (its threads given less than they need on the "
-           "shared cores), that is the cost of keeping up. Latency is from the beat's "
-           "timestamp to its arrival on the agent's bus, a beat not arrived "
+           "the bus in the window, and `at the job's beat rate` what it comes to at one beat "
+           "per rank per `beat interval s` (1 s up to 2,048 ranks, then ranks / 2,048 s, as "
+           "the agent sets it for the job's size; once a second with the member list, as "
+           "the workers beat before): where the agent fell behind (its threads given less "
+           "than they need on the shared cores), that is the cost of keeping up. Latency "
+           "is from the beat's timestamp to its arrival on the agent's bus, a beat not arrived "
            f"{result['late s']:g} s after the window counting as infinitely late. After "
            "the window, in the calling thread's CPU time (the collections it triggers "
            "included): the culprit verdict (`Judge.overdue` + `Judge.verdict` over a "
@@ -306,8 +308,8 @@ def _scale(result: dict[str, Any]) -> list[str]:
             "simulated minutes.", ""]
     out += _generic({"rows": hour["readings"]})
     out += ["", "### Targets", "",
-            "Receiving + folding is the larger of the measured share and the share at 1 "
-            "beat/s per rank.", ""]
+            "Receiving + folding is the larger of the measured share and the share at the "
+            "job's beat rate.", ""]
     out += _table(["target", "measured", "limit", "met"],
                   [[t["target"], _num(t["value"]), _num(t["limit"]),
                     "yes" if t["met"] else "**no**"] for t in result["targets"]])

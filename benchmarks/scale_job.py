@@ -242,13 +242,14 @@ def live_template(ranks: int, *, members: bool) -> BeatTemplate:
 Push = tuple[float, str, int, tuple[int, ...]]
 
 
-def _schedule(ranks: int, seed: int = 1) -> tuple[list[Push], list[float]]:
-    """One second of the job's pushes, ``(time in the second, kind, node or rank, the ranks
-    whose beats it carries)``, sorted, and each rank's offset in the second. Every rank
-    beats at its own offset; a node's agent pushes on its forwarder's 50 ms grid (its own
-    phase), group rank 0's workers each on a 20 ms grid."""
+def _schedule(ranks: int, seed: int = 1, period: float = 1.0
+              ) -> tuple[list[Push], list[float]]:
+    """One beat interval (``period`` seconds) of the job's pushes, ``(time in it, kind, node
+    or rank, the ranks whose beats it carries)``, sorted, and each rank's offset in it.
+    Every rank beats at its own offset; a node's agent pushes on its forwarder's 50 ms grid
+    (its own phase), group rank 0's workers each on a 20 ms grid."""
     rng = random.Random(seed)
-    offsets = [rng.random() for _ in range(ranks)]
+    offsets = [rng.random() * period for _ in range(ranks)]
     out: list[Push] = []
     for node in range(ranks // RANKS_PER_NODE):
         members = range(node * RANKS_PER_NODE, (node + 1) * RANKS_PER_NODE)
@@ -270,8 +271,9 @@ def _schedule(ranks: int, seed: int = 1) -> tuple[list[Push], list[float]]:
 
 
 def simulate(port: int, ranks: int, seconds: float, warmup: float,
-             members: bool) -> dict[str, Any]:
-    """The simulator process: pushes the job's heartbeats for ``seconds`` (warm-up
+             members: bool, period: float = 1.0) -> dict[str, Any]:
+    """The simulator process: pushes the job's heartbeats, one per rank every ``period``
+    seconds (the interval the agent sets for the job's size), for ``seconds`` (warm-up
     included) from the agent's go, then every sender's end marker; returns its figures.
 
     Started as soon as the agent's store listens: it builds and checks its pushes while
@@ -287,7 +289,7 @@ def simulate(port: int, ranks: int, seconds: float, warmup: float,
     template = live_template(ranks, members=members)
     template.check(kind="n", rank=1)
     template.check(kind="w", rank=3)
-    schedule, offsets = _schedule(ranks)
+    schedule, offsets = _schedule(ranks, period=period)
     encoders = {("n", node): BatchEncoder(kind="n", rank=node)
                 for node in range(1, ranks // RANKS_PER_NODE)}
     encoders.update({("w", r): BatchEncoder(kind="w", rank=r) for r in range(RANKS_PER_NODE)})
@@ -309,11 +311,11 @@ def simulate(port: int, ranks: int, seconds: float, warmup: float,
     end = t0 + seconds
     push = client.queue_push
     clock, sleep = time.time, time.sleep
-    for cycle in range(math.ceil(seconds)):
+    for cycle in range(math.ceil(seconds / period)):
         if client.check(["scale/stop"]):  # the agent fell behind: its window has ended
             end = float(client.get("scale/stop").decode())
             break
-        base = t0 + cycle
+        base = t0 + cycle * period
         for tick, kind, who, rs in schedule:
             due = base + tick
             ahead = due - clock()
