@@ -398,9 +398,11 @@ class QueuedSink:
             return
         if size > self._max_bytes:
             self._drop("too large", 1)
+            self._wake_for_report()
             return
         if self.settings.overflow == "drop-newest":
             self._drop("queue full", 1)
+            self._wake_for_report()
             return
         queue = self._queue
         sizes = self._sizes
@@ -418,6 +420,12 @@ class QueuedSink:
         self.queued_bytes += size
         if self._thread is None:
             self._start()
+
+    def _wake_for_report(self) -> None:
+        # A drop into an idle queue (an event over max_bytes, say) is reported by the
+        # thread, which sleeps with no timeout while the queue is empty: wake it.
+        if self._thread is not None and not self._queue:
+            self._wake()
 
     def _drop(self, reason: str, n: int) -> None:
         # One statement with no call in it once the reason is known: a drop nested in

@@ -674,3 +674,19 @@ def test_a_signal_handler_recording_mid_enqueue_neither_deadlocks_nor_loses(
     assert out["from-handler"] == out["interrupted"]
     assert out["handled"] == out["enqueued"] and out["dropped"] == 0
     assert out["consistent"] == 1
+
+
+def test_a_drop_into_an_idle_queue_is_reported_without_another_event(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The thread sleeps with no timeout while its queue is empty: an event over
+    max_bytes dropped there wakes it, and the drop is reported with no event after it."""
+    got: list[Event] = []
+    sink = QueuedSink(got.extend, name="idle-drop", max_bytes=1_000, flush_interval=0.01)
+    sink(eventbus.EpochEnd(epoch=0))
+    assert _wait_until(lambda: len(got) == 1)
+    time.sleep(0.05)  # idle now
+    with caplog.at_level(logging.WARNING, logger="eventbus"):
+        sink(eventbus.EpochEnd(epoch=1, data={"blob": "x" * 5_000}))
+        assert _wait_until(lambda: "dropped 1 events" in caplog.text)
+    assert sink.dropped == {"too large": 1}
+    assert sink.close(5)
