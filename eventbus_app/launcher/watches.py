@@ -305,6 +305,8 @@ class StallWatch:
                 del self._seen[key]
             for key in [k for k in self._early if k[0] < attempt]:
                 del self._early[key]
+            for key in [k for k in self._members if k[0] < attempt]:
+                del self._members[key]
 
 
 # -- stragglers ----------------------------------------------------------------------------

@@ -96,8 +96,8 @@ from eventbus.app.worker.saves import SaveWatch
 __all__ = [
     "BEAT_S",
     "BUSY_COLLECTIVES_PER_TICK",
-    "MEMBERS_EVERY_S",
     "IDLE_BEAT_S",
+    "MEMBERS_EVERY_S",
     "PENDING_AFTER_S",
     "SLOW_TICK_S",
     "STACK_AFTER_S",
@@ -117,7 +117,8 @@ THREAD_NAME = "eventbus-progress"
 #: ~150 us more, so the rate is what the watch costs (benchmarks/bench_health.py). The
 #: samples classify each tick's interval as inside or outside a collective, which the
 #: straggler rule needs precisely only when a collective interval can be long: see
-#: :data:`FAST_TICK_S`. The agent pools a window's beats (``data["intervals"]``).
+#: :data:`BUSY_COLLECTIVES_PER_TICK`. The agent pools a window's beats
+#: (``data["intervals"]``).
 TICK_S = 0.25
 #: ...and while collectives complete at least this often (per tick), the tick stretches to
 #: :data:`SLOW_TICK_S`: the rank's compute time between two of them is then a few tens of
