@@ -426,3 +426,38 @@ def test_forked_children_send_as_new_senders_and_never_duplicate_the_parent_queu
     senders = rx.stats()["senders"]
     assert len(senders) == 6 and all(s["ended"] for s in senders.values())
     assert rx.stats()["lost"] == {}
+
+
+IDLE = r"""
+import sys, time
+import eventbus
+from eventbus.subscribers.store_forwarder import worker_forwarder
+eventbus.record("EPOCH_END", epoch=0)       # before the script's own import torch
+assert "torch" not in sys.modules
+forwarder = worker_forwarder()
+assert forwarder.flush(30), forwarder.stats()
+time.sleep(0.2)                             # the queue's thread settles into its wait
+woken = forwarder.sink.wakeups
+time.sleep(1.0)
+print("idle-wakeups", forwarder.sink.wakeups - woken, flush=True)
+eventbus.record("EPOCH_END", epoch=1)       # and the next event still leaves at once
+deadline = time.monotonic() + 30
+while forwarder.stats()["pushed"] < 2 and time.monotonic() < deadline:
+    time.sleep(0.01)
+print("pushed", forwarder.stats()["pushed"], "torch", "torch" in sys.modules, flush=True)
+"""
+
+
+def test_a_worker_forwarder_with_nothing_queued_never_wakes(store: Any) -> None:
+    """Counted, not timed: in a real worker (the bootstrap, a real TCPStore), the
+    forwarder's thread comes back from no wait at all over a second with nothing queued,
+    the next event still reaches the store with no flush, and nothing imported torch."""
+    done = subprocess.run([*WORKER, "-c", IDLE], env=_env(store.port), capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    words = done.stdout.split()
+    assert int(words[words.index("idle-wakeups") + 1]) == 0, done.stdout
+    assert int(words[words.index("pushed") + 1]) == 2, done.stdout
+    assert words[words.index("torch") + 1] == "False", done.stdout
+    got, _ = _drain(store.port, until_end=True)
+    assert [e.epoch for e in got if e.type == EventType.EPOCH_END] == [0, 1]
