@@ -457,6 +457,8 @@ class QueuedSink:
         queue = self._queue
         sizes = self._sizes
         n = len(queue)
+        if len(sizes) != n:
+            self._resync()
         if n <= self._max_batch:
             batch = list(queue)
             queue.clear()
@@ -470,6 +472,23 @@ class QueuedSink:
             self.queued_bytes -= sum(pop_size() for _ in range(n))
         self._removed += n
         return batch
+
+    def _resync(self) -> None:
+        # Called with the lock held, when the queue and its sizes differ in length: a
+        # signal handler raised between an enqueue's two appends (the pure-Python path:
+        # the compiled one runs no Python code there), or an eviction's two pops. Each
+        # size is estimated again (the estimate of an event is the same every time), and
+        # the byte count with them: left as it was, the partial take below would pop an
+        # empty deque (and end the thread), and the count would drift until the queue
+        # refused everything as over max_bytes.
+        sizes = self._sizes
+        sizes.clear()
+        for event in self._queue:
+            try:
+                sizes.append(self.size_of(event))
+            except Exception:
+                sizes.append(BASE_BYTES)
+        self.queued_bytes = sum(sizes)
 
     def _sleep(self, timeout: float | None) -> None:
         # The thread's one way to wait, without the lock: until a wake-up, or ``timeout``

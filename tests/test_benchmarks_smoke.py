@@ -338,4 +338,5 @@ def test_scale_benchmark_quick_run_reports_each_size_and_renders() -> None:
     text = render({"scale": result}, machine={}, versions={}, when="now", quick=True,
                   seconds={"scale": 1.0})
     assert "## Scale: the agent of group rank 0 at 1,024 to 8,192 ranks" in text
-    assert "### Beats without the member list (`ranks: []`)" in text
+    assert "### Beats as the workers send them now" in text
+    assert "### Beats as they were sent before" in text

@@ -690,3 +690,23 @@ def test_a_drop_into_an_idle_queue_is_reported_without_another_event(
         assert _wait_until(lambda: "dropped 1 events" in caplog.text)
     assert sink.dropped == {"too large": 1}
     assert sink.close(5)
+
+
+def test_a_queue_and_sizes_out_of_step_are_healed_at_the_take() -> None:
+    """A signal handler that raises between the pure-Python enqueue's two appends leaves
+    the queue one event longer than its sizes (seen in CI's signal race: the partial take
+    popped an empty deque and the thread died). The thread's take estimates the sizes
+    again: every event is delivered, in order, and the byte count comes back to 0."""
+    got: list[Event] = []
+    sink = QueuedSink(got.extend, name="out-of-step", max_batch=4, flush_interval=60.0)
+    sink._thread = threading.Thread(target=lambda: None)  # never started: nothing taken yet
+    for epoch in range(10):
+        sink(eventbus.EpochEnd(epoch=epoch))
+    with sink._lock:  # what the interrupted enqueue leaves: an event with no size
+        sink._queue.append(eventbus.EpochEnd(epoch=10))
+        sink._sizes.popleft()  # and an eviction cut between its pops, for good measure
+    sink._thread = None
+    assert sink.flush(10)
+    assert [e.epoch for e in got] == list(range(11))  # type: ignore[attr-defined]
+    assert sink.queued_bytes == 0 and sink.stats()["handled"] == 11
+    assert sink.close(5)
