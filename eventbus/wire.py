@@ -174,8 +174,9 @@ class QueueClient:
     deadlock on the two packages' import locks (``torch/__init__`` imports
     ``torch.distributed``), and Python breaks such a cycle by raising in one of the two
     threads. So the sender speaks the store's protocol itself, the few messages of it a
-    push takes (c10d's ``TCPStoreBackend.hpp`` and ``TCPStore.cpp``, as torch 2.8 to 2.13
-    have them; checked against a real store by tests/test_store_transport.py):
+    push takes (c10d's ``TCPStoreBackend.hpp`` and ``TCPStore.cpp`` as torch 2.13 has them,
+    whose message types are only ever appended to; checked against a real store by
+    tests/test_queue_client.py):
 
     * on connect, ``VALIDATE`` with the store's magic number, then a ``PING`` whose nonce the
       store echoes: what proves the peer is a c10d store and answers (a server that speaks
@@ -188,7 +189,7 @@ class QueueClient:
     it with its client lock held.
     """
 
-    #: c10d's QueryType values (an enum of uint8, append-only across torch releases)
+    #: c10d's QueryType values (an enum of uint8, new types appended at its end)
     VALIDATE, PING, QUEUE_PUSH = 0, 13, 14
     #: c10d's validationMagicNumber
     MAGIC = 0x3C85F7CE
