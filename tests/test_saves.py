@@ -110,3 +110,29 @@ def test_a_newer_watch_keeps_the_saves_from_an_older_one_that_arms_again(
     older.arm()  # the older watch's next tick
     fake_torch.torch.save(1, str(tmp_path / "d.pt"))
     assert len(newer.take()) == 1 and not older.take()
+
+
+def test_a_save_carries_the_step_its_end_saw_and_goodput_prefers_it(fake_torch: Any,
+                                                                     tmp_path: Path) -> None:
+    """The save's step is the step counter as the save ends, not the step of the heartbeat
+    that carries it (which goes out up to a tick and a beat later): goodput's wasted steps
+    count from it (a real job: tests/test_goodput_jobs.py)."""
+    from eventbus.app.readers import goodput
+
+    steps = [30]
+    watch = SaveWatch(step=lambda: steps[0])
+    watch.arm()
+    fake_torch.torch.save({"w": 1}, str(tmp_path / "a.pt"))
+    steps[0] = 43  # the beat that carries it goes out 13 steps later
+    (save,) = watch.take()
+    assert save["step"] == 30
+    beat = goodput.Record(type="WORKER_PROGRESS", timestamp=save["end"] + 1.0,
+                          fields={"step": 43}, data={"saves": [save]},
+                          context={"rank": 0, "restart_count": 0})
+    ((start, end, step, attempt),) = goodput._saves([beat])
+    assert (start, end, step, attempt) == (save["start"], save["end"], 30, 0)
+    unstepped = {k: v for k, v in save.items() if k != "step"}  # an older worker's note
+    older = goodput.Record(type="WORKER_PROGRESS", timestamp=save["end"] + 1.0,
+                           fields={"step": 43}, data={"saves": [unstepped]},
+                           context={"rank": 0, "restart_count": 0})
+    assert goodput._saves([older])[0][2] == 43

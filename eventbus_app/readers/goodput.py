@@ -226,7 +226,11 @@ def _saves(records: Sequence[Record]) -> list[tuple[float, float, int | None, in
                 if isinstance(save, dict):
                     start, end = as_number(save.get("start")), as_number(save.get("end"))
                     if start is not None and end is not None and end >= start:
-                        out.append((start, end, _step_of(r), _attempt(r)))
+                        # the step as the save ended (the bootstrap reads its step
+                        # counter then), else the heartbeat's own, which went out later
+                        step = as_int(save.get("step"))
+                        out.append((start, end, step if step is not None else _step_of(r),
+                                    _attempt(r)))
     return out
 
 

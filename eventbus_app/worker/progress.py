@@ -286,7 +286,7 @@ class ProgressWatch:
         self._bus = bus
         self.steps = StepCounter()
         #: checkpoint saves (torch.save, DCP) noticed with no call in the script
-        self.saves = SaveWatch()
+        self.saves = SaveWatch(step=self._step_count)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._sample: Callable[..., bytes] | None = None
@@ -325,6 +325,10 @@ class ProgressWatch:
         #: the wait before the next tick: TICK_S, or SLOW_TICK_S while collectives are busy
         self._next_tick = TICK_S
         self._tick_completed = 0
+
+    def _step_count(self) -> int | None:
+        """The optimizer steps so far, once the step hook is registered (else None)."""
+        return self.steps.count if self.steps.handle is not None else None
 
     # -- lifecycle
     def start(self) -> None:

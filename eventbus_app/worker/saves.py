@@ -41,8 +41,12 @@ _active: SaveWatch | None = None
 class SaveWatch:
     """Wraps the save functions once they exist; hands the saves noted to the heartbeat."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time,
+                 step: Callable[[], int | None] | None = None) -> None:
         self.clock = clock
+        #: the optimizer steps taken so far (the progress watch's counter), read as a save
+        #: ends: the save's step, exact, whenever the heartbeat that carries it goes out
+        self.step = step
         self._lock = threading.Lock()
         self._pending: list[dict[str, Any]] = []
         #: saves noted in all, and those beyond MAX_PENDING between two heartbeats
@@ -133,6 +137,9 @@ class SaveWatch:
                 size = None
         save = {"kind": kind, "start": round(start, 6), "end": round(end, 6), "ok": ok,
                 "path": path[-300:] if path else None, "bytes": size}
+        step = self.step() if self.step is not None else None
+        if step is not None:
+            save["step"] = step
         with self._lock:
             self.noted += 1
             if len(self._pending) < MAX_PENDING:
