@@ -64,7 +64,10 @@ def test_one_job_feeds_every_sink(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
                 started = list((tmp_path / "out").glob("attempt1_rank*.started"))
                 if len(started) == 2:
                     scraped = _scrape(port)
-                    if scraped.get(("eventbus_last_step", (("rank", "1"),))) == 5:
+                    # Each rank's forwarder sends on its own clock: wait for both ranks.
+                    if all(scraped.get(("eventbus_last_step", (("rank", r),))) == 5
+                           for r in ("0", "1")) and \
+                            scraped.get(("eventbus_events_total", (("type", "METRIC"),))) == 12:
                         break
                 time.sleep(0.2)
             (tmp_path / "out" / "release").write_text("")
