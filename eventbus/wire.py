@@ -35,12 +35,14 @@ pushing takes, so a worker's events leave before (or without) the script's ``imp
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import socket
 import struct
 from collections.abc import Callable
+from collections.abc import Iterator
 from collections.abc import Sequence
 from typing import Any
 from typing import Literal
@@ -183,18 +185,27 @@ class QueueClient:
       first, hangs up or says nothing fails here, within ``timeout``);
     * ``QUEUE_PUSH``: the key (with the client's ``/`` prefix, as torch's own client adds)
       and the value, each as a native ``uint64`` length and its bytes; the store answers
-      nothing, as to torch's client.
+      nothing, as to torch's client;
+    * ``QUEUE_POP`` (:meth:`pop_many`, for a receiver): the key; the store answers the
+      queue's length *before* the pop as a native ``int64``, then, when it was not empty,
+      the value popped as a ``uint64`` length and its bytes (the libuv store's
+      ``queuePop``, the only c10d store with queues). Torch's own client keeps that length
+      to itself and raises on an empty queue; here it tells a receiver how many values are
+      left, so that emptying a queue never costs a pop that finds it empty.
 
     Every socket operation is bounded by ``timeout``. Not thread-safe: the forwarder calls
-    it with its client lock held.
+    it with its client lock held, a receiver with its own.
     """
 
     #: c10d's QueryType values (an enum of uint8, new types appended at its end)
-    VALIDATE, PING, QUEUE_PUSH = 0, 13, 14
+    VALIDATE, PING, QUEUE_PUSH, QUEUE_POP = 0, 13, 14, 15
     #: c10d's validationMagicNumber
     MAGIC = 0x3C85F7CE
     _U32 = struct.Struct("=I")
     _U64 = struct.Struct("=Q")
+    _I64 = struct.Struct("=q")
+    #: pop requests kept encoded, per key, at most this many (then the cache starts again)
+    _MAX_CACHED_REQUESTS = 65_536
 
     def __init__(self, host: str, port: int, *, timeout: float) -> None:
         self.host, self.port = host, port
@@ -221,6 +232,8 @@ class QueueClient:
             sock.close()
             raise
         self._sock = sock
+        self._reader: Any = None
+        self._pops: dict[str, bytes] = {}
 
     def queue_push(self, key: str, value: bytes | str) -> None:
         """Append ``value`` to the store's queue ``key`` (raises ``OSError`` when the
@@ -233,12 +246,74 @@ class QueueClient:
         sock.sendall(b"".join((bytes((self.QUEUE_PUSH,)), self._U64.pack(len(name)), name,
                                self._U64.pack(len(data)), data)))
 
+    def pop_many(self, keys: Sequence[str]) -> Iterator[tuple[int, bytes | None]]:
+        """Pop the head of each queue of ``keys`` (a key may repeat: one pop each), every
+        request sent at once, and yield, in the order of ``keys``, ``(length, value)``:
+        the queue's length before that pop and the value popped, or ``(0, None)`` for a
+        queue that was empty. One write and a stream of reads, not a round trip per pop.
+
+        Each answer is read as it is consumed, so that values are held one at a time. An
+        answer not read (the caller stopped early), a short read, a hang-up or a timeout
+        closes the client: its stream is out of step, and the next call raises
+        ``ConnectionError``; make a new client.
+        """
+        sock = self._sock
+        if sock is None:
+            raise ConnectionError("the queue client is closed")
+        requests = self._pops
+        if len(requests) > self._MAX_CACHED_REQUESTS:
+            requests.clear()
+        parts = []
+        for key in keys:
+            request = requests.get(key)
+            if request is None:
+                name = ("/" + key).encode("utf-8")
+                request = requests[key] = (bytes((self.QUEUE_POP,))
+                                           + self._U64.pack(len(name)) + name)
+            parts.append(request)
+        return self._answers(sock, b"".join(parts), len(parts))
+
+    def _answers(self, sock: socket.socket, requests: bytes,
+                 count: int) -> Iterator[tuple[int, bytes | None]]:
+        read = 0
+        try:
+            sock.sendall(requests)
+            reader = self._reader
+            if reader is None:
+                reader = self._reader = sock.makefile("rb")
+            unpack_i64, unpack_u64 = self._I64.unpack, self._U64.unpack
+            while read < count:
+                head = reader.read(8)
+                if len(head) != 8:
+                    raise ConnectionError("the store hung up in the middle of an answer")
+                (length,) = unpack_i64(head)
+                if length <= 0:
+                    read += 1
+                    yield 0, None
+                    continue
+                size = reader.read(8)
+                if len(size) != 8:
+                    raise ConnectionError("the store hung up in the middle of an answer")
+                (n,) = unpack_u64(size)
+                value = reader.read(n)
+                if len(value) != n:
+                    raise ConnectionError("the store hung up in the middle of an answer")
+                read += 1
+                yield length, value
+        finally:
+            if read < count:
+                self.close()
+
     def fileno(self) -> int:
         """The socket's descriptor (-1 once closed)."""
         return -1 if self._sock is None else self._sock.fileno()
 
     def close(self) -> None:
         sock, self._sock = self._sock, None
+        reader, self._reader = getattr(self, "_reader", None), None
+        if reader is not None:
+            with contextlib.suppress(OSError):
+                reader.close()
         if sock is not None:
             sock.close()
 

@@ -63,8 +63,10 @@ def _ctx(rank: int = 0) -> eventbus.JobContext:
                                hostname="h", pid=1)
 
 
-def _receiver(store: Any, bus: eventbus.Bus, key: str = KEY, rank: int = 0) -> StoreReceiver:
-    rx = StoreReceiver(bus=bus, host="127.0.0.1", port=store.port, connect_timeout=10)
+def _receiver(store: Any, bus: eventbus.Bus, key: str = KEY, rank: int = 0, *,
+              pipelined: bool = False) -> StoreReceiver:
+    rx = StoreReceiver(bus=bus, host="127.0.0.1", port=store.port, connect_timeout=10,
+                       pipelined=pipelined)
     rx.watch(key, kind="w", rank=rank)
     return rx
 
@@ -74,7 +76,9 @@ def _lost(events: list[eventbus.Event], prefix: str) -> int:
                if e.type == EventType.EVENTS_LOST and e.reason.startswith(prefix))
 
 
-def test_round_trip_keeps_every_event_in_order_and_batches_pushes(store: Any) -> None:
+@pytest.mark.parametrize("pipelined", [False, True], ids=["pops", "pipelined"])
+def test_round_trip_keeps_every_event_in_order_and_batches_pushes(store: Any,
+                                                                  pipelined: bool) -> None:
     """10,000 events of mixed types (NaN, tensors, unicode) arrive typed, in order, equal,
     carried by far fewer pushes than events."""
     torch = pytest.importorskip("torch")
@@ -91,7 +95,7 @@ def test_round_trip_keeps_every_event_in_order_and_batches_pushes(store: Any) ->
         else:
             src.record(EventType.WORKER_EXIT, worker_id=0, exit_code=i % 5, signal=None)
     assert fwd.close(5.0)
-    rx = _receiver(store, dst)
+    rx = _receiver(store, dst, pipelined=pipelined)
     assert rx.drain(timeout=10)
     assert len(got) == 10_000
     assert [e.to_json() for e in got] == [e.to_json() for e in sent]
@@ -121,7 +125,8 @@ def test_round_trip_dicts_equal(store: Any) -> None:
     assert [e.to_dict() for e in got] == [e.to_dict() for e in sent]
 
 
-def test_sequence_gap_and_duplicates_are_reported_not_hidden(store: Any) -> None:
+@pytest.mark.parametrize("pipelined", [False, True], ids=["pops", "pipelined"])
+def test_sequence_gap_and_duplicates_are_reported_not_hidden(store: Any, pipelined: bool) -> None:
     """A jump in a sender's numbering is one EVENTS_LOST 'gap' of its size; a repeated push
     is one 'duplicate' report and its events are delivered once."""
     dst, got = _bus_with_log("dst")
@@ -132,7 +137,7 @@ def test_sequence_gap_and_duplicates_are_reported_not_hidden(store: Any) -> None
     (third, _), = enc.encode(events[20:])
     for value in (first, third, third):
         store.queue_push(KEY, value)
-    rx = _receiver(store, dst)
+    rx = _receiver(store, dst, pipelined=pipelined)
     rx.drain(timeout=5)
     epochs = [e.epoch for e in got if e.type == EventType.EPOCH_END]
     assert epochs == [*range(10), *range(20, 30)]
@@ -141,8 +146,9 @@ def test_sequence_gap_and_duplicates_are_reported_not_hidden(store: Any) -> None
     assert rx.stats()["lost"] == {"gap": 10, "duplicate": 10}
 
 
+@pytest.mark.parametrize("pipelined", [False, True], ids=["pops", "pipelined"])
 def test_sender_side_drops_are_reported_so_recorded_equals_delivered_plus_lost(
-        store: Any) -> None:
+        store: Any, pipelined: bool) -> None:
     """Events the forwarder's full queue dropped arrive as 'dropped by sender' reports:
     recorded = delivered + reported (reliability row 12's equation)."""
     src = eventbus.Bus("src")
@@ -156,7 +162,7 @@ def test_sender_side_drops_are_reported_so_recorded_equals_delivered_plus_lost(
     fwd.close(5.0)
     dropped = sum(fwd.stats()["dropped"].values())
     assert dropped > 0
-    rx = _receiver(store, dst)
+    rx = _receiver(store, dst, pipelined=pipelined)
     rx.drain(timeout=5)
     delivered = sum(1 for e in got if e.type == EventType.EPOCH_END)
     assert delivered + _lost(got, "dropped by sender") == 1_000
@@ -190,8 +196,9 @@ class _Boom:
     marker = Path("/nonexistent")
 
 
+@pytest.mark.parametrize("pipelined", [False, True], ids=["pops", "pipelined"])
 def test_hostile_values_are_rejected_per_reason_and_valid_ones_all_delivered(
-        store: Any, tmp_path: Path) -> None:
+        store: Any, pipelined: bool, tmp_path: Path) -> None:
     """Garbage, invalid UTF-8, a pickle, unknown types, wrong field types, spoofed ranks,
     deep nesting and a 16 MiB value are counted per reason; the receiver keeps running,
     delivers every valid event, and never unpickles (row 19)."""
@@ -228,7 +235,7 @@ def test_hostile_values_are_rejected_per_reason_and_valid_ones_all_delivered(
     with pytest.raises(RuntimeError):
         other.queue_push(KEY, b"x" * (16 * 1024 * 1024))
     store.queue_push(KEY, _valid(len(hostile)))
-    rx = _receiver(store, dst)
+    rx = _receiver(store, dst, pipelined=pipelined)
     rx.drain(timeout=30)
     rx.close()
     epochs = [e.epoch for e in got if e.type == EventType.EPOCH_END]
@@ -333,14 +340,16 @@ def test_doorbell_ignores_strangers_and_stop_wakes_and_removes_it(store: Any) ->
     assert not store.check([bell])
 
 
-def test_a_held_receiver_leaves_the_pushes_in_the_store_until_released(store: Any) -> None:
+@pytest.mark.parametrize("pipelined", [False, True], ids=["pops", "pipelined"])
+def test_a_held_receiver_leaves_the_pushes_in_the_store_until_released(
+        store: Any, pipelined: bool) -> None:
     """While ``hold`` says so, nothing is popped (the pushes stay in the store, nothing is
     lost or reported), drain() waits within its budget and says it did not finish; once
     released, everything arrives in order."""
     dst, got = _bus_with_log("dst")
     held = [True]
     rx = StoreReceiver(bus=dst, host="127.0.0.1", port=store.port, connect_timeout=10,
-                       hold=lambda: held[0])
+                       hold=lambda: held[0], pipelined=pipelined)
     rx.watch(KEY, kind="w", rank=0)
     src = eventbus.Bus("src")
     fwd = StoreForwarder(host="127.0.0.1", port=store.port, key=KEY, rank=0, bus=src,
@@ -460,7 +469,8 @@ def test_queues_of_a_finished_attempt_are_still_drained_after_a_restart(store: A
         [(i, 0) for i in range(10)]
 
 
-def test_values_left_in_the_store_at_exit_are_reported(store: Any) -> None:
+@pytest.mark.parametrize("pipelined", [False, True], ids=["pops", "pipelined"])
+def test_values_left_in_the_store_at_exit_are_reported(store: Any, pipelined: bool) -> None:
     """What the exit budget could not drain is reported as 'left in the store', with the
     number of pushes still queued, never dropped silently."""
     dst, got = _bus_with_log("dst")
@@ -468,7 +478,7 @@ def test_values_left_in_the_store_at_exit_are_reported(store: Any) -> None:
     for i in range(3):
         ((value, _),) = enc.encode([eventbus.EpochEnd(epoch=i, context=_ctx())])
         store.queue_push(KEY, value)
-    rx = _receiver(store, dst)
+    rx = _receiver(store, dst, pipelined=pipelined)
     assert rx.report_leftovers() == 3
     assert _lost(got, "left in the store") == 3
     rx.drain(timeout=5)
@@ -485,15 +495,107 @@ def test_a_typo_in_the_job_filter_keeps_the_default_instead_of_disabling_the_tra
 
 
 def test_group_rank_0_polls_each_node_queue_less_often_in_a_larger_job() -> None:
-    """The job receiver is one thread of store round trips: its polls of the other nodes'
-    queues grow apart with the nodes (about job_polls_per_s in all), from the fast default
-    of a small job to at most job_max_poll_interval (docs/scale.md)."""
+    """The job receiver is one thread: its polls of the other nodes' queues grow apart
+    with the nodes (about job_polls_per_s in all), from the fast default of a small job to
+    at most job_max_poll_interval (docs/scale.md)."""
     from eventbus.app.launcher.store_transport import StoreTransport
 
     transport = StoreTransport()
     settings = transport.settings
     assert transport.job_poll_interval(2) == settings.job_poll_interval
-    assert transport.job_poll_interval(40) == settings.job_poll_interval
-    assert transport.job_poll_interval(256) == pytest.approx(256 / settings.job_polls_per_s)
-    assert transport.job_poll_interval(1024) == settings.job_max_poll_interval == 0.25
+    assert transport.job_poll_interval(256) == settings.job_poll_interval
+    assert transport.job_poll_interval(1024) == pytest.approx(1024 / settings.job_polls_per_s)
+    assert transport.job_poll_interval(1024) < 0.1  # a 8,192-rank job's beat: p99 < 1 s
+    assert transport.job_poll_interval(8192) == settings.job_max_poll_interval == 0.25
     assert transport.job_poll_interval(100_000) == settings.job_max_poll_interval
+
+
+def _node_values(store: Any, counts: dict[int, int]) -> dict[str, list[int]]:
+    """Push ``counts[g]`` values (one EPOCH_END each, epochs 0, 1, ...) to node g's queue;
+    returns each queue's epochs in push order."""
+    pushed: dict[str, list[int]] = {}
+    for g, n in counts.items():
+        key = node_key(namespace("job", 0), g)
+        enc = BatchEncoder(kind="n", rank=g)
+        pushed[key] = []
+        for i in range(n):
+            ctx = eventbus.JobContext(rank=8 * g, group_rank=g, run_id="job",
+                                      restart_count=0)
+            ((value, _),) = enc.encode([eventbus.EpochEnd(epoch=i, context=ctx)])
+            store.queue_push(key, value)
+            pushed[key].append(i)
+    return pushed
+
+
+def _pipelined_receiver(store: Any, bus: eventbus.Bus, nodes: int,
+                        **kw: Any) -> StoreReceiver:
+    rx = StoreReceiver(bus=bus, host="127.0.0.1", port=store.port, connect_timeout=10,
+                       pipelined=True, **kw)
+    for g in range(1, nodes + 1):
+        rx.watch(node_key(namespace("job", 0), g), kind="n", rank=g)
+    return rx
+
+
+def test_a_pipelined_receiver_empties_each_queue_with_one_pop_per_value(
+        store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Group rank 0's job receiver pops pipelined: one pop per queue in one write, then as
+    many as each answer says are left. A queue of k values costs k pops, an empty one 1;
+    no pop is made only to find a queue empty after its values (docs/scale.md)."""
+    from eventbus.wire import QueueClient
+
+    pops: list[str] = []
+    real = QueueClient.pop_many
+
+    def spy(self: QueueClient, keys: Any) -> Any:
+        pops.extend(keys)
+        return real(self, keys)
+
+    monkeypatch.setattr(QueueClient, "pop_many", spy)
+    dst, got = _bus_with_log("dst")
+    counts = {g: g % 5 for g in range(1, 301)}  # 0..4 values per node, 300 nodes
+    pushed = _node_values(store, counts)
+    rx = _pipelined_receiver(store, dst, 300)
+    assert rx.drain_once(every=True) == sum(counts.values())
+    per_key = {key: pops.count(key) for key in pushed}
+    assert per_key == {key: max(1, len(epochs)) for key, epochs in pushed.items()}
+    arrived: dict[int, list[int]] = {}
+    for e in got:
+        arrived.setdefault(e.group_rank, []).append(e.epoch)
+    assert arrived == {g: list(range(n)) for g, n in counts.items() if n}
+    assert rx.stats()["lost"] == {} and rx.stats()["rejected"] == {}
+    rx.close()
+
+
+def test_a_pipelined_receiver_keeps_max_pops_per_queue_and_comes_back_at_once(
+        store: Any) -> None:
+    """A queue holding more than ``max_pops_per_queue`` gives that many in a round and is
+    due again at once; the next rounds take the rest, in order."""
+    dst, got = _bus_with_log("dst")
+    _node_values(store, {1: 10, 2: 2})
+    rx = _pipelined_receiver(store, dst, 2, max_pops_per_queue=4)
+    assert rx.drain_once() == 4 + 2
+    assert rx.drain_once() == 4  # node 2's queue was emptied: not due yet
+    assert rx.drain_once() == 2
+    assert [e.epoch for e in got if e.group_rank == 1] == list(range(10))
+    rx.close()
+
+
+def test_a_pipelined_receiver_whose_connection_breaks_reconnects_and_loses_nothing(
+        store: Any) -> None:
+    """The pop client's connection dies between rounds: the round counts a store error
+    and pops nothing; the next makes a new client and everything arrives, once."""
+    dst, got = _bus_with_log("dst")
+    rx = _pipelined_receiver(store, dst, 3, reconnect_interval=0.0)
+    assert rx.drain_once(every=True) == 0
+    popper = rx._popper
+    assert popper is not None and popper._sock is not None
+    popper._sock.shutdown(2)  # the connection is gone; the client does not know yet
+    _node_values(store, {1: 3, 2: 1, 3: 2})
+    assert rx.drain_once(every=True) == 0
+    assert rx.store_errors == 1 and rx._popper is None
+    assert rx.drain(timeout=10)
+    assert sorted((e.group_rank, e.epoch) for e in got) == [
+        (1, 0), (1, 1), (1, 2), (2, 0), (3, 0), (3, 1)]
+    assert rx.stats()["lost"] == {}
+    rx.close()
+    assert popper.fileno() == -1

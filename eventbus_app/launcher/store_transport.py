@@ -102,16 +102,15 @@ class TransportSettings:
     poll_interval: float = 0.01
     #: ... up to this many seconds apart
     max_idle_interval: float = 0.5
-    #: the same for the other nodes' queues, on group rank 0...
+    #: the same for the other nodes' queues, on group rank 0, whose receiver pops them
+    #: pipelined (one write for a round's pops, ~1 us of its CPU per idle poll, not a
+    #: store round trip of ~30 us; docs/scale.md) ...
     job_poll_interval: float = 0.02
-    job_max_idle_interval: float = 1.0
-    #: ... the first of which grows with the nodes, so that the one thread that pops them
-    #: makes about this many polls a second (each a store round trip: ~33 us of CPU and
-    #: ~80 us of wall), idle polls included ...
-    job_polls_per_s: float = 2048.0
-    #: ... but never polls a queue less often than this (the heartbeat's latency): from
-    #: 512 nodes on, each node queue every 0.25 s, about once per push of such a job
-    #: (docs/scale.md)
+    job_max_idle_interval: float = 0.25
+    #: ... the first of which grows with the nodes, so that its one thread makes about
+    #: this many polls a second while every queue is busy (idle queues back off) ...
+    job_polls_per_s: float = 16384.0
+    #: ... but never polls a queue less often than this (the heartbeat's latency)
     job_max_poll_interval: float = 0.25
     #: a finished attempt's queues are drained until they have been empty this long
     linger: float = 30.0
@@ -330,14 +329,14 @@ class StoreTransport:
     def _start_receiver(self, info: RendezvousInfo, poll_interval: float,
                         max_idle_interval: float,
                         on_end: Callable[[str, str], object] | None = None,
-                        bell: str | None = None) -> StoreReceiver:
+                        bell: str | None = None, pipelined: bool = False) -> StoreReceiver:
         # hold: a flood waits in the store while the JSONL file's queue is half full, so
         # that the job's record loses nothing to a writer that is merely slower
         receiver = StoreReceiver(bus=info.bus, host=info.store_host, port=info.store_port,
                                  connect_timeout=self.settings.connect_timeout,
                                  poll_interval=poll_interval,
                                  max_idle_interval=max_idle_interval, on_end=on_end, bell=bell,
-                                 hold=backlogged)
+                                 hold=backlogged, pipelined=pipelined)
         receiver.start()
         return receiver
 
@@ -360,7 +359,7 @@ class StoreTransport:
             if info.group_world_size == 1:
                 return  # a single node: no other node's view to receive
             self.job_receiver = self._start_receiver(info, interval, idle,
-                                                     on_end=self._on_node_end)
+                                                     on_end=self._on_node_end, pipelined=True)
         job = self.job_receiver
         job.poll_interval, job.max_idle_interval = interval, idle  # the nodes may change
         self._retire_all(job)
