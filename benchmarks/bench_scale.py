@@ -11,7 +11,8 @@ format), and everything the agent of group rank 0 runs is real:
 * the :class:`~eventbus.app.launcher.store_transport.StoreTransport`, started by its
   ``after_rendezvous`` with group rank 0's :class:`~eventbus.app.plugins.RendezvousInfo`:
   its worker receiver (8 worker queues, with the doorbell) and its job receiver (one queue
-  per other node, polled), both :class:`~eventbus.publishers.store_receiver.StoreReceiver`;
+  per other node, polled with pipelined pops), both
+  :class:`~eventbus.publishers.store_receiver.StoreReceiver`;
 * a :class:`~eventbus.bus.Bus` with what the agent subscribes to it: the job view's
   :class:`~eventbus.app.ui.state.JobState` (its folder thread running, as ``--ui`` runs it)
   and the health watches' one observer (:func:`~eventbus.app.launcher.watches.observer` of a

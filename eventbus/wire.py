@@ -191,14 +191,15 @@ class QueueClient:
       the value popped as a ``uint64`` length and its bytes (the libuv store's
       ``queuePop``, the only c10d store with queues). Torch's own client keeps that length
       to itself and raises on an empty queue; here it tells a receiver how many values are
-      left, so that emptying a queue never costs a pop that finds it empty.
+      left, so that emptying a queue never costs a pop that finds it empty;
+    * ``QUEUE_LEN`` (:meth:`lengths`): the key; the store answers the length, an ``int64``.
 
     Every socket operation is bounded by ``timeout``. Not thread-safe: the forwarder calls
     it with its client lock held, a receiver with its own.
     """
 
     #: c10d's QueryType values (an enum of uint8, new types appended at its end)
-    VALIDATE, PING, QUEUE_PUSH, QUEUE_POP = 0, 13, 14, 15
+    VALIDATE, PING, QUEUE_PUSH, QUEUE_POP, QUEUE_LEN = 0, 13, 14, 15, 16
     #: c10d's validationMagicNumber
     MAGIC = 0x3C85F7CE
     _U32 = struct.Struct("=I")
@@ -233,7 +234,8 @@ class QueueClient:
             raise
         self._sock = sock
         self._reader: Any = None
-        self._pops: dict[str, bytes] = {}
+        #: each key's length and bytes as a request carries them
+        self._encoded: dict[str, bytes] = {}
 
     def queue_push(self, key: str, value: bytes | str) -> None:
         """Append ``value`` to the store's queue ``key`` (raises ``OSError`` when the
@@ -260,44 +262,66 @@ class QueueClient:
         sock = self._sock
         if sock is None:
             raise ConnectionError("the queue client is closed")
-        requests = self._pops
-        if len(requests) > self._MAX_CACHED_REQUESTS:
-            requests.clear()
+        return self._answers(sock, self._requests(self.QUEUE_POP, keys), len(keys))
+
+    def lengths(self, keys: Sequence[str]) -> list[int]:
+        """The length of each queue of ``keys`` (``QUEUE_LEN``: the store answers a native
+        ``int64``), every request sent at once: one write and one stream of 8-byte answers.
+        A short read, a hang-up or a timeout closes the client (as :meth:`pop_many`)."""
+        sock = self._sock
+        if sock is None:
+            raise ConnectionError("the queue client is closed")
+        done = False
+        try:
+            sock.sendall(self._requests(self.QUEUE_LEN, keys))
+            data = self._read(sock, 8 * len(keys))
+            done = True
+        finally:
+            if not done:
+                self.close()
+        return [n for (n,) in self._I64.iter_unpack(data)]
+
+    def _requests(self, query: int, keys: Sequence[str]) -> bytes:
+        """``query`` (a pop or a length) of each key, encoded once per key and kept."""
+        cache = self._encoded
+        if len(cache) > self._MAX_CACHED_REQUESTS:
+            cache.clear()
         parts = []
         for key in keys:
-            request = requests.get(key)
-            if request is None:
-                name = ("/" + key).encode("utf-8")
-                request = requests[key] = (bytes((self.QUEUE_POP,))
-                                           + self._U64.pack(len(name)) + name)
-            parts.append(request)
-        return self._answers(sock, b"".join(parts), len(parts))
+            name = cache.get(key)
+            if name is None:
+                raw = ("/" + key).encode("utf-8")
+                name = cache[key] = self._U64.pack(len(raw)) + raw
+            parts.append(name)
+        if not parts:
+            return b""
+        head = bytes((query,))
+        return head + head.join(parts)
+
+    def _read(self, sock: socket.socket, n: int) -> bytes:
+        reader = self._reader
+        if reader is None:
+            reader = self._reader = sock.makefile("rb")
+        data: bytes = reader.read(n)
+        if len(data) != n:
+            raise ConnectionError("the store hung up in the middle of an answer")
+        return data
 
     def _answers(self, sock: socket.socket, requests: bytes,
                  count: int) -> Iterator[tuple[int, bytes | None]]:
         read = 0
         try:
-            sock.sendall(requests)
-            reader = self._reader
-            if reader is None:
-                reader = self._reader = sock.makefile("rb")
-            unpack_i64, unpack_u64 = self._I64.unpack, self._U64.unpack
+            if count:
+                sock.sendall(requests)
+            unpack_i64, unpack_u64, take = self._I64.unpack, self._U64.unpack, self._read
             while read < count:
-                head = reader.read(8)
-                if len(head) != 8:
-                    raise ConnectionError("the store hung up in the middle of an answer")
-                (length,) = unpack_i64(head)
+                (length,) = unpack_i64(take(sock, 8))
                 if length <= 0:
                     read += 1
                     yield 0, None
                     continue
-                size = reader.read(8)
-                if len(size) != 8:
-                    raise ConnectionError("the store hung up in the middle of an answer")
-                (n,) = unpack_u64(size)
-                value = reader.read(n)
-                if len(value) != n:
-                    raise ConnectionError("the store hung up in the middle of an answer")
+                (n,) = unpack_u64(take(sock, 8))
+                value = take(sock, n)
                 read += 1
                 yield length, value
         finally:

@@ -13,13 +13,13 @@ own client blocks on the doorbell queue, where senders push the key of the queue
 pushed to: that queue is popped at once, so a batch waits for no poll interval. Without a
 ring (an old sender, a lost ring) queues are still polled, backing off while idle.
 
-Given ``pipelined=True`` (with ``host`` and ``port``), pops go through a
-:class:`eventbus.wire.QueueClient` of the receiver's own: a round sends one pop for every
-due queue in one write and reads the answers as a stream, and each answer carries the
-queue's length, so a queue is emptied with exactly as many pops as it holds values. A poll
-of an idle queue then costs about a microsecond of the receiver's CPU instead of a store
-round trip (~30 us): what lets group rank 0 poll a thousand node queues often
-(docs/scale.md).
+Given ``pipelined=True`` (with ``host`` and ``port``), a round goes through a
+:class:`eventbus.wire.QueueClient` of the receiver's own: the length of every due queue in
+one write, answers read as a stream, then exactly as many pops as each queue holds values,
+in batches of one write each (each pop's answer carries what is left). A poll of an idle
+queue then costs about a microsecond of the receiver's CPU instead of a store round trip
+(~30 us), and emptying a queue costs no pop that finds it empty: what lets group rank 0
+poll a thousand node queues often (docs/scale.md).
 
 The agent of ``eventbus run`` runs receivers through its store transport plugin
 (:mod:`eventbus.app.launcher.store_transport`).
@@ -72,9 +72,13 @@ BELL_WAIT_S = 3600.0
 #: backlog of large values in a thousand queues a whole round took a minute
 MAX_ROUND_S = 0.25
 
-#: a pipelined round sends at most this many pops in one write, and asks ``hold`` again
-#: between two such batches
+#: a pipelined round asks at most this many queues' lengths in one write, and sends at
+#: most this many pops in one write ...
+MAX_PIPELINED_LENGTHS = 4096
 MAX_PIPELINED_POPS = 256
+#: ... or this many with a ``hold``, asked again before each batch: a node's push holds up
+#: to 4,000 events, the agent's JSONL queue is held from half of its 100,000 on
+MAX_HELD_POPS = 8
 
 
 @attrs.define
@@ -302,7 +306,7 @@ class StoreReceiver:
 
     def _reschedule(self, queue: _Queue, now: float, *, values_left: bool, got: int) -> None:
         """When to pop ``queue`` next, after a round that popped ``got`` of its values."""
-        if values_left and (got or self._held):  # due again at once
+        if values_left:  # due again at once
             queue.idle = 0.0
             queue.next_poll = now
         elif got:  # emptied: its sender's next push is a flush interval away
@@ -314,10 +318,15 @@ class StoreReceiver:
 
     def _pipelined_round(self, queues: list[_Queue], *, every: bool, now: float,
                          ends: float) -> int:
-        """drain_once's round with pipelined pops (the lock held): one pop for each due
-        queue, then as many more as each answer says its queue still holds, in batches of
-        at most :data:`MAX_PIPELINED_POPS`, until every queue is empty, has given
-        ``max_pops_per_queue``, ``hold`` holds, or the round's time is up."""
+        """drain_once's round with pipelined calls (the lock held): the length of every due
+        queue in one write, then exactly that many pops of each queue that holds values, in
+        batches (:data:`MAX_PIPELINED_POPS`, or :data:`MAX_HELD_POPS` with a ``hold``, asked
+        again before each), until every queue is emptied, has given
+        ``max_pops_per_queue``, ``hold`` holds, or the round's time is up. Each pop's answer
+        says how many values its queue still holds: a queue pushed to meanwhile gets more.
+
+        A connection that breaks mid-round loses the values popped and not read yet (the
+        store has let go of them): their senders' numbering reports them as a gap."""
         popper = self._popper
         if popper is None:
             if now < self._next_popper:
@@ -332,56 +341,71 @@ class StoreReceiver:
                 return 0
         limit = max(1, self.max_pops_per_queue)
         hold = self.hold
+        step = MAX_PIPELINED_POPS if hold is None else MAX_HELD_POPS
+        due = [queue for queue in queues if every or now >= queue.next_poll]
         #: per queue: values popped this round, and what its last answer says is left
         got: dict[str, int] = {}
         left: dict[str, int] = {}
-        wanted = collections.deque(
-            (queue, 1) for queue in queues if every or now >= queue.next_poll)
+        #: queues with pops to make: (queue, how many), and which queues are in it
+        wanted: collections.deque[tuple[_Queue, int]] = collections.deque()
+        queued: set[str] = set()
         popped = 0
-        while wanted:
-            if popped and time.monotonic() >= ends:
-                break  # the round's time is up: what is left is due again at once
-            if hold is not None and hold():
-                # a sink downstream is behind: the rest stays in the store
-                self.holds += 1
-                self._held = True
-                break
-            batch: list[tuple[_Queue, int]] = []
-            pops = 0
-            while wanted and pops < MAX_PIPELINED_POPS:
-                queue, n = wanted.popleft()
-                n = min(n, MAX_PIPELINED_POPS - pops)
-                batch.append((queue, n))
-                pops += n
-            keys = [queue.key for queue, n in batch for _ in range(n)]
-            try:
-                answers = popper.pop_many(keys)
+        try:
+            for first in range(0, len(due), MAX_PIPELINED_LENGTHS):
+                part = due[first:first + MAX_PIPELINED_LENGTHS]
+                for queue, n in zip(part, popper.lengths([q.key for q in part]), strict=True):
+                    left[queue.key] = n
+                    if n > 0:
+                        wanted.append((queue, min(n, limit)))
+                        queued.add(queue.key)
+            while wanted:
+                if popped and time.monotonic() >= ends:
+                    break  # the round's time is up: what is left is due again at once
+                if hold is not None and hold():
+                    # a sink downstream is behind: the rest stays in the store
+                    self.holds += 1
+                    self._held = True
+                    break
+                batch: list[tuple[_Queue, int]] = []
+                pops = 0
+                while wanted and pops < step:
+                    queue, n = wanted.popleft()
+                    take = min(n, step - pops)
+                    batch.append((queue, take))
+                    pops += take
+                    if take < n:
+                        wanted.appendleft((queue, n - take))
+                    else:
+                        queued.discard(queue.key)
+                answers = popper.pop_many([queue.key for queue, n in batch for _ in range(n)])
                 for queue, n in batch:
                     key = queue.key
-                    remaining = 0
                     for _ in range(n):
                         length, raw = next(answers)
                         if raw is None:
-                            remaining = 0
+                            left[key] = 0
                             continue
-                        remaining = length - 1
+                        left[key] = length - 1
                         got[key] = got.get(key, 0) + 1
                         popped += 1
                         self.handle_value(key, raw, kind=queue.kind, rank=queue.rank)
-                    left[key] = remaining
-                    if remaining > 0 and got.get(key, 0) < limit:
-                        wanted.append((queue, min(remaining, limit - got[key])))
-            except Exception as exc:
-                self._popper = None
-                popper.close()
-                self._store_error(exc)
-                return popped
-        for queue in queues:
+                    more = min(left[key], limit - got.get(key, 0))
+                    if more > 0 and key not in queued:  # pushed to since its length
+                        wanted.append((queue, more))
+                        queued.add(key)
+        except Exception as exc:
+            self._popper = None
+            popper.close()
+            self._store_error(exc)
+            return popped
+        for queue in due:
             key = queue.key
             if key not in left:
-                continue  # not due, or not reached (the round was cut or held): still due
-            self._reschedule(queue, now, values_left=left[key] > 0, got=got.get(key, 0))
-            if left[key] <= 0 and queue.retire_at is not None and now >= queue.retire_at:
+                continue  # not reached (the round's time was up): still due
+            self._reschedule(queue, now, values_left=left[key] > 0 or key in queued,
+                             got=got.get(key, 0))
+            if left[key] <= 0 and key not in queued and queue.retire_at is not None \
+                    and now >= queue.retire_at:
                 del self._queues[key]
         return popped
 

@@ -183,3 +183,18 @@ def test_pop_many_on_a_store_that_hangs_up_raises_and_closes() -> None:
     with pytest.raises(OSError):
         list(client.pop_many(["eventbus/d"] * 4))
     assert client.fileno() == -1
+
+
+def test_lengths_answers_every_queue_in_one_write(store: Any) -> None:
+    """QUEUE_LEN for many keys at once: each queue's length, 0 for one never pushed to."""
+    for i in range(3):
+        store.queue_push("eventbus/e", f"e{i}")
+    _wait_for_lengths(store, {"eventbus/e": 3})
+    client = QueueClient("127.0.0.1", store.port, timeout=5.0)
+    try:
+        assert client.lengths(["eventbus/e", "eventbus/none", "eventbus/e"]) == [3, 0, 3]
+        assert client.lengths([]) == []
+        assert list(client.pop_many(["eventbus/e"])) == [(3, b"e0")]
+        assert client.lengths(["eventbus/e"]) == [2]
+    finally:
+        client.close()

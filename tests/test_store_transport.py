@@ -538,26 +538,33 @@ def _pipelined_receiver(store: Any, bus: eventbus.Bus, nodes: int,
 
 def test_a_pipelined_receiver_empties_each_queue_with_one_pop_per_value(
         store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Group rank 0's job receiver pops pipelined: one pop per queue in one write, then as
-    many as each answer says are left. A queue of k values costs k pops, an empty one 1;
-    no pop is made only to find a queue empty after its values (docs/scale.md)."""
+    """Group rank 0's job receiver is pipelined: every queue's length in one write, then
+    exactly as many pops as each holds. A queue of k values costs its length and k pops, an
+    empty one its length only: no pop is made that finds a queue empty (docs/scale.md)."""
     from eventbus.wire import QueueClient
 
     pops: list[str] = []
-    real = QueueClient.pop_many
+    asked: list[str] = []
+    real_pops, real_lengths = QueueClient.pop_many, QueueClient.lengths
 
-    def spy(self: QueueClient, keys: Any) -> Any:
+    def spy_pops(self: QueueClient, keys: Any) -> Any:
         pops.extend(keys)
-        return real(self, keys)
+        return real_pops(self, keys)
 
-    monkeypatch.setattr(QueueClient, "pop_many", spy)
+    def spy_lengths(self: QueueClient, keys: Any) -> Any:
+        asked.extend(keys)
+        return real_lengths(self, keys)
+
+    monkeypatch.setattr(QueueClient, "pop_many", spy_pops)
+    monkeypatch.setattr(QueueClient, "lengths", spy_lengths)
     dst, got = _bus_with_log("dst")
     counts = {g: g % 5 for g in range(1, 301)}  # 0..4 values per node, 300 nodes
     pushed = _node_values(store, counts)
     rx = _pipelined_receiver(store, dst, 300)
     assert rx.drain_once(every=True) == sum(counts.values())
+    assert sorted(asked) == sorted(pushed)
     per_key = {key: pops.count(key) for key in pushed}
-    assert per_key == {key: max(1, len(epochs)) for key, epochs in pushed.items()}
+    assert per_key == {key: len(epochs) for key, epochs in pushed.items()}
     arrived: dict[int, list[int]] = {}
     for e in got:
         arrived.setdefault(e.group_rank, []).append(e.epoch)
@@ -599,3 +606,29 @@ def test_a_pipelined_receiver_whose_connection_breaks_reconnects_and_loses_nothi
     assert rx.stats()["lost"] == {}
     rx.close()
     assert popper.fileno() == -1
+
+
+def test_a_pipelined_receiver_asks_hold_again_every_few_pops(store: Any) -> None:
+    """With a ``hold`` (the agent's JSONL flow control), a pipelined round pops at most
+    MAX_HELD_POPS values between two questions: a sink that falls behind mid-round leaves
+    the rest in the store, as with one pop at a time."""
+    from eventbus.publishers.store_receiver import MAX_HELD_POPS
+
+    dst, got = _bus_with_log("dst")
+    _node_values(store, {1: 30, 2: 30})
+    asked = [0]
+
+    def hold() -> bool:
+        asked[0] += 1
+        return asked[0] > 1  # behind from the second question on
+
+    rx = _pipelined_receiver(store, dst, 2, hold=hold)
+    assert rx.drain_once() == MAX_HELD_POPS
+    assert rx.stats()["holds"] == 1
+    assert store.queue_len(node_key(namespace("job", 0), 1)) + store.queue_len(
+        node_key(namespace("job", 0), 2)) == 60 - MAX_HELD_POPS
+    asked[0] = -1000  # caught up
+    assert rx.drain(timeout=10)
+    assert sorted((e.group_rank, e.epoch) for e in got) == sorted(
+        (g, i) for g in (1, 2) for i in range(30))
+    rx.close()
