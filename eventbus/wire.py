@@ -359,13 +359,24 @@ def queue_empty_error() -> type[BaseException]:
 _DUMPS = json.JSONEncoder(allow_nan=False, separators=(",", ":"), check_circular=False).encode
 
 #: orjson, a C-speed codec for the common batch (json stays the fallback and the judge):
-#: False until the first batch imports it (``import eventbus`` does not pay for it), None
-#: where it is not installed
+#: False until a :class:`BatchEncoder` is made or the first batch is decoded (``import
+#: eventbus`` does not pay for it), None where it is not installed or not usable
 _orjson: Any = False
+#: what the codec needs of orjson: a module missing one is not usable (see :func:`_codec`)
+_ORJSON_NAMES = ("dumps", "loads", "JSONEncodeError", "JSONDecodeError")
 
 
 def _codec() -> Any:
-    """orjson, or None where it is not installed (a dependency, but not a required one)."""
+    """orjson, or None where it is not installed (a dependency, but not a required one) or
+    only half imported.
+
+    Half imported: a process forked while another of its parent's threads was importing
+    orjson inherits the module as that thread left it, without ``dumps`` or its errors,
+    and no thread of the child will ever finish it (a DataLoader worker forked while the
+    forwarder's thread imported it lost every event it recorded, 1 run in about 10 under
+    load). Such a process uses json. :class:`BatchEncoder` imports the codec on the
+    thread that makes it (the main thread, in a worker), before the script can fork.
+    """
     global _orjson
     if _orjson is False:
         try:
@@ -373,7 +384,8 @@ def _codec() -> Any:
         except ImportError:  # pragma: no cover
             _orjson = None
         else:
-            _orjson = orjson
+            usable = all(hasattr(orjson, name) for name in _ORJSON_NAMES)
+            _orjson = orjson if usable else None
     return _orjson
 
 
@@ -448,6 +460,9 @@ class BatchEncoder:
         self.max_push_bytes = max_push_bytes
         #: sequence number of the next event
         self.seq = 0
+        # Here, on the thread that makes the encoder, not on the first batch's (a queue's
+        # thread): a fork while that thread imports would leave the child half a module.
+        _codec()
 
     def encode(self, events: Sequence[Event], *, dropped: dict[str, int] | None = None,
                end: bool = False) -> list[tuple[bytes, int]]:

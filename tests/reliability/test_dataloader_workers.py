@@ -4,6 +4,7 @@ events reach the agent through the store: published = delivered + dropped (per r
 from __future__ import annotations
 
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -94,3 +95,49 @@ def test_dataloader_workers_published_equals_delivered_plus_dropped(
     assert steps == sorted(list(range(ITEMS)) * EPOCHS)
     assert len(worker_pids) == 4 * EPOCHS
     assert rx.stats()["lost"] == {} and rx.stats()["rejected"] == {}
+
+
+def test_a_half_imported_orjson_falls_back_to_json_and_loses_nothing(
+    store: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a DataLoader worker inherits when it is forked while the forwarder's thread
+    imports orjson: the module half made, without ``dumps`` (soak of 2026-12-02: one
+    worker's every event lost, "partially initialized module 'orjson'"). The codec then
+    takes json, and everything arrives."""
+    import types
+
+    from eventbus import wire
+    from eventbus.publishers.store_receiver import StoreReceiver
+    from eventbus.subscribers.store_forwarder import StoreForwarder
+
+    half = types.ModuleType("orjson")
+    half.__spec__ = None  # what a fork leaves: the import never finished
+    monkeypatch.setitem(sys.modules, "orjson", half)
+    monkeypatch.setattr(wire, "_orjson", False)
+    assert wire._codec() is None
+    src = eventbus.Bus("half-orjson")
+    key = "eventbus/half-orjson/0/w0"
+    fwd = StoreForwarder(host="127.0.0.1", port=store.port, key=key, rank=0, bus=src)
+    for i in range(50):
+        src.record(EventType.METRIC, step=i, data={"loss": 1.0 / (i + 1)})
+    assert fwd.close(10.0)
+    assert fwd.lost == {} and fwd.sink.dropped == {}
+    bus = eventbus.Bus("half-orjson-agent")
+    got: list[eventbus.Event] = []
+    bus.subscribe(eventbus.ALL, on_event=got.append)
+    rx = StoreReceiver(bus=bus, client=store)
+    rx.watch(key, kind="w", rank=0)
+    assert drain_until_ended(rx, senders=1, timeout=20)
+    assert [e.fields()["step"] for e in got] == list(range(50))
+
+
+def test_the_encoder_imports_its_codec_on_the_thread_that_makes_it() -> None:
+    """A worker's forwarder is made on its main thread, before the script can fork: the
+    codec is imported there, never first on the queue's thread, which a fork may catch
+    halfway (the row 12 loss above)."""
+    code = ("import sys; from eventbus import wire; assert 'orjson' not in sys.modules; "
+            "wire.BatchEncoder(kind='w', rank=0); "
+            "assert wire._orjson is not False and wire._orjson is sys.modules.get('orjson')")
+    proc = subprocess.run([sys.executable, "-c", code], env=subprocess_env(),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
