@@ -1,5 +1,6 @@
 """Row 22's training script: 2 gloo workers, each records EVENTS numbered METRIC events per
-attempt; on attempt 0 rank 1 then exits with code 3 and rank 0 records on until stopped.
+attempt; on attempt 0 both then meet at a barrier, rank 1 exits with code 3 and rank 0
+records on until stopped.
 
 The failing rank leaves by ``sys.exit(3)``, so eventbus's exit hook flushes its events;
 the last exit hook (registered before ``import eventbus``, so it runs after eventbus's)
@@ -48,6 +49,12 @@ def main() -> int:
     for step in range(EVENTS):
         eventbus.record(eventbus.EventType.METRIC, step=step,
                         data={"rank": rank, "attempt": attempt})
+    if attempt == 0:
+        # Both ranks have recorded EVENTS before rank 1 fails, so that rank 0's are owed
+        # in full: without it, a rank 0 descheduled under load (0.24 s in a soak) had
+        # recorded 782 when the agent stopped it, every one of them delivered, and the
+        # test counted the 1,218 it never recorded as lost.
+        dist.barrier()
     if attempt == 0 and rank == 1:
         _exit_marker.append(out / f"attempt{attempt}_rank{rank}.exit")
         sys.exit(3)
