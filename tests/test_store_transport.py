@@ -622,7 +622,8 @@ def test_a_pipelined_receiver_asks_hold_again_every_few_pops(store: Any) -> None
         asked[0] += 1
         return asked[0] > 1  # behind from the second question on
 
-    rx = _pipelined_receiver(store, dst, 2, hold=hold)
+    # a round of a minute: the time limit must not end it before the second question
+    rx = _pipelined_receiver(store, dst, 2, hold=hold, max_round_s=60.0)
     assert rx.drain_once() == MAX_HELD_POPS
     assert rx.stats()["holds"] == 1
     assert store.queue_len(node_key(namespace("job", 0), 1)) + store.queue_len(
