@@ -30,7 +30,8 @@ A sender's exit ledger, the local file it leaves for when the store is gone, is
 
 Importing this module does not import torch; :func:`connect_store` does. A sender needs
 no torch at all: :class:`QueueClient` speaks the few messages of the store's protocol that
-pushing takes, so a worker's events leave before (or without) the script's ``import torch``.
+pushing takes (and, for group rank 0's job receiver, popping), so a worker's events leave
+before (or without) the script's ``import torch``.
 """
 
 from __future__ import annotations
