@@ -278,8 +278,8 @@ def simulate(port: int, ranks: int, seconds: float, warmup: float,
 
     Started as soon as the agent's store listens: it builds and checks its pushes while
     the agent sets up, then reads the agent's doorbell key (``scale/bell``) at the go."""
+    from eventbus.store_client import connect_store
     from eventbus.wire import BatchEncoder
-    from eventbus.wire import connect_store
     from eventbus.wire import namespace
     from eventbus.wire import node_key
     from eventbus.wire import worker_key

@@ -14,7 +14,7 @@ pushed to: that queue is popped at once, so a batch waits for no poll interval. 
 ring (an old sender, a lost ring) queues are still polled, backing off while idle.
 
 Given ``pipelined=True`` (with ``host`` and ``port``), a round goes through a
-:class:`eventbus.wire.QueueClient` of the receiver's own: the length of every due queue in
+:class:`eventbus.store_client.QueueClient` of the receiver's own: the length of every due queue in
 one write, answers read as a stream, then exactly as many pops as each queue holds values,
 in batches of one write each (each pop's answer carries what is left). A poll of an idle
 queue then costs about a microsecond of the receiver's CPU instead of a store round trip
@@ -45,13 +45,13 @@ from eventbus.bus import Bus
 from eventbus.events import EventsLost
 from eventbus.ledger import ExitLedger
 from eventbus.ledger import RecordCount
+from eventbus.store_client import QueueClient
+from eventbus.store_client import connect_store
+from eventbus.store_client import queue_empty_error
 from eventbus.wire import MAX_VALUE_BYTES
 from eventbus.wire import BatchDecoder
-from eventbus.wire import QueueClient
 from eventbus.wire import SenderKind
 from eventbus.wire import WireError
-from eventbus.wire import connect_store
-from eventbus.wire import queue_empty_error
 
 __all__ = ["StoreReceiver"]
 

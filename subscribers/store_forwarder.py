@@ -65,10 +65,10 @@ from eventbus.ledger import ExitLedger
 from eventbus.ledger import RecordCounter
 from eventbus.ledger import open_counter
 from eventbus.ledger import write_ledger
+from eventbus.store_client import QueueClient
 from eventbus.subscribers.queued import QueuedSink
 from eventbus.subscribers.queued import QueueSettings
 from eventbus.wire import BatchEncoder
-from eventbus.wire import QueueClient
 from eventbus.wire import SenderKind
 from eventbus.wire import worker_key
 
@@ -520,7 +520,7 @@ def attach_worker_forwarder(*, host: str, port: int, prefix: str, rank: int,
     if _worker_forwarder is not None:
         return _worker_forwarder
     # No torch here, in record() or on the queue's thread: the client is the socket-level
-    # QueueClient (eventbus.wire), so the first record() of a script that has not imported
+    # QueueClient (eventbus.store_client), so the first record() of a script that has not imported
     # torch yet returns at once and its events leave while the script imports it.
     # create_connection() encodes the host with the "idna" codec, whose first lookup imports
     # encodings.idna: done on the connect thread while the main thread forks DataLoader

@@ -32,6 +32,18 @@ def test_import_does_not_pull_in_torch() -> None:
     assert out[1:] == ["False", "False", "False"]  # orjson: on the first batch
 
 
+def test_the_core_and_its_wire_import_no_socket_nor_logging() -> None:
+    """Every process imports the core and the wire (the worker hook reads the wire's
+    variables): neither loads ``socket`` (the store's clients live in
+    ``eventbus.store_client``, imported by a sender or receiver) nor ``logging``."""
+    code = ("import sys, eventbus, eventbus.wire, eventbus.ledger, eventbus.preemption; "
+            "print([m for m in ('socket', 'logging', 'eventbus.store_client') "
+            "if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=subprocess_env(), timeout=60, check=True).stdout.strip()
+    assert out == "[]"
+
+
 @pytest.mark.parametrize("module", [eventbus, eventbus.publishers, eventbus.subscribers])
 def test_all_is_sorted_and_complete(module: object) -> None:
     """__all__ is sorted, names only what exists, and every public attribute is in it."""

@@ -1,4 +1,4 @@
-"""eventbus.wire.QueueClient, the forwarder's torch-free store client, against a real
+"""eventbus.store_client.QueueClient, the forwarder's torch-free store client, against a real
 c10d TCPStore (torch's own client reads what it pushed) and against servers that are not
 stores (each refused within the timeout, with the reason)."""
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from eventbus.wire import QueueClient
+from eventbus.store_client import QueueClient
 
 torch_dist = pytest.importorskip("torch.distributed")
 

@@ -541,7 +541,7 @@ def test_a_pipelined_receiver_empties_each_queue_with_one_pop_per_value(
     """Group rank 0's job receiver is pipelined: every queue's length in one write, then
     exactly as many pops as each holds. A queue of k values costs its length and k pops, an
     empty one its length only: no pop is made that finds a queue empty (docs/scale.md)."""
-    from eventbus.wire import QueueClient
+    from eventbus.store_client import QueueClient
 
     pops: list[str] = []
     asked: list[str] = []

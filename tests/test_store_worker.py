@@ -52,7 +52,7 @@ CHILD = textwrap.dedent("""
     import eventbus
     from eventbus import EventType
     # the bootstrap imports no torch before the script's first line, and neither record()
-    # nor the forwarder's thread does: its store client is eventbus.wire.QueueClient
+    # nor the forwarder's thread does: its store client is eventbus.store_client.QueueClient
     assert "torch" not in sys.modules
     for i in range(n):
         eventbus.record(EventType.EPOCH_END, epoch=0, data={"i": i})

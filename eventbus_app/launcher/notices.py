@@ -74,7 +74,7 @@ class NoticeBoard:
     def _new_client(self, info: RendezvousInfo) -> Any:
         if self._connect is not None:
             return self._connect(info.store_host, info.store_port)
-        from eventbus.wire import connect_store
+        from eventbus.store_client import connect_store
 
         return connect_store(info.store_host, info.store_port, timeout=self.connect_timeout)
 

@@ -29,7 +29,7 @@ import threading
 import time
 from typing import Any
 
-from eventbus.wire import connect_store
+from eventbus.store_client import connect_store
 
 __all__ = ["RESTART_GRACE_S", "STOP_ACK_TIMEOUT_S", "STOP_POLL_S", "StopSignal"]
 

@@ -18,7 +18,7 @@ no wake-up while nothing is told, and hears a notice within a round trip of its 
   notice's own seq: each rank's promise, a counter of promises, the stop step.
 
 Both ends import this module; it imports no torch (the store client is made by the
-caller, with :func:`eventbus.wire.connect_store`).
+caller, with :func:`eventbus.store_client.connect_store`).
 """
 
 from __future__ import annotations

@@ -150,7 +150,7 @@ class NoticeReader:
     def _client(self) -> Any:
         if self._connect is not None:
             return self._connect()
-        from eventbus.wire import connect_store
+        from eventbus.store_client import connect_store
 
         return connect_store(self.host, self.port, timeout=30.0)
 
@@ -322,7 +322,7 @@ def start(*, host: str, port: int, root: str, start_after: int, rank: int | None
     once it has: at the progress watch's next tick, or at the first event recorded after
     the import. Once per process. Nothing here imports torch: an import on another thread
     than the script's could deadlock with the script's own (see
-    :class:`eventbus.wire.QueueClient`), and on the recording thread it would make that
+    :class:`eventbus.store_client.QueueClient`), and on the recording thread it would make that
     ``record()`` wait seconds."""
     global _pending, _trigger
     if _reader is not None or _pending is not None:
