@@ -35,8 +35,9 @@ CORE, PUBLISHERS, SUBSCRIBERS, APP = FOLDERS.values()
 #: (docs/architecture.md, "The application's parts"); parts on one level never import
 #: each other
 APP_ORDER: tuple[tuple[str, ...], ...] = (
-    # shared by all: the stack reading, the plugin API, the agent <-> worker protocol
-    ("stacks", "plugins", "protocol"),
+    # shared by all: the stack reading, the plugin API, the agent <-> worker protocol,
+    # the pause of garbage collection for large builds
+    ("stacks", "plugins", "protocol", "heap"),
     # one sentence per event (reads stacks)
     ("sentences",),
     ("worker", "readers", "sinks"),

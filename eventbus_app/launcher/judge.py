@@ -18,19 +18,17 @@ docs/run.md, "Job health":
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
 import time
 from collections.abc import Callable
 from collections.abc import Iterable
-from collections.abc import Iterator
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
+from eventbus.app.heap import no_collection
 from eventbus.app.launcher import culprit
 from eventbus.app.launcher.watches import Stall
 from eventbus.app.launcher.watches import StallWatch
@@ -100,7 +98,7 @@ class Judge:
         """The ranks past their timeout, not yet reported (none without a stall watch)."""
         if self.stall is None:
             return []
-        with _no_collection():
+        with no_collection():
             return self.stall.overdue(attempt, ranks)
 
     def patient(self, overdue: Sequence[Stall], live: Iterable[int]) -> list[Stall]:
@@ -126,7 +124,7 @@ class Judge:
         watch = self.stall
         if watch is None or not overdue:
             return None
-        with _no_collection():
+        with no_collection():
             found = self._analyze(attempt, overdue, local_only=not is_judge)
         if found is None:
             return None
@@ -311,18 +309,3 @@ class Judge:
         for watch in (self.stall, self.straggler):
             if watch is not None:
                 watch.forget_before(attempt + 1)
-
-
-@contextlib.contextmanager
-def _no_collection() -> Iterator[None]:
-    """No automatic garbage collection while the body runs: a stall check over 8,192 ranks
-    makes tens of thousands of small objects, and the collections they set off walk the
-    agent's whole heap (the verdict 285 ms of CPU at 8,192 ranks, 89 ms without them:
-    docs/scale.md). Process-wide, for the tens of milliseconds of the check."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import bisect
 import collections
-import gc
 import itertools
 import logging
 import math
@@ -53,6 +52,7 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
+from eventbus.app.heap import no_collection
 from eventbus.app.readers.goodput import GoodputTracker
 from eventbus.app.readers.records import Record
 from eventbus.app.sentences import as_int as _int
@@ -896,18 +896,12 @@ class JobState:
             raise ValueError(f"detail must be 'full' or 'compact', got {detail!r}")
         if self._pending:
             self.fold()
-        # No automatic collection while it builds, as the judge's stall check: a large
-        # job's snapshot makes tens of thousands of small objects, and a full collection
-        # they set off walks the agent's whole heap (at 8,192 simulated ranks the build
-        # took 42 ms of CPU, or 95-104 when one landed in it). Process-wide, for the build.
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
+        # No automatic collection while it builds (eventbus.app.heap), as the judge's stall
+        # check: at 8,192 simulated ranks the build took 42 ms of CPU, or 95-104 when a
+        # full collection landed in it.
+        with no_collection():
             return self._snapshot(recent=recent, ranks=ranks, states=states, offset=offset,
                                   limit=limit, detail=detail)
-        finally:
-            if collecting:
-                gc.enable()
 
     def _snapshot(self, *, recent: int, ranks: Sequence[tuple[int, int]] | None,
                   states: Collection[str] | None, offset: int, limit: int | None,
