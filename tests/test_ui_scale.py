@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from eventbus.app.ui import UIServer
+from eventbus.app.ui.ranks import COMPACT_ABOVE
+from eventbus.app.ui.ranks import COMPACT_KEYS
 from eventbus.app.ui.server import STREAM_COST_FACTOR
-from eventbus.app.ui.state import COMPACT_ABOVE
-from eventbus.app.ui.state import COMPACT_KEYS
 from eventbus.app.ui.state import RANK_STATES
 from eventbus.app.ui.state import JobState
 from eventbus.context import JobContext

@@ -37,12 +37,10 @@ counted as the view's own drops, shown with the drop counters. Everything a read
 
 from __future__ import annotations
 
-import bisect
 import collections
 import itertools
 import logging
 import math
-import operator
 import threading
 import time
 from collections.abc import Callable
@@ -64,6 +62,13 @@ from eventbus.app.sentences import first_line
 from eventbus.app.sentences import job_outcome
 from eventbus.app.sentences import sentence
 from eventbus.app.sentences import stopped_by_agent
+from eventbus.app.ui.ranks import BY_RANK
+from eventbus.app.ui.ranks import COMPACT_ABOVE
+from eventbus.app.ui.ranks import COMPACT_KEYS
+from eventbus.app.ui.ranks import LAST
+from eventbus.app.ui.ranks import ROW
+from eventbus.app.ui.ranks import rank_page
+from eventbus.app.ui.ranks import shown_states
 from eventbus.app.ui.render import clip as _clip
 from eventbus.app.ui.render import event_json as _event_json
 from eventbus.app.ui.render import problem_json as _problem_json
@@ -102,9 +107,6 @@ FOLD_INTERVAL_S = 0.05
 FOLD_CHUNK = 1024
 #: ranks summarised at most (a record naming a rank beyond this many is counted only)
 DEFAULT_MAX_RANKS = 65536
-#: a job of more ranks than this gets compact rank entries in the default ``/api/state``
-#: (and the page draws its ranks as a scrolled grid; docs/seeing-the-job.md)
-COMPACT_ABOVE = 256
 #: attempts kept on the timeline (the oldest go first)
 MAX_ATTEMPTS = 200
 #: marks kept per attempt (more are counted)
@@ -907,8 +909,8 @@ class JobState:
                   states: Collection[str] | None, offset: int, limit: int | None,
                   detail: str | None) -> dict[str, Any]:
         with self._lock:
-            # one C call per rank: a tuple of its fields (_ROW), no copy of its object
-            rows = list(map(_ROW, self._ranks.values()))
+            # one C call per rank: a tuple of its fields (ROW), no copy of its object
+            rows = list(map(ROW, self._ranks.values()))
             attempts = [(a.attempt, a.start, a.end, a.outcome, a.reason, list(a.marks), a.more,
                          a.stopped) for a in self._attempts.values()]
             status, exit_event, ended_at = self._status, self._exit, self._ended_at
@@ -926,37 +928,27 @@ class JobState:
         now = self._clock()
         if not self.live:
             # a file: ages up to its end (a finished run) or up to now (a growing one)
-            last = max((row[_LAST] for row in rows if row[_LAST] is not None), default=None)
+            last = max((row[LAST] for row in rows if row[LAST] is not None), default=None)
             reference = ended_at if ended_at is not None else max(
                 now, last if last is not None else now)
         else:
             reference = ended_at if ended_at is not None else now
-        rows.sort(key=_BY_RANK)
+        rows.sort(key=BY_RANK)
         # the state each rank shows: a straggler report holds SLOW_HOLD_S of the job's time
-        hold = last_at - SLOW_HOLD_S
-        shown = [row[_STATE] if row[_STATE] != "slow" or row[_SLOW_AT] is None
-                 or row[_SLOW_AT] >= hold else "running" for row in rows]
+        shown = shown_states(rows, last_at - SLOW_HOLD_S)
         counts = collections.Counter(shown)
-        selected = ranks is not None or states is not None or offset > 0 or limit is not None
-        picked: Sequence[int] = (_select(rows, shown, ranks, states) if selected
-                                 else range(len(rows)))
-        matched = len(picked)
-        start = max(0, offset)
-        end = matched if limit is None else min(matched, start + max(0, limit))
-        if detail is None:
-            detail = "full" if selected or len(rows) <= COMPACT_ABOVE else "compact"
-        build = _rank_json if detail == "full" else _rank_compact
-        rank_list = [build(rows[i], shown[i], reference) for i in picked[start:end]]
+        page = rank_page(rows, shown, reference, ranks=ranks, states=states, offset=offset,
+                         limit=limit, detail=detail)
         out: dict[str, Any] = {
             "status": status,
             "attempt": attempt,
             "restarts": attempt,
             "events": seq,
-            "ranks": rank_list,
+            "ranks": page.entries,
             "ranks_total": len(rows),
-            "ranks_matched": matched,
-            "ranks_detail": detail,
-            "next_offset": end if end < matched else None,
+            "ranks_matched": page.matched,
+            "ranks_detail": page.detail,
+            "next_offset": page.next_offset,
             "version": version,
             "now": now,
             "source": self.source,
@@ -1125,109 +1117,6 @@ class JobState:
                 for key in [k for k in cache if k <= oldest]:
                     del cache[key]
         return out
-
-
-#: the fields of a rank the snapshot copies under the lock, as one tuple per rank
-_ROW_FIELDS = ("rank", "state", "step", "last", "starts", "attempt", "exit_code", "signal",
-               "stopped", "drained", "message", "host", "pid", "epoch", "last_type",
-               "slow_at", "slow_factor", "idle_s", "idle_at", "where")
-_ROW = operator.attrgetter(*_ROW_FIELDS)
-(_RANK, _STATE, _STEP, _LAST, _STARTS, _ATTEMPT, _EXIT_CODE, _SIGNAL, _STOPPED, _DRAINED,
- _MESSAGE, _HOST, _PID, _EPOCH, _LAST_TYPE, _SLOW_AT, _SLOW_FACTOR, _IDLE_S, _IDLE_AT,
- _WHERE) = range(len(_ROW_FIELDS))
-_BY_RANK = operator.itemgetter(_RANK)
-_IDLE_STATES = frozenset({"running", "slow", "stalled"})
-
-
-def _idle(row: tuple[Any, ...], state: str, reference: float) -> float | None:
-    idle_s, idle_at = row[_IDLE_S], row[_IDLE_AT]
-    if idle_s is None or idle_at is None or state not in _IDLE_STATES:
-        return None
-    idle: float = idle_s + max(0.0, reference - idle_at)
-    return round(idle, 3)
-
-
-def _age(row: tuple[Any, ...], reference: float) -> float | None:
-    last = row[_LAST]
-    return None if last is None else round(max(0.0, reference - last), 3)
-
-
-def _rank_json(row: tuple[Any, ...], state: str, reference: float) -> dict[str, Any]:
-    """One rank as ``/api/state`` lists it in full (docs/seeing-the-job.md)."""
-    return {
-        "rank": row[_RANK],
-        "state": state,
-        "step": row[_STEP],
-        "last_event_age_s": _age(row, reference),
-        "restarts": max(0, row[_STARTS] - 1),
-        "attempt": row[_ATTEMPT],
-        "exit_code": row[_EXIT_CODE],
-        "signal": row[_SIGNAL],
-        "stopped_by_agent": row[_STOPPED],
-        "drained": row[_DRAINED],
-        "message": row[_MESSAGE],
-        "host": row[_HOST],
-        "pid": row[_PID],
-        "epoch": row[_EPOCH],
-        "last_type": row[_LAST_TYPE],
-        "slow_factor": row[_SLOW_FACTOR],
-        "idle_s": _idle(row, state, reference),
-        "where": row[_WHERE],
-    }
-
-
-#: what a compact rank entry may hold beyond the contract's four keys (each only when it
-#: differs from its default: 0, false or null); the rest (attempt, message, pid,
-#: last_type, where) are in the full entry (``?ranks=N``)
-COMPACT_KEYS = ("restarts", "exit_code", "signal", "stopped_by_agent", "drained",
-                "slow_factor", "epoch", "idle_s", "host")
-
-
-def _rank_compact(row: tuple[Any, ...], state: str, reference: float) -> dict[str, Any]:
-    """One rank as ``/api/state`` lists it compact: what the page's grid draws."""
-    out: dict[str, Any] = {"rank": row[_RANK], "state": state, "step": row[_STEP],
-                           "last_event_age_s": _age(row, reference)}
-    if row[_STARTS] > 1:
-        out["restarts"] = row[_STARTS] - 1
-    if row[_EXIT_CODE] is not None:
-        out["exit_code"] = row[_EXIT_CODE]
-    if row[_SIGNAL] is not None:
-        out["signal"] = row[_SIGNAL]
-    if row[_STOPPED]:
-        out["stopped_by_agent"] = True
-    if row[_DRAINED]:
-        out["drained"] = True
-    if row[_SLOW_FACTOR] is not None:
-        out["slow_factor"] = row[_SLOW_FACTOR]
-    if row[_EPOCH] is not None:
-        out["epoch"] = row[_EPOCH]
-    idle = _idle(row, state, reference)
-    if idle is not None:
-        out["idle_s"] = idle
-    if row[_HOST] is not None:
-        out["host"] = row[_HOST]
-    return out
-
-
-def _select(rows: list[tuple[Any, ...]], shown: list[str],
-            ranks: Sequence[tuple[int, int]] | None,
-            states: Collection[str] | None) -> list[int]:
-    """The indices (into ``rows``, sorted by rank) of the ranks in one of the inclusive
-    ``ranks`` ranges and one of ``states`` (None: any), in rank order."""
-    if ranks is None:
-        picked: list[int] = list(range(len(rows)))
-    else:
-        numbers = [row[_RANK] for row in rows]
-        found: set[int] = set()
-        for first, last in ranks:
-            if first <= last:
-                found.update(range(bisect.bisect_left(numbers, first),
-                                   bisect.bisect_right(numbers, last)))
-        picked = sorted(found)
-    if states is not None:
-        wanted = frozenset(states)
-        picked = [i for i in picked if shown[i] in wanted]
-    return picked
 
 
 _HANDLERS: dict[str, Handler] = {
