@@ -258,6 +258,37 @@ def test_no_page_names_a_file_outside_the_repository() -> None:
         assert not re.search(r"\brows? \d+", text), f"{page.name} cites a matrix row"
 
 
+def _resolves(dotted: str) -> bool:
+    """``dotted`` is a module of ours, or an attribute reached from one."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for name in parts[i:]:
+            if not hasattr(found, name):
+                return False
+            found = getattr(found, name)
+        return True
+    return False
+
+
+def test_benchmark_results_name_only_what_exists() -> None:
+    """benchmarks/RESULTS.md (which `make bench` rewrites, around hand-run sections) names
+    no file and no module that is gone: every `*.py` it cites is in the repository, every
+    dotted `eventbus.` name imports."""
+    text = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    roots = ("", "benchmarks/", "tests/", "tests/jobs/", "eventbus/", "eventbus_app/")
+    files = set(re.findall(r"(?<![\w/.:-])([\w/]+\.py)\b", text))
+    missing = [f for f in sorted(files)
+               if f != "train.py"  # a stack's frame in a sample sentence, not a file of ours
+               and not any((ROOT / (root + f)).is_file() for root in roots)]
+    assert missing == []
+    names = set(re.findall(r"(?<![\w.])(eventbus(?:\.[A-Za-z_]\w*)+)", text))
+    assert names and [n for n in sorted(names) if not _resolves(n)] == []
+
+
 def test_links_between_pages_resolve() -> None:
     """Every relative link of a page points at a file of the repository."""
     for page in PAGES:
