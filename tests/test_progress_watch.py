@@ -25,6 +25,7 @@ import pytest
 import eventbus
 from eventbus.app.protocol import agent_worker
 from eventbus.app.worker import progress
+from eventbus.app.worker.progress import TICK_S
 from eventbus.app.worker.progress import ProgressWatch
 from eventbus.app.worker.progress import StepCounter
 from tests.conftest import ROOT
@@ -149,6 +150,26 @@ def test_off_starts_no_thread_and_the_watch_never_imports_torch(tmp_path: Path) 
     assert "eventbus-progress" not in off.stdout
     assert "'eventbus-progress'" in on.stdout and on.stdout.rstrip().endswith("False")
     assert off.stderr == on.stderr == ""
+
+
+def test_the_watch_wakes_only_at_its_tick() -> None:
+    """What the watch costs a worker is its wake-ups (benchmarks/bench_health.py): its thread
+    wakes once per tick (TICK_S, jittered by at most a fifth), never more often. Counted:
+    a loaded machine can only make it fewer."""
+    watch = ProgressWatch(frozenset({"steps", "collectives"}), rank=0,
+                          bus=eventbus.Bus("progress-ticks"), record=lambda *_a, **_k: None)
+    watch.start()
+    try:
+        deadline = time.monotonic() + 30.0
+        while watch.ticks == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert watch.ticks > 0, "the watch never ticked"
+        first, began = watch.ticks, time.monotonic()
+        time.sleep(1.5)
+        woke, window = watch.ticks - first, time.monotonic() - began
+    finally:
+        watch.stop()
+    assert woke <= window / (0.8 * TICK_S) + 1, (woke, window)
 
 
 def test_the_final_stop_records_one_exiting_beat_after_the_last_step() -> None:
