@@ -345,3 +345,12 @@ def test_a_live_job_of_8192_ranks_beating_once_a_second_with_a_page_open() -> No
     finally:
         stop.set()
         server.close(timeout=1.0)
+
+
+def test_a_ranks_row_names_only_the_summarys_attributes() -> None:
+    """ui/ranks.py copies a rank's summary (ui/state.py's) by attribute name: each it names
+    exists, so a renamed attribute fails here, not in a snapshot."""
+    from eventbus.app.ui import state as state_module
+    from eventbus.app.ui.ranks import ROW_FIELDS
+
+    assert set(ROW_FIELDS) <= set(state_module._Rank.__slots__)
