@@ -38,8 +38,8 @@ def connect_store(host: str, port: int, *, timeout: float) -> Any:
 
 
 class QueueClient:
-    """A client of a c10d ``TCPStore`` that only pushes to queues, written on the socket
-    module: no torch on the sender's side.
+    """A client of a c10d ``TCPStore`` that only pushes to and pops from queues, written on
+    the socket module: no torch on the sender's side.
 
     A worker's first ``record()`` must never wait for ``import torch`` (seconds, tens of
     seconds on a loaded machine), and the forwarder's thread must not import torch either:
