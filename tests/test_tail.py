@@ -231,9 +231,17 @@ def test_follow_prints_lines_as_the_file_grows(tmp_path: Path) -> None:
     reports a foreign line, and exits 0 on Ctrl-C (SIGINT)."""
     path = tmp_path / "events.jsonl"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "eventbus", "tail", "-f", "--interval", "0.05", str(path)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    # The child must hear the SIGINT this test sends. A process that starts with SIGINT
+    # ignored (a job a non-interactive shell put in the background, and so its children)
+    # keeps it ignored, as Python does; a handler, unlike an ignore, is not inherited, so
+    # with one set here for the fork the child starts with Python's own.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "eventbus", "tail", "-f", "--interval", "0.05", str(path)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
     try:
         _read_until(proc.stderr, "waiting for", timeout=30)
         with path.open("w") as fh:
