@@ -63,8 +63,6 @@ from eventbus.app.sentences import job_outcome
 from eventbus.app.sentences import sentence
 from eventbus.app.sentences import stopped_by_agent
 from eventbus.app.ui.ranks import BY_RANK
-from eventbus.app.ui.ranks import COMPACT_ABOVE
-from eventbus.app.ui.ranks import COMPACT_KEYS
 from eventbus.app.ui.ranks import LAST
 from eventbus.app.ui.ranks import ROW
 from eventbus.app.ui.ranks import rank_page
@@ -76,8 +74,6 @@ from eventbus.events import Cause
 from eventbus.events import Event
 
 __all__ = [
-    "COMPACT_ABOVE",
-    "COMPACT_KEYS",
     "DEFAULT_MAX_EVENTS",
     "DEFAULT_MAX_PENDING",
     "FOLD_INTERVAL_S",
@@ -891,9 +887,9 @@ class JobState:
         (None: all). ``ranks_matched`` says how many matched, ``next_offset`` where the
         next page starts (None: this was the last). ``detail``: ``"full"`` (every key of
         a rank) or ``"compact"`` (the contract's four keys and the others that differ from
-        their defaults, :data:`COMPACT_KEYS`); None picks full for a selection or a job of
-        at most :data:`COMPACT_ABOVE` ranks, compact otherwise. ``states`` and
-        ``ranks_total`` always count every rank."""
+        their defaults, :data:`~eventbus.app.ui.ranks.COMPACT_KEYS`); None picks full for
+        a selection or a job of at most :data:`~eventbus.app.ui.ranks.COMPACT_ABOVE` ranks,
+        compact otherwise. ``states`` and ``ranks_total`` always count every rank."""
         if detail not in (None, "full", "compact"):
             raise ValueError(f"detail must be 'full' or 'compact', got {detail!r}")
         if self._pending:
