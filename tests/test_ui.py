@@ -32,7 +32,7 @@ from eventbus.app.ui import UIServer
 from eventbus.app.ui import is_loopback
 from eventbus.app.ui import parse_address
 from eventbus.app.ui import resolve_token
-from eventbus.app.ui.state import RANK_STATES
+from eventbus.app.ui.ranks import RANK_STATES
 from eventbus.app.ui.state import JobState
 from eventbus.bus import ALL
 from eventbus.bus import Bus
@@ -353,7 +353,7 @@ def test_the_bus_only_appends_and_a_reader_folds() -> None:
         for event in _job_events():
             bus.publish(event)
         assert state.pending == len(_job_events())
-        assert state._seq == 0 and not state._ranks  # nothing folded on the bus's thread
+        assert state._seq == 0 and not state._ranks.ranks  # nothing folded on the bus's thread
         snap = state.snapshot()
         assert state.pending == 0
         assert snap["events"] == len(_job_events()) and snap["status"] == "stopped"
@@ -379,7 +379,7 @@ def test_the_folder_thread_folds_without_readers() -> None:
     assert state._folder is None
     state(_event("METRIC", 1010.0, rank=0, step=11))
     state.stop()  # no thread: folds what is pending
-    assert state.pending == 0 and state._ranks[0].step == 11
+    assert state.pending == 0 and state._ranks.ranks[0].step == 11
 
 
 def test_a_backlog_beyond_max_pending_keeps_the_lifecycle_and_counts_the_rest() -> None:

@@ -23,8 +23,8 @@ import pytest
 from eventbus.app.ui import UIServer
 from eventbus.app.ui.ranks import COMPACT_ABOVE
 from eventbus.app.ui.ranks import COMPACT_KEYS
+from eventbus.app.ui.ranks import RANK_STATES
 from eventbus.app.ui.server import STREAM_COST_FACTOR
-from eventbus.app.ui.state import RANK_STATES
 from eventbus.app.ui.state import JobState
 from eventbus.context import JobContext
 from eventbus.events import Event
@@ -348,9 +348,9 @@ def test_a_live_job_of_8192_ranks_beating_once_a_second_with_a_page_open() -> No
 
 
 def test_a_ranks_row_names_only_the_summarys_attributes() -> None:
-    """ui/ranks.py copies a rank's summary (ui/state.py's) by attribute name: each it names
-    exists, so a renamed attribute fails here, not in a snapshot."""
-    from eventbus.app.ui import state as state_module
+    """ui/ranks.py copies a rank's summary (ui/rank_book.py's) by attribute name: each it
+    names exists, so a renamed attribute fails here, not in a snapshot."""
+    from eventbus.app.ui.rank_book import Rank
     from eventbus.app.ui.ranks import ROW_FIELDS
 
-    assert set(ROW_FIELDS) <= set(state_module._Rank.__slots__)
+    assert set(ROW_FIELDS) <= set(Rank.__slots__)

@@ -1,10 +1,12 @@
-"""The ranks of ``/api/state``: one rank as a row, its full and compact entries, and the
-page of them a request asks for (docs/seeing-the-job.md has every key).
+"""The ranks of ``/api/state``: one rank as a row, its full and compact entries, the state
+each shows, and the page of them a request asks for (docs/seeing-the-job.md has every key).
 
-:class:`~eventbus.app.ui.state.JobState` copies each rank's summary under its lock as one
-tuple (:data:`ROW`, a C call per rank) and builds the snapshot from those rows with the lock
-released: this module is that build's rank part, on the reader's thread. A job of more
-than :data:`COMPACT_ABOVE` ranks gets compact entries unless the request selects ranks.
+:class:`~eventbus.app.ui.state.JobState` copies each rank's summary
+(:class:`~eventbus.app.ui.rank_book.Rank`) under its lock as one tuple (:data:`ROW`, a C
+call per rank) and builds the snapshot from those rows with the lock released
+(:mod:`eventbus.app.ui.snapshot`): this module is that build's rank part, on the reader's
+thread. A job of more than :data:`COMPACT_ABOVE` ranks gets compact entries unless the
+request selects ranks.
 """
 
 from __future__ import annotations
@@ -17,15 +19,23 @@ from typing import Any
 
 import attrs
 
-__all__ = ["BY_RANK", "COMPACT_ABOVE", "COMPACT_KEYS", "LAST", "ROW", "ROW_FIELDS", "RankPage",
-           "rank_compact", "rank_json", "rank_page", "select", "shown_states"]
+__all__ = ["BY_RANK", "COMPACT_ABOVE", "COMPACT_KEYS", "LAST", "RANK_STATES", "ROW",
+           "ROW_FIELDS", "SLOW_HOLD_S", "RankPage", "rank_compact", "rank_json", "rank_page",
+           "select", "shown_states"]
+
+#: what ``ranks[i]["state"]`` can be (docs/seeing-the-job.md); ``late``: it did not stop
+#: within a drain's grace (its agent sent it the signal, then SIGKILL)
+RANK_STATES = ("running", "stalled", "slow", "exited", "failed", "late")
+#: a rank reported slow (``WORKER_SLOW``) shows as slow this long; the agent reports a
+#: straggler again every 60 s while it stays one
+SLOW_HOLD_S = 90.0
 
 #: a job of more ranks than this gets compact rank entries in the default ``/api/state``
 #: (and the page draws its ranks as a scrolled grid; docs/seeing-the-job.md)
 COMPACT_ABOVE = 256
 
 #: the fields of a rank the snapshot copies under the lock, as one tuple per rank (the
-#: attributes of the state's rank summary)
+#: attributes of :class:`~eventbus.app.ui.rank_book.Rank`)
 ROW_FIELDS = ("rank", "state", "step", "last", "starts", "attempt", "exit_code", "signal",
                "stopped", "drained", "message", "host", "pid", "epoch", "last_type",
                "slow_at", "slow_factor", "idle_s", "idle_at", "where")

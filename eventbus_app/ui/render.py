@@ -1,5 +1,6 @@
 """How the job view shows an event: the latest problem's panel and a row of the recent-events
-list, as the page's JSON (built on the reader's thread, from what :class:`JobState` keeps).
+list, as the page's JSON (built on the reader's thread, from what :class:`JobState` keeps),
+and the rows already built (:class:`RenderedEvents`).
 
 The folding of events into the model is :mod:`eventbus.app.ui.state`; this module only
 renders. Its sentences are :func:`eventbus.app.sentences.sentence`'s.
@@ -8,23 +9,21 @@ renders. Its sentences are :func:`eventbus.app.sentences.sentence`'s.
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 from eventbus.app.sentences import as_int as _int
 from eventbus.app.sentences import as_number as _num
 from eventbus.app.sentences import job_outcome
 from eventbus.app.sentences import sentence
+from eventbus.app.ui.record_event import as_str
 
-__all__ = ["LINE_CHARS", "MAX_TEXT", "clip", "event_json", "problem_json"]
+__all__ = ["LINE_CHARS", "MAX_TEXT", "RenderedEvents", "clip", "event_json", "problem_json"]
 
 #: characters of a message or a stack shown in the latest-problem panel
 MAX_TEXT = 64 * 1024
 #: characters of one event's line in the recent-events list
 LINE_CHARS = 300
-
-
-def _str(value: object) -> str | None:
-    return value if isinstance(value, str) else None
 
 
 def clip(text: str | None, limit: int) -> str | None:
@@ -51,7 +50,7 @@ def _stack_text(value: object) -> str | None:
 def problem_json(seq: int, kind: str, ev: Any) -> dict[str, Any]:
     """The latest failure or stall as the panel shows it (built on the reader's thread)."""
     data = ev.data if isinstance(ev.data, dict) else {}
-    diagnosis = _str(data.get("diagnosis"))
+    diagnosis = as_str(data.get("diagnosis"))
     if diagnosis is None:
         try:
             diagnosis = sentence(ev)
@@ -59,7 +58,7 @@ def problem_json(seq: int, kind: str, ev: Any) -> dict[str, Any]:
             diagnosis = None
     stack = _stack_text(data.get("stack") or data.get("traceback"))
     peers = data.get("peer_stacks")
-    message = _str(getattr(ev, "message", None))
+    message = as_str(getattr(ev, "message", None))
     return {
         "seq": seq,
         "kind": kind,
@@ -70,7 +69,7 @@ def problem_json(seq: int, kind: str, ev: Any) -> dict[str, Any]:
         "host": ev.hostname or None,
         "diagnosis": diagnosis,
         "exit_code": _int(getattr(ev, "exit_code", None)),
-        "signal": _str(getattr(ev, "signal", None)),
+        "signal": as_str(getattr(ev, "signal", None)),
         "silent_s": _num(getattr(ev, "silent_s", None)),
         "message": clip(message, MAX_TEXT),
         "stack": clip(stack, MAX_TEXT),
@@ -137,3 +136,32 @@ def _short(value: object) -> str:
         text = json.dumps(value, default=repr, separators=(",", ":"))
         return text if len(text) <= 160 else text[:157] + "..."
     return str(value)
+
+
+class RenderedEvents:
+    """The rows of the recent-events list built so far, by seq: each event is rendered
+    once however many readers ask (any thread), and the rows of the events no longer kept
+    (more than ``max_events`` behind the newest) are forgotten."""
+
+    def __init__(self, max_events: int) -> None:
+        self.max_events = max_events
+        self._rows: dict[int, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+
+    def rows(self, items: list[tuple[int, float, str, Any]],
+             newest: int) -> list[dict[str, Any]]:
+        """The rows of ``items`` (the state's ``(seq, arrived, type name, event)``);
+        ``newest``: the newest seq the state has."""
+        out = []
+        with self._lock:
+            cache = self._rows
+            for seq, _, name, ev in items:
+                found = cache.get(seq)
+                if found is None:
+                    found = cache[seq] = event_json(seq, name, ev)
+                out.append(found)
+            if len(cache) > 2 * self.max_events:
+                oldest = newest - self.max_events
+                for key in [k for k in cache if k <= oldest]:
+                    del cache[key]
+        return out

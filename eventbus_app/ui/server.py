@@ -41,7 +41,7 @@ import time
 import urllib.parse
 from typing import Any
 
-from eventbus.app.ui.state import RANK_STATES
+from eventbus.app.ui.ranks import RANK_STATES
 from eventbus.app.ui.state import JobState
 
 __all__ = ["STATIC_FILES", "UIServer", "dumps", "loopback_name", "parse_ranks",
