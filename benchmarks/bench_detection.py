@@ -73,7 +73,7 @@ __all__ = ["BEGIN", "END", "KINDS", "Hang", "Healthy", "Load", "main", "percenti
            "render", "replace_section"]
 
 ROOT = Path(__file__).resolve().parents[1]
-JOBS = ROOT / "tests" / "jobs"
+TESTS = ROOT / "tests"
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 DOC = ROOT / "docs" / "run.md"
 #: where the section goes in docs/run.md the first time: the end of "Job health"
@@ -107,21 +107,48 @@ class Kind:
     quick_env: dict[str, str]
 
 
+#: a quiet phase lasts this many times the auto floor: past the timeout, so silence
+#: alone would stall it; the evidence must not
+QUIET_X = 3.0
+QUIET = "reliability/jobs/quiet_job.py"
+#: the hangs of row 42, taken in turn (tests/reliability/jobs/quiet_job.py's modes)
+HANG_KINDS = ("lock", "sleep", "spin", "skip")
+
 KINDS: tuple[Kind, ...] = (
-    Kind("plain", "plain_train.py", "",
+    Kind("plain", "jobs/plain_train.py", "",
          "plain gloo loop, no eventbus call (tests/jobs/plain_train.py)",
          {"PLAIN_MODE": "healthy", "PLAIN_STEPS": "400", "PLAIN_STEP_S": "0.05"},
          {"PLAIN_MODE": "healthy", "PLAIN_STEPS": "100", "PLAIN_STEP_S": "0.05"}),
-    Kind("lightning", "lightning_train.py", "lightning.pytorch",
+    Kind("lightning", "jobs/lightning_train.py", "lightning.pytorch",
          "Lightning DDP, tiny Linear, the script unchanged: no eventbus callback "
          "(tests/jobs/lightning_train.py, `EVENTBUS_CALLBACK=off`)",
          {"MAX_STEPS": "400", "STEP_S": "0.05", "EVENTBUS_CALLBACK": "off"},
          {"MAX_STEPS": "100", "STEP_S": "0.05", "EVENTBUS_CALLBACK": "off"}),
-    Kind("transformers", "hf_train.py", "transformers, accelerate",
+    Kind("transformers", "jobs/hf_train.py", "transformers, accelerate",
          "transformers Trainer, tiny GPT-2 from a config, the script unchanged: no eventbus "
          "callback (tests/jobs/hf_train.py, `EVENTBUS_CALLBACK=off`)",
          {"MAX_STEPS": "300", "STEP_S": "0.05", "EVENTBUS_CALLBACK": "off"},
          {"MAX_STEPS": "80", "STEP_S": "0.05", "EVENTBUS_CALLBACK": "off"}),
+    # row 41: quiet phases that outlast the timeout ({quiet}: QUIET_X x the auto floor)
+    *(Kind(mode, QUIET, "", label, {"QUIET_MODE": mode, "QUIET_S": "{quiet}"},
+           {"QUIET_MODE": mode, "QUIET_S": "{quiet}"}) for mode, label in (
+        ("validate", "every rank validating (no_grad forward passes, no collective)"),
+        ("save", "rank 0 in `torch.save` to slow storage, rank 1 in a barrier"),
+        ("evaluate", "rank 0 evaluating alone, rank 1 in a barrier"),
+        ("compile", "a `torch.compile` recompile whose compiler takes the quiet phase"),
+        ("data", "rank 1's batch late from its DataLoader worker (reported, not a stall)"))),
+    Kind("lightning-val", "jobs/lightning_train.py", "lightning.pytorch",
+         "Lightning DDP with a validation epoch of the quiet phase, unchanged script",
+         {"MAX_STEPS": "60", "STEP_S": "0.05", "EVENTBUS_CALLBACK": "off",
+          "VAL_S": "{quiet}", "VAL_EVERY": "30"},
+         {"MAX_STEPS": "40", "STEP_S": "0.05", "EVENTBUS_CALLBACK": "off",
+          "VAL_S": "{quiet}", "VAL_EVERY": "20"}),
+    Kind("transformers-eval", "jobs/hf_train.py", "transformers, accelerate",
+         "transformers `Trainer` with an evaluation of the quiet phase, unchanged script",
+         {"MAX_STEPS": "60", "STEP_S": "0.05", "EVENTBUS_CALLBACK": "off",
+          "EVAL_S": "{quiet}", "EVAL_EVERY": "30"},
+         {"MAX_STEPS": "40", "STEP_S": "0.05", "EVENTBUS_CALLBACK": "off",
+          "EVAL_S": "{quiet}", "EVAL_EVERY": "20"}),
 )
 
 
@@ -135,6 +162,9 @@ class Hang:
     latency_s: float | None = None
     note: str = ""
     other_stalls: list[dict[str, Any]] = field(default_factory=list)
+    kind: str = "spin"
+    #: what the verdict said rank 1 waits on
+    waiting_on: str | None = None
 
 
 @dataclass
@@ -148,6 +178,8 @@ class Healthy:
     agent_exit: str = ""  # AGENT_EXIT's state and exit code, "" when none was recorded
     stalls: list[dict[str, Any]] = field(default_factory=list)
     slows: list[dict[str, Any]] = field(default_factory=list)
+    #: WORKER_STALLED reports of a rank waiting for data (no verdict: not false stalls)
+    data_waits: list[dict[str, Any]] = field(default_factory=list)
     longest_silence_s: float = 0.0
     timeout_share: float = 0.0
     note: str = ""
@@ -227,11 +259,14 @@ def render(result: dict[str, Any], *, heading: str = "##") -> str:
         f"Real `python -m eventbus run --standalone --nproc-per-node 2` jobs, gloo on CPU, "
         f"while {result['busy']} busy-looping processes kept the {result['cores']} cores "
         f"busy (1-minute load average {load}, read after each job): {lat['hangs']} hangs "
-        f"(tests/jobs/plain_train.py, rank 1 spins before a collective) with "
+        f"(tests/reliability/jobs/quiet_job.py, rank 1 before a step's collective: "
+        f"{', '.join(HANG_KINDS)} in turn) with "
         f"`--stall-timeout {result['timeout_s']:g} --max-restarts 0`, and "
         f"{len(healthy)} healthy runs with `--stall-timeout auto --stall-auto-floor "
         f"{result['auto_floor_s']:g}` (a floor below the default 60 s can only add "
-        f"stalls); {result['seconds'] / 60:.0f} minutes in all. Commit {result['commit']}, "
+        f"stalls; each quiet phase lasts {QUIET_X:g} x the floor, past the timeout, so "
+        f"silence alone would stall it); {result['seconds'] / 60:.0f} minutes in all. "
+        f"Commit {result['commit']}, "
         f"{result['date']}, torch {result['torch']}, Python {result['python']}"
         f"{' (`--quick`: proves it runs, the figures mean little)' if result['quick'] else ''}.",
         "",
@@ -245,6 +280,14 @@ def render(result: dict[str, Any], *, heading: str = "##") -> str:
     lines.append(f"| {lat['hangs']} | {lat['misses']} | {' | '.join(cells)} | "
                  f"**{'-' if math.isnan(over) else f'{over:.2f} s'}** "
                  f"({'met' if lat['met'] else 'not met'}) |")
+    said: dict[str, list[str]] = {}
+    for h in (Hang(**h) for h in result["hangs"]):
+        said.setdefault(h.kind, []).append(h.waiting_on or "no verdict")
+    lines += ["", "| hang | verdicts | `waiting_on` |", "|---|---|---|"]
+    for kind, values in said.items():
+        tally = ", ".join(f"{v} x{values.count(v)}" for v in sorted(set(values)))
+        lines.append(f"| {kind} | {sum(v != 'no verdict' for v in values)}/{len(values)} | "
+                     f"{tally} |")
     misses = [h for h in (Hang(**h) for h in result["hangs"]) if h.latency_s is None]
     extra = [h for h in (Hang(**h) for h in result["hangs"]) if h.other_stalls]
     if misses or extra:
@@ -256,9 +299,9 @@ def render(result: dict[str, Any], *, heading: str = "##") -> str:
                      f"{json.dumps(h.other_stalls)}")
     lines += [
         "",
-        "| kind | runs | false stalls | false stragglers | failures | longest silence "
-        "(share of its timeout) | median run |",
-        "|---|---|---|---|---|---|---|",
+        "| kind | runs | false stalls | false stragglers | reported waiting for data | "
+        "failures | longest silence (share of its timeout) | median run |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     by_kind = {kind.name: kind for kind in KINDS}
     for name in [k.name for k in KINDS]:
@@ -266,7 +309,7 @@ def render(result: dict[str, Any], *, heading: str = "##") -> str:
         if not runs:
             if name in result["skipped"]:
                 lines.append(f"| {by_kind[name].label} | skipped: "
-                             f"{result['skipped'][name]} | | | | | |")
+                             f"{result['skipped'][name]} | | | | | | |")
             continue
         failures = [h for h in runs if h.failed]
         failed = f"{len(failures)}" + (
@@ -276,7 +319,8 @@ def render(result: dict[str, Any], *, heading: str = "##") -> str:
         lines.append(
             f"| {by_kind[name].label} | {len(runs)} | "
             f"{sum(len(h.stalls) for h in runs)} | {sum(len(h.slows) for h in runs)} | "
-            f"{failed} | {longest.longest_silence_s:.1f} s ({longest.timeout_share:.0%}) | "
+            f"{sum(len(h.data_waits) for h in runs)} | {failed} | "
+            f"{longest.longest_silence_s:.1f} s ({longest.timeout_share:.0%}) | "
             f"{statistics.median(h.seconds for h in runs):.0f} s |")
     seen = [h for h in healthy if h.stalls or h.slows]
     if seen:
@@ -386,7 +430,7 @@ def run_job(folder: Path, script: str, options: list[str], limit_s: float,
     events = folder / "events.jsonl"
     cmd = [sys.executable, "-m", "eventbus", "run", "--events-jsonl", str(events),
            *options, "--standalone", "--nproc-per-node", "2", "--monitor-interval", "0.1",
-           "--max-restarts", "0", str(JOBS / script)]
+           "--max-restarts", "0", str(TESTS / script)]
     log = folder / "job.log"
     started = time.monotonic()
     with log.open("wb") as sink:
@@ -419,12 +463,13 @@ def _worker_event(event: dict[str, Any]) -> dict[str, Any]:
 
 
 def hang_job(index: int, timeout_s: float) -> Hang:
+    kind = HANG_KINDS[(index - 1) % len(HANG_KINDS)]
     with tempfile.TemporaryDirectory(prefix="bench-detection-") as tmp:
         folder = Path(tmp)
-        job = run_job(folder, "plain_train.py", ["--stall-timeout", f"{timeout_s:g}"],
-                      HANG_JOB_LIMIT_S, PLAIN_MODE="hang", PLAIN_STEP="10",
-                      PLAIN_STEPS="100000", PLAIN_OUT=tmp)
-        hang = Hang(index=index, seconds=job.seconds, exit_code=job.exit_code)
+        job = run_job(folder, QUIET, ["--stall-timeout", f"{timeout_s:g}"],
+                      HANG_JOB_LIMIT_S, QUIET_MODE=kind, QUIET_STEP="10",
+                      QUIET_STEPS="100000", QUIET_OUT=tmp)
+        hang = Hang(index=index, seconds=job.seconds, exit_code=job.exit_code, kind=kind)
         stalls = [e for e in job.events if e["type"] == "WORKER_STALLED"]
         mine = [e for e in stalls if e.get("worker_id") == 1]
         hang.other_stalls = [_worker_event(e) for e in stalls if e.get("worker_id") != 1]
@@ -439,6 +484,7 @@ def hang_job(index: int, timeout_s: float) -> Hang:
                             if stalls else ""))
         else:
             hang.latency_s = float(mine[0]["timestamp"]) - float(bad.read_text())
+            hang.waiting_on = (mine[0].get("data") or {}).get("waiting_on")
         if job.leftovers and job.exit_code is not None:
             hang.note += f"{'; ' if hang.note else ''}{job.leftovers} process(es) left behind"
     return hang
@@ -449,7 +495,10 @@ def healthy_job(kind: Kind, index: int, floor_s: float, *, quick: bool) -> Healt
         folder = Path(tmp)
         out = folder / "out"
         out.mkdir()
-        env = {**(kind.quick_env if quick else kind.env), "OUT": str(out),
+        quiet = f"{QUIET_X * floor_s:g}"
+        env = {**{k: v.replace("{quiet}", quiet)
+                  for k, v in (kind.quick_env if quick else kind.env).items()},
+               "OUT": str(out), "QUIET_OUT": str(out),
                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "HF_HOME": str(folder / "hf_home")}
         job = run_job(folder, kind.script,
@@ -457,7 +506,9 @@ def healthy_job(kind: Kind, index: int, floor_s: float, *, quick: bool) -> Healt
                       HEALTHY_JOB_LIMIT_S, **env)
         run = Healthy(kind=kind.name, index=index, seconds=job.seconds,
                       exit_code=job.exit_code)
-        run.stalls = [_worker_event(e) for e in job.events if e["type"] == "WORKER_STALLED"]
+        stalled = [_worker_event(e) for e in job.events if e["type"] == "WORKER_STALLED"]
+        run.stalls = [e for e in stalled if e["data"].get("waiting_on") != "data"]
+        run.data_waits = [e for e in stalled if e["data"].get("waiting_on") == "data"]
         run.slows = [_worker_event(e) for e in job.events if e["type"] == "WORKER_SLOW"]
         exits = [e for e in job.events if e["type"] == "AGENT_EXIT"]
         if exits:
@@ -502,10 +553,13 @@ def closest_call(events_path: Path, floor_s: float) -> tuple[float, float]:
 # -- the measurement -------------------------------------------------------------------
 
 
-def available_kinds() -> tuple[list[Kind], dict[str, str]]:
-    """The kinds whose trainer imports here, and why each other one is skipped."""
+def available_kinds(only: Sequence[str] = ()) -> tuple[list[Kind], dict[str, str]]:
+    """The kinds (of ``only``, or all) whose trainer imports here, and why each other one
+    is skipped."""
     found, skipped = [], {}
     for kind in KINDS:
+        if only and kind.name not in only:
+            continue
         if not kind.needs:
             found.append(kind)
             continue
@@ -538,9 +592,10 @@ def _progress(text: str) -> None:
 
 
 def measure(*, hangs: int, healthy: int, quick: bool, floor_s: float,
-            timeout_s: float = HANG_TIMEOUT_S) -> dict[str, Any]:
-    """Run the jobs under load; the raw figures (what :func:`render` tabulates)."""
-    kinds, skipped = available_kinds()
+            timeout_s: float = HANG_TIMEOUT_S, only: Sequence[str] = ()) -> dict[str, Any]:
+    """Run the jobs under load; the raw figures (what :func:`render` tabulates).
+    ``only``: the names of the healthy kinds to run (all when empty)."""
+    kinds, skipped = available_kinds(only)
     for name, why in skipped.items():
         _progress(f"{name} runs skipped: {why}")
     if quick:
@@ -618,8 +673,11 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hangs", type=int, default=20, help="hang jobs (default 20)")
-    parser.add_argument("--healthy", type=int, default=20,
-                        help="healthy runs, the kinds in turn (default 20)")
+    parser.add_argument("--healthy", type=int, default=None,
+                        help="healthy runs, the kinds in turn (default 5 of each kind)")
+    parser.add_argument("--kinds", default="", metavar="NAME,...",
+                        help="the healthy kinds to run (default all: "
+                             f"{', '.join(k.name for k in KINDS)})")
     parser.add_argument("--auto-floor", type=float, default=DEFAULT_AUTO_FLOOR_S,
                         metavar="SECONDS", help="the healthy runs' --stall-auto-floor "
                         f"(default {DEFAULT_AUTO_FLOOR_S:g})")
@@ -632,12 +690,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick and args.write:
         parser.error("--write takes a full run's figures; --quick only proves it runs")
-    if args.hangs < 0 or args.healthy < 0 or not args.auto_floor > 0:
+    names = [n.strip() for n in args.kinds.split(",") if n.strip()]
+    unknown = sorted(set(names) - {k.name for k in KINDS})
+    if unknown:
+        parser.error(f"--kinds: unknown {', '.join(unknown)}; the kinds are "
+                     f"{', '.join(k.name for k in KINDS)}")
+    healthy = args.healthy if args.healthy is not None else 5 * (len(names) or len(KINDS))
+    if args.hangs < 0 or healthy < 0 or not args.auto_floor > 0:
         parser.error("--hangs and --healthy are counts >= 0, --auto-floor seconds > 0")
     try:
         with _sigterm_unwinds():
-            result = measure(hangs=2 if args.quick else args.hangs, healthy=args.healthy,
-                             quick=args.quick, floor_s=args.auto_floor)
+            result = measure(hangs=2 if args.quick else args.hangs, healthy=healthy,
+                             quick=args.quick, floor_s=args.auto_floor, only=names)
     except KeyboardInterrupt:
         _progress("interrupted: the job in flight and the busy processes were stopped")
         return 130

@@ -376,10 +376,16 @@ def _worker_exit(event: EventLike, short: bool) -> str:
 
 def _worker_stalled(event: EventLike, short: bool) -> str:
     silent = as_number(_field(event, "silent_s"))
-    text = "stalled" + (f" for {silent:.1f} s" if silent is not None else "")
+    data = _data(event)
+    # what the evidence says it waits on (#41): "blocked", "in barrier #16"...; a rank
+    # waiting for data is reported, not stalled
+    doing = _str(data.get("doing"))
+    waiting = "waiting for data" if data.get("waiting_on") == "data" else None
+    text = (waiting or "stalled") + (f" for {silent:.1f} s" if silent is not None else "")
+    if doing and not waiting and data.get("waiting_on") not in (None, "silent"):
+        text += f", {first_line(doing, limit=60)}"
     if short:
         return text
-    data = _data(event)
     where = _str(data.get("where"))
     if where is None:
         stack = _str(data.get("stack"))

@@ -244,7 +244,8 @@ def test_detection_table_counts_misses_and_names_false_events() -> None:
         "quick": False, "commit": "abc1234", "torch": "2.13", "python": "3.11",
         "date": "today", "cores": 2, "busy": 2, "timeout_s": 4.0, "auto_floor_s": 5.0,
         "load": [2.5, 4.0], "seconds": 600.0, "skipped": {"transformers": "no module"},
-        "hangs": [vars(Hang(1, 12.0, 1, latency_s=4.3)), vars(Hang(2, 12.0, 1, latency_s=4.5)),
+        "hangs": [vars(Hang(1, 12.0, 1, latency_s=4.3, waiting_on="spinning")),
+                  vars(Hang(2, 12.0, 1, latency_s=4.5, waiting_on="spinning")),
                   vars(Hang(3, 240.0, None, note="killed at the job's limit"))],
         "healthy": [vars(Healthy("plain", 4, 20.0, 0, "SUCCEEDED (0)")),
                     vars(Healthy("lightning", 5, 30.0, 1, "FAILED (1)", stalls=[stall]))],
@@ -252,7 +253,8 @@ def test_detection_table_counts_misses_and_names_false_events() -> None:
     text = render(result)
     assert "| 3 | 1 | 4.40 s (+0.40) |" in text and "(not met)" in text
     assert "- miss, hang 3: killed at the job's limit" in text
-    assert "| 1 | 1 | 0 | 1 (run 5: exit code 1, FAILED (1)) |" in text
+    assert "| 1 | 1 | 0 | 0 | 1 (run 5: exit code 1, FAILED (1)) |" in text
+    assert "| spin | 2/3 | no verdict x1, spinning x2 |" in text
     assert '- lightning run 5: WORKER_STALLED {"type": "WORKER_STALLED"' in text
     assert "skipped: no module" in text and "load average 2.5-4.0" in text
 

@@ -111,7 +111,7 @@ def test_auto_timeout_is_a_floor_or_a_multiple_of_the_longest_interval() -> None
 @pytest.mark.parametrize("text", ["0", "-1", "abc", "nan", "inf", ""])
 def test_bad_stall_timeouts_are_usage_errors(text: str) -> None:
     """0, negative, non-finite and non-numeric values other than auto are refused."""
-    with pytest.raises(argparse.ArgumentTypeError, match="seconds > 0 or 'auto'"):
+    with pytest.raises(argparse.ArgumentTypeError, match="'off', seconds > 0 or 'auto'"):
         options.parse_stall_timeout(text)
 
 
@@ -135,9 +135,10 @@ def test_the_auto_floor_is_an_option_and_bounds_auto() -> None:
 
 
 def test_good_stall_timeouts_parse() -> None:
-    """Seconds and auto parse."""
+    """Seconds, auto and off (None: no detection) parse."""
     assert options.parse_stall_timeout("2.5") == 2.5
     assert options.parse_stall_timeout("AUTO") == "auto"
+    assert options.parse_stall_timeout(" off ") is None
 
 
 def test_bad_health_options_are_usage_errors_of_the_parser() -> None:
@@ -163,16 +164,19 @@ def test_bad_options_stop_eventbus_run_before_anything_starts(tmp_path: Path) ->
                           check=False, cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 2
-    assert "argument --stall-timeout: expected seconds > 0 or 'auto', got '0'" in done.stderr
+    assert ("argument --stall-timeout: expected 'off', seconds > 0 or 'auto', got '0'"
+            in done.stderr)
     assert "WORKER_START" not in done.stderr
 
 
 def test_defaults_of_the_options() -> None:
-    """--stop-exit-code defaults to 3 (not torchrun's 1), --slow-factor to 2."""
+    """--stop-exit-code defaults to 3 (not torchrun's 1), --slow-factor to 2, and stall
+    detection is on: --stall-timeout auto (off turns it off)."""
     from eventbus.app.launcher.command import build_parser
 
     args = build_parser().parse_args(["x.py"])
-    assert args.stop_exit_code == 3 and args.slow_factor == 2.0 and args.stall_timeout is None
+    assert args.stop_exit_code == 3 and args.slow_factor == 2.0 and args.stall_timeout == "auto"
+    assert build_parser().parse_args(["--stall-timeout", "off", "x.py"]).stall_timeout is None
 
 
 def _steps(watch: watches.StragglerWatch, rank: int, step_s: float, n: int) -> None:

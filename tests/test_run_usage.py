@@ -42,7 +42,7 @@ def test_help_lists_eventbus_options_first_then_torchruns() -> None:
 
 @pytest.mark.parametrize(("argv", "says"), [
     ([], "no SCRIPT to run"),
-    (["--stall-timeout", "0", "x.py"], "argument --stall-timeout: expected seconds > 0"),
+    (["--stall-timeout", "0", "x.py"], "argument --stall-timeout: expected 'off', seconds > 0"),
     (["--nproc-per-node"], "argument --nproc-per-node/--nproc_per_node: expected one"),
     (["--stall-timout", "5", "x.py"], "(did you mean --stall-timeout?)"),
 ])

@@ -108,6 +108,20 @@ def test_a_stall_says_where_from_data_or_the_stack() -> None:
     assert _says(stalled, short=True) == "stalled for 5.2 s"
 
 
+def test_a_stall_says_what_the_evidence_shows_and_data_is_a_wait() -> None:
+    """WORKER_STALLED with evidence (#41): what the rank waits on after the silence; a rank
+    waiting for data reads as such, not as stalled."""
+    blocked = eventbus.WorkerStalled(worker_id=1, silent_s=61.0, data={
+        "where": "train.py:18 in main", "waiting_on": "blocked", "doing": "blocked"})
+    assert _says(blocked) == "rank 1 stalled for 61.0 s, blocked (train.py:18 in main)"
+    collective = eventbus.WorkerStalled(worker_id=0, silent_s=61.0, data={
+        "waiting_on": "collective", "doing": "in barrier #16"})
+    assert _says(collective, short=True) == "stalled for 61.0 s, in barrier #16"
+    data = eventbus.WorkerStalled(worker_id=1, silent_s=4.04, data={
+        "where": "train.py:30 in main", "waiting_on": "data", "doing": "waiting for data"})
+    assert _says(data) == "rank 1 waiting for data for 4.0 s (train.py:30 in main)"
+
+
 def test_a_straggler() -> None:
     """WORKER_SLOW: the rank, its step and how far behind its peers' median it is."""
     slow = eventbus.WorkerSlow(worker_id=2, factor=2.6, step_time_s=0.41,

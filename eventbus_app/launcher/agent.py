@@ -514,6 +514,14 @@ class EventAgent(LocalElasticAgent):
         verdict = judge.verdict(attempt, overdue, is_judge=is_judge, ranks=ranks)
         if verdict is None:
             return None
+        if verdict.report_only:  # waiting for data: reported, restarted by a reactor only
+            judge.reported(attempt, verdict)
+            reports = judge.stalled_events(attempt, verdict, live=live, stacks={})
+            if self._decide(reports, report_only=True).action == "continue":
+                return None
+            return self._stop_live_workers(
+                live, cause=str(Cause.STALL), why="a reactor acted on a rank waiting for data",
+                data={rank: {"stalled": rank in verdict.stalled} for rank in live})
         # Ask for the flight-recorder dumps now; they are written while the stacks are
         # taken and the event is published, and waited for before the workers are stopped.
         dump_dir, asked = self.fr_dumps.ask(attempt)
@@ -558,7 +566,8 @@ class EventAgent(LocalElasticAgent):
         decision and is reported (see :meth:`Decider.add_reactor`)."""
         return self.decider.add_reactor(reactor)
 
-    def _decide(self, failures: Sequence[WorkerExit | WorkerStalled]) -> Outcome:
+    def _decide(self, failures: Sequence[WorkerExit | WorkerStalled], *,
+                report_only: bool = False) -> Outcome:
         """Publish each failure, let the decider collect the reactors' answers, and apply
         its outcome: a STOP uses up the restarts (torch's loop then fails the group) and,
         with several nodes, reaches the others; its console line goes out."""
@@ -568,7 +577,8 @@ class EventAgent(LocalElasticAgent):
             if isinstance(event, WorkerExit):
                 self.exits.decided(self.attempt, event.worker_id, event.data.get("error_file"))
         outcome = self.decider.decide(failures, restarts_left=self._remaining_restarts,
-                                      next_attempt=self._next_attempt())
+                                      next_attempt=self._next_attempt(),
+                                      report_only=report_only)
         if outcome.action == "restart" and self._stop_signal is not None \
                 and self._stop_signal.wait_remote() is not None:
             # another node's STOP, set while this node's workers lost their peers to it

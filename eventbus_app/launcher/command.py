@@ -119,13 +119,17 @@ def build_parser() -> argparse.ArgumentParser:
              "webhook:URL, mlflow:TRACKING_URI, or an 'eventbus.sinks' entry point; "
              "repeatable (docs/sinks.md)")
     group.add_argument(
-        "--stall-timeout", metavar="SECONDS|auto", type=options.parse_stall_timeout,
-        default=None,
+        "--stall-timeout", metavar="SECONDS|auto|off", type=options.parse_stall_timeout,
+        default="auto",
         help="a live worker that makes no progress (collectives, optimizer steps, recorded "
-             "events) for SECONDS is stalled: WORKER_STALLED for the culprit rank with a "
-             "diagnosis and its stack, reactors decide, the group restarts; "
+             "events) for SECONDS and whose heartbeats show it waiting (in a collective, "
+             "blocked, spinning) is stalled: WORKER_STALLED for the culprit rank with a "
+             "diagnosis and its stack, reactors decide, the group restarts; a busy rank, a "
+             "checkpoint save or load and a compile are never stalls, a rank waiting for "
+             "data is reported, not restarted; "
              f"auto: max({options.AUTO_FLOOR_S:g} s, {options.AUTO_FACTOR:g} x the longest "
-             "interval seen between the worker's events). Default: off")
+             "interval seen between the worker's events); off: no stall detection. "
+             "Default: auto (docs/run.md, 'Job health')")
     group.add_argument(
         "--stall-auto-floor", metavar="SECONDS", type=options.parse_stall_auto_floor,
         default=options.AUTO_FLOOR_S,

@@ -59,12 +59,13 @@ class Outcome:
     """What the decider decided about one round of failures.
 
     ``action``: ``"stop"`` (a STOP: no restart, the stop exit code), ``"restart"`` (the
-    group restarts, one restart used) or ``"fail"`` (no restart is left). ``cause``: the
+    group restarts, one restart used), ``"fail"`` (no restart is left) or ``"continue"``
+    (a report that no reactor acted on: the group runs on). ``cause``: the
     :class:`~eventbus.events.Cause` of what happens next. ``line``: the console line (the
     culprits, then the outcome). ``announce``: a STOP of this node that the other nodes
     must hear (the job-wide STOP key)."""
 
-    action: Literal["stop", "restart", "fail"]
+    action: Literal["stop", "restart", "fail", "continue"]
     cause: str
     line: str
     stop_by: tuple[str, ...] = ()
@@ -183,14 +184,20 @@ class Decider:
         return self.stop_reason is not None or self.remote_stop() is not None
 
     def decide(self, failures: Sequence[WorkerExit | WorkerStalled], *, restarts_left: int,
-               next_attempt: int) -> Outcome:
+               next_attempt: int, report_only: bool = False) -> Outcome:
         """Publish each failure (the first is the cause), collect the answers and decide.
 
         ``restarts_left``: restarts still allowed; ``next_attempt``: the number the group
-        would restart as."""
+        would restart as. ``report_only``: the failures are reports (ranks waiting for
+        data): with no STOP or RESTART from a reactor the group runs on."""
         decisions: list[tuple[Decision, str]] = []
         for event in failures:
             decisions.extend(self.publish(event))
+        if report_only and not any(d in (Decision.STOP, Decision.RESTART)
+                                   for d, _ in decisions) and self.remote_stop() is None:
+            return Outcome("continue", str(Cause.STALL),
+                           f"{console.culprits_text(failures)}: reported; no restart (a "
+                           "reactor may return RESTART or STOP for it)")
         first = failures[0]
         summary = summary_of(first)
         cause = str(Cause.STALL if isinstance(first, WorkerStalled) else Cause.FAILURE)

@@ -13,7 +13,13 @@ docs/run.md, "Job health":
   timeout, when group rank 0 has not (its restart normally reaches them first);
 * a stall is published for its culprits, never for ranks that only wait on them; a view
   older than a culprit's next heartbeat, or a rank whose heartbeats stopped (its script
-  is likely ending), is not judged until the grace ends.
+  is likely ending), is not judged until the grace ends;
+* silence is not enough (#41): a culprit is stalled only when its evidence
+  (:mod:`eventbus.app.evidence`, from its heartbeats) says it waits: in a collective,
+  blocked, spinning, or unresponsive. A busy rank (its stack moves), one that saves,
+  loads or compiles is never stalled, and while one is, ranks waiting in a collective
+  are not stalled either (they may wait for it). A rank waiting for data is reported
+  (``Verdict.report_only``), once per silence, and not restarted unless a reactor asks.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from typing import Any
 
 import attrs
 
+from eventbus.app import evidence
+from eventbus.app.evidence import Evidence
 from eventbus.app.heap import no_collection
 from eventbus.app.launcher import culprit
 from eventbus.app.launcher.watches import Stall
@@ -59,11 +67,16 @@ SLOW_CHECK_S = 1.0
 @attrs.frozen
 class Verdict:
     """A stall found: the culprit analysis, the ranks to report stalled, and every rank of
-    the attempt the verdict covers (they are not judged again in the attempt)."""
+    the attempt the verdict covers (they are not judged again in the attempt).
+
+    ``evidence``: each stalled rank's. ``report_only``: every stalled rank waits for data
+    (reported; no restart unless a reactor asks)."""
 
     analysis: culprit.Analysis
     stalled: tuple[int, ...]
     ranks: tuple[int, ...]
+    evidence: Mapping[int, Evidence] = attrs.field(factory=dict)
+    report_only: bool = False
 
 
 class Judge:
@@ -84,6 +97,9 @@ class Judge:
         self._next_slow_check = 0.0
         #: stalled ranks reported, all attempts
         self.stalls = 0
+        #: (attempt, rank) -> when the silence began that was reported as waiting for data
+        #: (reported once per silence)
+        self._data_reported: dict[tuple[int, int], float] = {}
 
     # -- stalls ----------------------------------------------------------------------------
     def ranks_to_watch(self, attempt: int, live: Iterable[int], *, is_judge: bool) -> set[int]:
@@ -126,13 +142,70 @@ class Judge:
             return None
         with no_collection():
             found = self._analyze(attempt, overdue, local_only=not is_judge)
-        if found is None:
-            return None
-        analysis, stalled = found
-        return Verdict(analysis, tuple(stalled), tuple(sorted(set(ranks))))
+            if found is None:
+                return None
+            analysis, stalled = found
+            return self._weigh(attempt, analysis, stalled, tuple(sorted(set(ranks))))
+
+    def evidence_of(self, attempt: int, rank: int) -> Evidence:
+        """What ``rank`` is doing by its latest heartbeat (:func:`evidence.classify`)."""
+        watch = self.stall
+        assert watch is not None
+        beat = watch.beat(attempt, rank)
+        silent = watch.silent_s(attempt, rank)
+        return evidence.classify(
+            beat[0].data if beat is not None else None,
+            silent_s=silent if silent is not None else 0.0,
+            timeout_s=watch.timeout_for(attempt, rank),
+            beat_age_s=beat[1] if beat is not None else None,
+            beats_stopped_s=self.beats_stopped_s)
+
+    def _weigh(self, attempt: int, analysis: culprit.Analysis, candidates: Sequence[int],
+               ranks: tuple[int, ...]) -> Verdict | None:
+        """The verdict on the analysis's candidates, by their evidence: those that wait
+        (a collective, blocked, spinning, unresponsive) are stalled; those waiting for
+        data are reported when no rank stalls; busy, saving, loading and compiling ranks
+        never are. A rank waiting in a collective is not stalled while any rank of the
+        attempt is busy, saves, loads, compiles or waits for data (it may wait for that
+        one)."""
+        watch = self.stall
+        assert watch is not None
+        weighed = {rank: self.evidence_of(attempt, rank) for rank in candidates}
+        stalling = [r for r in candidates if weighed[r].stalls]
+        if any(weighed[r].waiting_on == "collective" for r in stalling) and \
+                self._someone_works(attempt, set(watch.beats(attempt)) - set(stalling)):
+            stalling = [r for r in stalling if weighed[r].waiting_on != "collective"]
+        if stalling:
+            return Verdict(analysis, tuple(stalling), ranks,
+                           {r: weighed[r] for r in stalling})
+        waiting = [r for r in candidates if weighed[r].reported
+                   and not self._data_seen(attempt, r)]
+        if waiting:
+            return Verdict(analysis, tuple(waiting), ranks,
+                           {r: weighed[r] for r in waiting}, report_only=True)
+        return None
+
+    def _someone_works(self, attempt: int, others: Iterable[int]) -> bool:
+        """Whether any of ``others`` is busy, saves, loads, compiles or waits for data."""
+        return any(not self.evidence_of(attempt, r).stalls for r in others)
+
+    def _silence_began(self, attempt: int, rank: int) -> float:
+        watch = self.stall
+        assert watch is not None
+        return self._clock() - (watch.silent_s(attempt, rank) or 0.0)
+
+    def _data_seen(self, attempt: int, rank: int) -> bool:
+        """Whether this silence of ``rank`` was already reported as waiting for data."""
+        began = self._data_reported.get((attempt, rank))
+        return began is not None and abs(began - self._silence_began(attempt, rank)) < 1.0
 
     def reported(self, attempt: int, verdict: Verdict) -> None:
-        """The verdict is published: none of its ranks is judged again in the attempt."""
+        """The verdict is published: none of its ranks is judged again in the attempt (a
+        report of ranks waiting for data: not in the same silence)."""
+        if verdict.report_only:
+            for rank in verdict.stalled:
+                self._data_reported[(attempt, rank)] = self._silence_began(attempt, rank)
+            return
         if self.stall is not None:
             self.stall.mark_reported(attempt, verdict.ranks)
         self.stalls += len(verdict.stalled)
@@ -239,6 +312,10 @@ class Judge:
             where = beat[0].data.get("where") if beat is not None and beat[0].data else None
             if isinstance(where, str):
                 data["where"] = where
+            weighed = verdict.evidence.get(rank)
+            if weighed is not None:
+                data.update(waiting_on=weighed.waiting_on, doing=weighed.doing,
+                            evidence=dict(weighed.facts))
             if dump_dir is not None:
                 data["fr_dump_dir"] = dump_dir
             if judged_by is not None:
@@ -309,3 +386,5 @@ class Judge:
         for watch in (self.stall, self.straggler):
             if watch is not None:
                 watch.forget_before(attempt + 1)
+        self._data_reported = {k: v for k, v in self._data_reported.items()
+                               if k[0] > attempt}

@@ -74,9 +74,12 @@ def _number_or(text: str, keyword: str | None, *, above: float, what: str) -> fl
     return value
 
 
-def parse_stall_timeout(text: str) -> float | Literal["auto"]:
-    """``--stall-timeout``: seconds > 0 (finite) or ``auto``."""
-    value = _number_or(text, "auto", above=0, what="seconds > 0")
+def parse_stall_timeout(text: str) -> float | Literal["auto"] | None:
+    """``--stall-timeout``: seconds > 0 (finite), ``auto`` (the default) or ``off``
+    (None: no stall detection)."""
+    if text.strip().lower() == "off":
+        return None
+    value = _number_or(text, "auto", above=0, what="'off', seconds > 0")
     return "auto" if value is None else value
 
 

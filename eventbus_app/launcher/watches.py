@@ -242,6 +242,14 @@ class StallWatch:
                       if a == attempt and seen.beat is not None})
         return found
 
+    def beat(self, attempt: int, rank: int) -> tuple[WorkerProgress, float] | None:
+        """The rank's latest heartbeat of ``attempt`` and its age (None: none arrived)."""
+        seen = self._seen.get((attempt, rank))
+        if seen is not None and seen.beat is not None:
+            return seen.beat, self._clock() - seen.beat_at
+        early = self._early.get((attempt, rank))
+        return None if early is None else (early[0], self._clock() - early[1])
+
     def members(self, attempt: int, rank: int) -> Mapping[str, Any]:
         """The rank's process groups' members as its heartbeats last sent them."""
         return self._members.get((attempt, rank), {})

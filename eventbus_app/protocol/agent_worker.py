@@ -12,7 +12,9 @@ The conversation:
   one grammar of :func:`parse_progress` (the command line's ``--progress`` reads the same),
   written by the agent with :func:`format_progress`. The worker's heartbeats
   (``WORKER_PROGRESS``, over the store) end with one whose ``data[EXITING_KEY]`` is true;
-  any event's ``data[EXPECT_SILENCE_KEY]`` announces a quiet period;
+  any event's ``data[EXPECT_SILENCE_KEY]`` announces a quiet period; an idle heartbeat's
+  ``data[ACTIVITY_KEY]`` is the evidence of what its main thread does (the keys are
+  :mod:`eventbus.app.evidence`'s);
 * **flight-recorder dumps** (:data:`ENV_FR_DUMP_DIR`): the agent writes a token to the
   folder's request file (:func:`write_fr_request`), each worker serves each new token once
   (:class:`FrRequestReader`): its trace goes to :func:`fr_dump_path`, and its next heartbeat
@@ -33,6 +35,7 @@ import tempfile
 from collections.abc import Iterable
 
 __all__ = [
+    "ACTIVITY_KEY",
     "BEATS_PER_S",
     "ENV_BEAT",
     "ENV_FR_BUFFER",
@@ -105,6 +108,9 @@ PROGRESS_SOURCES = ("collectives", "steps", "events")
 EXITING_KEY = "exiting"
 #: ``data[EXPECT_SILENCE_KEY] = seconds`` in any event announces a quiet period
 EXPECT_SILENCE_KEY = "expect_silence_s"
+#: an idle heartbeat's evidence of what the main thread does (a dict: eventbus_app/evidence.py
+#: reads it, eventbus_app/worker/activity.py writes it)
+ACTIVITY_KEY = "activity"
 
 _OFF = "off"
 _ALL = "all"

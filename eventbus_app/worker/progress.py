@@ -81,6 +81,7 @@ from collections.abc import Callable
 from collections.abc import Iterable
 from typing import Any
 
+from eventbus.app.protocol.agent_worker import ACTIVITY_KEY
 from eventbus.app.protocol.agent_worker import ENV_BEAT
 from eventbus.app.protocol.agent_worker import EXITING_KEY
 from eventbus.app.protocol.agent_worker import FR_DUMP_ERROR_KEY
@@ -91,6 +92,7 @@ from eventbus.app.protocol.agent_worker import FrRequestReader
 from eventbus.app.protocol.agent_worker import fr_dump_path
 from eventbus.app.protocol.agent_worker import parse_beat
 from eventbus.app.worker import notices
+from eventbus.app.worker.activity import ActivitySampler
 from eventbus.app.worker.saves import SaveWatch
 
 __all__ = [
@@ -287,6 +289,8 @@ class ProgressWatch:
         self.steps = StepCounter()
         #: checkpoint saves (torch.save, DCP) noticed with no call in the script
         self.saves = SaveWatch(step=self._step_count)
+        #: what the main thread does while the rank is idle (data["activity"])
+        self.activity = ActivitySampler()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._sample: Callable[..., bytes] | None = None
@@ -439,6 +443,9 @@ class ProgressWatch:
                 self._progress_t = now
                 self._changed = True
             self._key = key
+            self.activity.reset()
+        elif now - self._progress_t >= TICK_S:  # idle: the evidence of what it does
+            self.activity.sample()
         inside = False
         for pg, (enqueued, completed) in pgs.items():
             if enqueued > completed:
@@ -465,7 +472,8 @@ class ProgressWatch:
         served = self._serve_request() if (
             now - self._progress_t >= TICK_S or since >= self.beat_s) else None
         if served is not None or gone or (self._changed and since >= self.beat_s) \
-                or since >= IDLE_BEAT_S * self.beat_s / BEAT_S or self.saves.waiting:
+                or since >= IDLE_BEAT_S * self.beat_s / BEAT_S or self.saves.waiting \
+                or self.activity.news:
             self._beat(now, idle=not self._changed, extra=served)
 
     def _beat(self, now: float, *, idle: bool, extra: dict[str, Any] | None,
@@ -510,6 +518,9 @@ class ProgressWatch:
                 data["where"] = where
             if idle_s >= STACK_AFTER_S:
                 data["stack"] = format_stacks()
+            activity = self.activity.report()
+            if activity is not None:
+                data[ACTIVITY_KEY] = activity
         saves = self.saves.take()
         if saves:
             data["saves"] = saves

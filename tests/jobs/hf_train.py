@@ -12,7 +12,9 @@ Environment (all optional):
 - ``MAX_STEPS`` (default 100000), ``STEP_S`` (default 0.02: a sleep at each step's start);
 - ``READY_AT`` (default 10): each rank writes ``ready_rank<R>`` once its global step reaches it;
 - ``EVENTBUS_CALLBACK=off``: without eventbus's callback (the script unchanged);
-- ``RESUME``: a checkpoint folder to resume from (``trainer.train(resume_from_checkpoint=)``).
+- ``RESUME``: a checkpoint folder to resume from (``trainer.train(resume_from_checkpoint=)``);
+- ``EVAL_S``: an evaluation of about that many seconds (20 batches, each
+  ``EVAL_S / 20`` s of forward passes) every ``EVAL_EVERY`` (default 20) steps; unset: none.
 
 Files: ``pid_rank<R>`` (the worker's pid, first thing); ``ready_rank<R>``;
 ``end_rank<R>.json`` when ``train`` returns: ``global_step``, ``start_step`` (the global step
@@ -46,6 +48,19 @@ if os.environ.get("EVENTBUS_CALLBACK", "on") != "off":
 MAX_STEPS = int(os.environ.get("MAX_STEPS", "100000"))
 STEP_S = float(os.environ.get("STEP_S", "0.02"))
 READY_AT = int(os.environ.get("READY_AT", "10"))
+EVAL_S = float(os.environ.get("EVAL_S", "0"))
+EVAL_BATCHES = 20
+
+
+class SlowEval(transformers.Trainer):
+    """Each evaluation batch takes EVAL_S / EVAL_BATCHES s of forward passes."""
+
+    def prediction_step(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        deadline = time.monotonic() + EVAL_S / EVAL_BATCHES
+        with torch.no_grad():
+            while time.monotonic() < deadline:
+                model(input_ids=inputs["input_ids"])
+        return super().prediction_step(model, inputs, *args, **kwargs)
 
 
 class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
@@ -91,10 +106,14 @@ def main() -> None:
         output_dir=str(OUT / "hf"), max_steps=MAX_STEPS, per_device_train_batch_size=4,
         use_cpu=True, report_to=[], save_strategy="no", logging_steps=5,
         ddp_backend="gloo", ddp_find_unused_parameters=False, dataloader_num_workers=0,
-        disable_tqdm=True, seed=0)
+        disable_tqdm=True, seed=0,
+        eval_strategy="steps" if EVAL_S > 0 else "no",
+        eval_steps=int(os.environ.get("EVAL_EVERY", "20")), per_device_eval_batch_size=4,
+        prediction_loss_only=True)
     probe = Probe()
-    trainer = transformers.Trainer(model=transformers.GPT2LMHeadModel(config), args=args,
-                                   train_dataset=Tokens(), callbacks=[*CALLBACKS, probe])
+    trainer = SlowEval(model=transformers.GPT2LMHeadModel(config), args=args,
+                       train_dataset=Tokens(), callbacks=[*CALLBACKS, probe],
+                       eval_dataset=Tokens(size=EVAL_BATCHES * 4 * 2) if EVAL_S > 0 else None)
     trainer.train(resume_from_checkpoint=os.environ.get("RESUME") or None)
     end = {"global_step": trainer.state.global_step, "start_step": probe.start_step,
            "first_end_step": probe.first_end_step, "world_size": args.world_size,

@@ -11,7 +11,10 @@ Environment (all optional):
 - ``MAX_STEPS`` (default 100000), ``STEP_S`` (default 0.02: a sleep in each training step);
 - ``READY_AT`` (default 10): each rank writes ``ready_rank<R>`` once its global step reaches it;
 - ``EVENTBUS_CALLBACK=off``: without eventbus's callback (the script unchanged);
-- ``CKPT``: a checkpoint to resume from (``trainer.fit(ckpt_path=CKPT)``).
+- ``CKPT``: a checkpoint to resume from (``trainer.fit(ckpt_path=CKPT)``);
+- ``VAL_S``: a validation epoch of about that many seconds of forward passes (20 batches,
+  no collective until its end) every ``VAL_EVERY`` (default 20) training steps, once
+  (``limit_val_batches``); unset: no validation.
 
 Files: ``pid_rank<R>`` (the worker's pid, first thing); ``ready_rank<R>``;
 ``end_rank<R>.json`` when ``fit`` returns: ``global_step``, ``start_step`` (the global step at
@@ -44,6 +47,8 @@ if os.environ.get("EVENTBUS_CALLBACK", "on") != "off":
 MAX_STEPS = int(os.environ.get("MAX_STEPS", "100000"))
 STEP_S = float(os.environ.get("STEP_S", "0.02"))
 READY_AT = int(os.environ.get("READY_AT", "10"))
+VAL_S = float(os.environ.get("VAL_S", "0"))
+VAL_BATCHES = 20
 
 
 class Tiny(pl.LightningModule):
@@ -57,6 +62,22 @@ class Tiny(pl.LightningModule):
         self.log("train_loss", loss)
         time.sleep(STEP_S)
         return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> Any:
+        """VAL_S / VAL_BATCHES seconds of forward passes: a long validation epoch."""
+        x, y = batch
+        deadline = time.monotonic() + VAL_S / VAL_BATCHES
+        with torch.no_grad():
+            while time.monotonic() < deadline:
+                loss = torch.nn.functional.mse_loss(self.layer(x), y)
+        self.log("val_loss", loss, sync_dist=True)
+        return loss
+
+    def val_dataloader(self) -> Any:
+        generator = torch.Generator().manual_seed(1)
+        data = torch.utils.data.TensorDataset(torch.randn(400, 8, generator=generator),
+                                              torch.randn(400, 1, generator=generator))
+        return torch.utils.data.DataLoader(data, batch_size=4)
 
     def configure_optimizers(self) -> Any:
         return torch.optim.SGD(self.parameters(), lr=0.01)
@@ -96,7 +117,9 @@ def main() -> None:
         accelerator="cpu", devices=int(os.environ.get("LOCAL_WORLD_SIZE", "2")),
         strategy="ddp", num_nodes=1, max_steps=MAX_STEPS, logger=False,
         enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(OUT),
-        log_every_n_steps=5, num_sanity_val_steps=0, callbacks=[*CALLBACKS, probe])
+        log_every_n_steps=5, num_sanity_val_steps=0, callbacks=[*CALLBACKS, probe],
+        limit_val_batches=VAL_BATCHES if VAL_S > 0 else 0,
+        val_check_interval=int(os.environ.get("VAL_EVERY", "20")) if VAL_S > 0 else None)
     trainer.fit(Tiny(), ckpt_path=os.environ.get("CKPT") or None)
     env = getattr(trainer.strategy, "cluster_environment", None)  # the DDP strategy's
     end = {"global_step": trainer.global_step, "start_step": probe.start_step,
