@@ -38,8 +38,8 @@ APP_ORDER: tuple[tuple[str, ...], ...] = (
     # shared by all: the stack reading, the plugin API, the agent <-> worker protocol,
     # the pause of garbage collection for large builds
     ("stacks", "plugins", "protocol", "heap"),
-    # one sentence per event (reads stacks)
-    ("sentences",),
+    # one sentence per event (reads stacks); what a silent rank does (reads the protocol)
+    ("sentences", "evidence"),
     ("worker", "readers", "sinks"),
     ("ui",),
     ("launcher",),

@@ -43,3 +43,12 @@ def oom_is_fatal(event: object) -> Decision | None:
 def answers_stop_as_text(event: object) -> object:
     """A reactor that returns the string "stop": not an answer (no decision)."""
     return "stop"
+
+
+def restart_on_data(event: object) -> Decision | None:
+    """RESTART when a rank is reported waiting for data (#41: a report alone restarts
+    nothing); no decision on other failures."""
+    data = getattr(event, "data", None) or {}
+    if getattr(event, "type", None) == "WORKER_STALLED" and data.get("waiting_on") == "data":
+        return Decision.RESTART
+    return None
