@@ -8,6 +8,10 @@ other events of the script, ``EPOCH_*``, the ``WORKER_PROGRESS`` heartbeats,
 exits, stalls, straggler reports and a drain's late ranks on it. A snapshot copies each
 summary as one row (:data:`eventbus.app.ui.ranks.ROW`), which :mod:`eventbus.app.ui.ranks`
 turns into ``/api/state``'s rank entries.
+
+A heartbeat of a silent rank says what its main thread is doing (``data["activity"]``,
+read by :func:`eventbus.app.evidence.doing_of`, the judge's reading too): the rank's
+``doing``, kept until a heartbeat that is not idle, a step, its exit or its next attempt.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from collections.abc import Callable
 from collections.abc import Iterable
 from typing import Any
 
+from eventbus.app.evidence import doing_of
+from eventbus.app.protocol.agent_worker import ACTIVITY_KEY
 from eventbus.app.sentences import as_int
 from eventbus.app.sentences import as_number
 from eventbus.app.sentences import first_line
@@ -32,9 +38,10 @@ _finite = math.isfinite
 class Rank:
     """One rank's summary; written under the state's lock only."""
 
-    __slots__ = ("attempt", "drained", "epoch", "exit_code", "host", "idle_at", "idle_s",
-                 "last", "last_type", "message", "pid", "progress", "rank", "signal",
-                 "slow_at", "slow_factor", "starts", "state", "step", "stopped", "where")
+    __slots__ = ("attempt", "doing", "drained", "epoch", "exit_code", "host", "idle_at",
+                 "idle_s", "last", "last_type", "message", "pid", "progress", "rank",
+                 "signal", "slow_at", "slow_factor", "starts", "state", "step", "stopped",
+                 "where")
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
@@ -59,6 +66,10 @@ class Rank:
         self.idle_s: float | None = None
         self.idle_at: float | None = None
         self.where: str | None = None
+        #: what its latest heartbeat says a silent rank is doing, and for how long then
+        #: (eventbus.app.evidence.doing_of; aged from idle_at like idle_s): None once it
+        #: progresses, steps, exits or restarts
+        self.doing: tuple[str, float] | None = None
         #: (step, collectives) of its latest progress heartbeat
         self.progress: tuple[object, object] | None = None
 
@@ -124,6 +135,7 @@ class RankBook:
         step = getattr(ev, "step", None)
         if step.__class__ is int:
             r.step = step
+            r.doing = None  # it stepped: whatever its last heartbeat saw is over
 
     def on_epoch(self, ev: Any, name: str, arrived: float, seq: int) -> None:
         """``EPOCH_START``/``EPOCH_END``: a worker's event that also says its epoch."""
@@ -145,7 +157,7 @@ class RankBook:
         r.stopped = r.drained = False
         r.step = r.epoch = r.slow_at = r.slow_factor = None
         r.idle_s = r.idle_at = None
-        r.where = None
+        r.where = r.doing = None
         r.progress = None
         r.pid = as_int(getattr(ev, "worker_pid", None))
         r.host = ev.hostname or None
@@ -181,13 +193,21 @@ class RankBook:
         r.progress = key
         if step is not None:
             r.step = step
-        r.idle_s = idle if idle.__class__ is float and _finite(idle) else as_number(idle)
+        if idle.__class__ is not float or not _finite(idle):
+            idle = as_number(idle)
+        r.idle_s = idle
         r.idle_at = arrived
         data = ev.data
         if isinstance(data, dict):  # a typed event's is a dict subclass (eventbus.snapshot)
             where = data.get("where")
             if where.__class__ is str:
                 r.where = where[:200]
+            # only an idle beat carries the evidence (a few microseconds to read): the
+            # others, most beats, skip the call; None clears what the last beat said
+            doing = doing_of(data, idle_s=idle) if ACTIVITY_KEY in data else None
+            r.doing = None if doing is None else (doing[0][:200], doing[1])
+        else:
+            r.doing = None
         if r.host is None:
             r.host = ev.hostname or None
             self._note(ev)
@@ -210,6 +230,7 @@ class RankBook:
         r.exit_code, r.signal, r.stopped = code, as_str(getattr(ev, "signal", None)), stopped
         r.drained = drained and code == 0
         r.message = first_line(as_str(getattr(ev, "message", None))) or None
+        r.doing = None
 
     def stalled(self, name: str, arrived: float, rank: int | None) -> None:
         """``WORKER_STALLED`` of ``rank``: stalled until it moves again or restarts."""

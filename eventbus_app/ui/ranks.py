@@ -38,21 +38,32 @@ COMPACT_ABOVE = 256
 #: attributes of :class:`~eventbus.app.ui.rank_book.Rank`)
 ROW_FIELDS = ("rank", "state", "step", "last", "starts", "attempt", "exit_code", "signal",
                "stopped", "drained", "message", "host", "pid", "epoch", "last_type",
-               "slow_at", "slow_factor", "idle_s", "idle_at", "where")
+               "slow_at", "slow_factor", "idle_s", "idle_at", "where", "doing")
 ROW = operator.attrgetter(*ROW_FIELDS)
 (_RANK, _STATE, _STEP, LAST, _STARTS, _ATTEMPT, _EXIT_CODE, _SIGNAL, _STOPPED, _DRAINED,
  _MESSAGE, _HOST, _PID, _EPOCH, _LAST_TYPE, _SLOW_AT, _SLOW_FACTOR, _IDLE_S, _IDLE_AT,
- _WHERE) = range(len(ROW_FIELDS))
+ _WHERE, _DOING) = range(len(ROW_FIELDS))
 BY_RANK = operator.itemgetter(_RANK)
 _IDLE_STATES = frozenset({"running", "slow", "stalled"})
 
 
-def _idle(row: tuple[Any, ...], state: str, reference: float) -> float | None:
-    idle_s, idle_at = row[_IDLE_S], row[_IDLE_AT]
-    if idle_s is None or idle_at is None or state not in _IDLE_STATES:
+def _since_beat(seconds: float | None, row: tuple[Any, ...], state: str,
+                reference: float) -> float | None:
+    """``seconds`` as its latest heartbeat said them, aged to ``reference``; None for a
+    rank that no longer beats (exited, failed, late)."""
+    idle_at = row[_IDLE_AT]
+    if seconds is None or idle_at is None or state not in _IDLE_STATES:
         return None
-    idle: float = idle_s + max(0.0, reference - idle_at)
-    return round(idle, 3)
+    aged: float = seconds + max(0.0, reference - idle_at)
+    return round(aged, 3)
+
+
+def _doing(doing: tuple[str, float], row: tuple[Any, ...], state: str,
+           reference: float) -> tuple[str, float] | None:
+    """What the rank's latest heartbeat said it was doing (``doing``: the phrase and its
+    seconds then), and for how long at ``reference``."""
+    seconds = _since_beat(doing[1], row, state, reference)
+    return None if seconds is None else (doing[0], seconds)
 
 
 def _age(row: tuple[Any, ...], reference: float) -> float | None:
@@ -62,6 +73,9 @@ def _age(row: tuple[Any, ...], reference: float) -> float | None:
 
 def rank_json(row: tuple[Any, ...], state: str, reference: float) -> dict[str, Any]:
     """One rank as ``/api/state`` lists it in full (docs/seeing-the-job.md)."""
+    doing = row[_DOING]
+    if doing is not None:
+        doing = _doing(doing, row, state, reference)
     return {
         "rank": row[_RANK],
         "state": state,
@@ -79,16 +93,18 @@ def rank_json(row: tuple[Any, ...], state: str, reference: float) -> dict[str, A
         "epoch": row[_EPOCH],
         "last_type": row[_LAST_TYPE],
         "slow_factor": row[_SLOW_FACTOR],
-        "idle_s": _idle(row, state, reference),
+        "idle_s": _since_beat(row[_IDLE_S], row, state, reference),
         "where": row[_WHERE],
+        "doing": None if doing is None else doing[0],
+        "doing_s": None if doing is None else doing[1],
     }
 
 
 #: what a compact rank entry may hold beyond the contract's four keys (each only when it
-#: differs from its default: 0, false or null); the rest (attempt, message, pid,
-#: last_type, where) are in the full entry (``?ranks=N``)
+#: differs from its default: 0, false or null; ``doing`` and ``doing_s`` together); the
+#: rest (attempt, message, pid, last_type, where) are in the full entry (``?ranks=N``)
 COMPACT_KEYS = ("restarts", "exit_code", "signal", "stopped_by_agent", "drained",
-                "slow_factor", "epoch", "idle_s", "host")
+                "slow_factor", "epoch", "idle_s", "doing", "doing_s", "host")
 
 
 def rank_compact(row: tuple[Any, ...], state: str, reference: float) -> dict[str, Any]:
@@ -109,9 +125,14 @@ def rank_compact(row: tuple[Any, ...], state: str, reference: float) -> dict[str
         out["slow_factor"] = row[_SLOW_FACTOR]
     if row[_EPOCH] is not None:
         out["epoch"] = row[_EPOCH]
-    idle = _idle(row, state, reference)
+    idle = _since_beat(row[_IDLE_S], row, state, reference)
     if idle is not None:
         out["idle_s"] = idle
+    doing = row[_DOING]
+    if doing is not None:
+        doing = _doing(doing, row, state, reference)
+        if doing is not None:
+            out["doing"], out["doing_s"] = doing
     if row[_HOST] is not None:
         out["host"] = row[_HOST]
     return out

@@ -189,7 +189,8 @@
     l1.append(el("span", "step"), el("span", "rs"));
     const l2 = el("div", "line");
     l2.append(el("span", "age"), el("span", "extra"));
-    node.append(top, l1, l2);
+    // what a silent rank is doing, by its last heartbeat ("saving checkpoint 45 s")
+    node.append(top, l1, l2, el("div", "doing"));
     node.addEventListener("click", () => showRankDetail(rank));
     rankNodes.set(rank, node);
     return node;
@@ -221,11 +222,17 @@
     if (r.drained) tip.push("stopped by itself for the drain");
     if (r.message) tip.push(r.message);
     if (r.where) tip.push("at " + r.where);
+    if (r.doing) tip.push(doingText(r));
     if (r.last_type || !nullish(r.last_event_age_s)) {
       tip.push("last event" + (r.last_type ? " " + r.last_type : "") +
                (nullish(r.last_event_age_s) ? "" : ", " + short(r.last_event_age_s) + " ago"));
     }
     return tip.join("\n");
+  }
+
+  // what a silent rank is doing and for how long: "saving checkpoint 45 s"
+  function doingText(r) {
+    return r.doing + (nullish(r.doing_s) ? "" : " " + seconds(r.doing_s));
   }
 
   function fillTile(node, r) {
@@ -243,6 +250,7 @@
       extra = "ep " + r.epoch;
     }
     node.querySelector(".extra").textContent = extra;
+    node.querySelector(".doing").textContent = r.doing ? doingText(r) : "";
     node.title = rankTip(r);
   }
 
