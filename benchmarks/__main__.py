@@ -3,7 +3,8 @@
     python -m benchmarks                  # full run (a few minutes), writes benchmarks/RESULTS.md
     python -m benchmarks --quick          # smoke run: tiny repeats, prints the report only
     python -m benchmarks --only dispatch  # some areas: dispatch, import, logging, store,
-                                          # memory, sinks, ui, preemption, scale, health
+                                          # memory, sinks, ui, preemption, scale, health,
+                                          # recovery
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from benchmarks._timing import versions
 from benchmarks.report import render
 
 AREAS = ("dispatch", "import", "logging", "store", "memory", "sinks", "ui", "preemption",
-         "scale", "health")
+         "scale", "health", "recovery")
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 #: what follows this line in RESULTS.md was measured by hand (or printed by tests) and is
 #: kept as it is when the report is written again

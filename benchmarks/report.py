@@ -376,6 +376,16 @@ def _health(result: dict[str, Any]) -> list[str]:
     return out
 
 
+def _recovery(result: dict[str, Any]) -> list[str]:
+    out = ["## Recovery: from a failure to the next attempt's first step", "",
+           "`benchmarks/bench_recovery.py`: benchmarks/recovery_job.py (2 gloo ranks, a DDP "
+           "MLP, a checkpoint every 20 steps; rank 1 dies at step 40 of attempt 0) under "
+           f"torchrun and `eventbus run --max-restarts 1`, interleaved, {result['rounds']} "
+           "rounds each. Seconds from the crash to each mark of attempt 1 on the script's "
+           "own clock (the slower rank's), medians of the restarts that worked.", ""]
+    return out + _generic({k: v for k, v in result.items() if k != "rounds"})
+
+
 def render(results: dict[str, Any], *, machine: dict[str, str], versions: dict[str, str],
            when: str, quick: bool, seconds: dict[str, float]) -> str:
     """The whole report as Markdown."""
@@ -393,7 +403,7 @@ def render(results: dict[str, Any], *, machine: dict[str, str], versions: dict[s
     sections = {"dispatch": _dispatch, "import": _import, "logging": _logging,
                 "store": _store, "memory": _memory, "sinks": _sinks, "ui": _ui,
                 "preemption": _preemption, "scale": _scale,
-                "health": _health}
+                "health": _health, "recovery": _recovery}
     for area, result in results.items():
         out.append("")
         out += sections[area](result)

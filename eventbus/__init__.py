@@ -42,6 +42,7 @@ from eventbus.events import EventsLost
 from eventbus.events import EventType
 from eventbus.events import Metric
 from eventbus.events import Preempting
+from eventbus.events import Recovered
 from eventbus.events import Rendezvous
 from eventbus.events import TorchelasticRecord
 from eventbus.events import WorkerExit
@@ -80,6 +81,7 @@ __all__ = [
     "Metric",
     "MissingFieldError",
     "Preempting",
+    "Recovered",
     "Rendezvous",
     "Subscription",
     "TorchelasticRecord",

@@ -20,6 +20,7 @@ import sys
 import types
 import typing
 from collections.abc import Callable
+from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 from typing import ClassVar
@@ -54,6 +55,7 @@ __all__ = [
     "EventsLost",
     "Metric",
     "Preempting",
+    "Recovered",
     "Rendezvous",
     "TorchelasticRecord",
     "WorkerExit",
@@ -95,6 +97,8 @@ class EventType(str, Enum):
     WORKER_PROGRESS = "WORKER_PROGRESS"
     #: a drain started: every rank should save and stop before ``deadline_s`` (preemption)
     PREEMPTING = "PREEMPTING"
+    #: a restart is over: every rank of the new attempt completed its first step
+    RECOVERED = "RECOVERED"
 
     __str__ = str.__str__
     __format__ = str.__format__  # type: ignore[assignment]
@@ -645,6 +649,28 @@ class Preempting(Event):
     signal: str | None = None
     node: int | None = None
     grace_s: float | None = None
+
+
+@event_type(EventType.RECOVERED)
+class Recovered(Event):
+    """A restart is over: every rank of attempt ``attempt`` completed its first step,
+    ``total_s`` seconds after the failure (or the stall verdict) that caused it.
+
+    ``phases`` (``data["phases"]``): seconds per phase of the restart, in order:
+    ``detect`` (the failure seen to the decision), ``stop`` (the survivors gone),
+    ``rendezvous``, ``start`` (the new processes to the script's first line), ``import``
+    (to ``import torch`` done), ``init`` (to the process group ready), ``restore``
+    (checkpoint loads), ``first_step``; None for a phase that could not be seen.
+    """
+
+    attempt: int
+    total_s: float
+
+    @property
+    def phases(self) -> dict[str, float | None]:
+        """``data["phases"]``: seconds per phase (None: not seen)."""
+        found = self.data.get("phases")
+        return dict(found) if isinstance(found, Mapping) else {}
 
 
 @event_type(EventType.WORKER_PROGRESS)

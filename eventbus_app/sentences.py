@@ -511,11 +511,26 @@ def _events_lost(event: EventLike, short: bool) -> str:
     return f"{text} ({source}{': ' + reason if reason else ''})"
 
 
+def _recovered(event: EventLike, short: bool) -> str:
+    total = as_number(_field(event, "total_s"))
+    text = "recovered" + (f" in {total:.1f} s" if total is not None else "")
+    phases = _data(event).get("phases")
+    if short or not isinstance(phases, dict):
+        return text
+    parts = [f"{name.replace('_', ' ')} {value:.2f}" if isinstance(value, (int, float))
+             and not isinstance(value, bool) else f"{name.replace('_', ' ')} -"
+             for name, value in phases.items()]
+    attempt = as_int(_field(event, "attempt"))
+    who = f"attempt {attempt} " if attempt is not None else ""
+    return f"{who}{text} ({', '.join(parts)})" if parts else f"{who}{text}"
+
+
 _SENTENCES: dict[str, Callable[[EventLike, bool], str]] = {
     "WORKER_START": _worker_start,
     "WORKER_EXIT": _worker_exit,
     "WORKER_STALLED": _worker_stalled,
     "WORKER_SLOW": _worker_slow,
+    "RECOVERED": _recovered,
     "WORKER_RESTART": _worker_restart,
     "AGENT_EXIT": _agent_exit,
     "RENDEZVOUS": _rendezvous,

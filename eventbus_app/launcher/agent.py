@@ -75,6 +75,7 @@ from eventbus.app.launcher.judge import Judge
 from eventbus.app.launcher.notices import NoticeBoard
 from eventbus.app.launcher.processes import peek_exit
 from eventbus.app.launcher.processes import stop_processes
+from eventbus.app.launcher.recovery import Recovery
 from eventbus.app.launcher.stop_signal import StopSignal
 from eventbus.app.launcher.store_transport import StoreTransport
 from eventbus.app.launcher.torch_records import TORCH_RECORDS_DESTINATION
@@ -246,6 +247,10 @@ class EventAgent(LocalElasticAgent):
                                remote_stop=self._remote_stop, drain=self.drain)
         #: who failed first, who was stopped because of it, what is reported (exits.py)
         self.exits = ExitBook()
+        #: the restart's anatomy (recovery.py): RECOVERED once a restart reached its step
+        self.recovery = Recovery()
+        self._marks_sub = self.bus.subscribe(EventType.WORKER_PROGRESS,
+                                             on_event=self._observe_marks)
         for reactor in reactors:
             self.add_reactor(reactor)
         self._subs: list[Subscription] = [
@@ -571,6 +576,8 @@ class EventAgent(LocalElasticAgent):
         """Publish each failure, let the decider collect the reactors' answers, and apply
         its outcome: a STOP uses up the restarts (torch's loop then fails the group) and,
         with several nodes, reaches the others; its console line goes out."""
+        if not report_only:
+            self.recovery.failed()
         # What the failed workers sent before they died goes first (see AgentPlugin).
         plugin_api.drain(self.plugins)
         for event in failures:
@@ -585,6 +592,8 @@ class EventAgent(LocalElasticAgent):
             line = self.decider.stop_for_remote()
             outcome = Outcome("stop", str(Cause.REMOTE_STOP), line or outcome.line,
                               restart_by=outcome.restart_by, announce=False)
+        if outcome.action == "restart":
+            self.recovery.decided()
         if outcome.action == "stop":
             if outcome.announce and self._stop_signal is not None:
                 self._stop_signal.announce(self.decider.stop_reason or "STOP")
@@ -686,12 +695,28 @@ class EventAgent(LocalElasticAgent):
         if self.drain.active:
             console.write(self.drain.summary_line())
         self.decider.close()
-        for sub in [*self._subs, *self._health_subs]:
+        for sub in [*self._subs, *self._health_subs, self._marks_sub]:
             sub.cancel()
         if self._stack_dir is not None:
             shutil.rmtree(self._stack_dir, ignore_errors=True)
 
+    def _observe_marks(self, event: Event) -> None:
+        """A worker's start-up marks (a beat's ``data["marks"]``), for the anatomy."""
+        found = event.data.get(protocol.MARKS_KEY)
+        rank = getattr(event, "worker_id", None)
+        attempt = event.context.restart_count if event.context is not None else None
+        if found is not None and isinstance(rank, int) and isinstance(attempt, int):
+            self.recovery.observe(attempt, rank, found)
+
+    def _recovered(self) -> None:
+        """Publish RECOVERED (and its console line) once the restart reached its step."""
+        event = self.recovery.ready()
+        if event is not None:
+            self.bus.publish(event)
+            console.write(sentence(event))
+
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
+        wall = time.time()
         started = time.perf_counter()
         name = worker_group.spec.rdzv_handler.get_backend()
         try:
@@ -702,6 +727,7 @@ class EventAgent(LocalElasticAgent):
                             message=f"{type(exc).__name__}: {exc}")
             raise
         duration = time.perf_counter() - started
+        self.recovery.rendezvous(wall, wall + duration)
         self._attempt = self._next_attempt()
         self._set_context()
         self.bus.record(
@@ -767,6 +793,8 @@ class EventAgent(LocalElasticAgent):
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         pids: dict[int, Any] = super()._start_workers(worker_group)
+        workers = worker_group.workers
+        self.recovery.spawned(self.attempt, workers[0].world_size if workers else 0)
         self.drain.install()  # torch's process context took SIGTERM for itself
         for worker in worker_group.workers:
             pid = pids.get(worker.local_rank)
@@ -776,6 +804,7 @@ class EventAgent(LocalElasticAgent):
         return pids
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        self._recovered()
         # 0. A drain: the workers stop by themselves until the deadline (drain.py).
         if self.drain.active:
             return self._drain_tick(worker_group)

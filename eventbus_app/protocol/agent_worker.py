@@ -52,6 +52,7 @@ __all__ = [
     "FR_DUMP_TOKEN_KEY",
     "FR_REQUEST_FILE",
     "FR_USER_SETTINGS",
+    "MARKS_KEY",
     "MAX_BEAT_S",
     "MAX_FR_TOKEN_CHARS",
     "PROGRESS_SOURCES",
@@ -111,6 +112,9 @@ EXPECT_SILENCE_KEY = "expect_silence_s"
 #: an idle heartbeat's evidence of what the main thread does (a dict: eventbus_app/evidence.py
 #: reads it, eventbus_app/worker/activity.py writes it)
 ACTIVITY_KEY = "activity"
+#: a beat's start-up marks of the worker, after its first step (eventbus_app/worker/marks.py
+#: writes them, eventbus_app/launcher/recovery.py reads them)
+MARKS_KEY = "marks"
 
 _OFF = "off"
 _ALL = "all"

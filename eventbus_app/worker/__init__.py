@@ -53,6 +53,7 @@ from eventbus.app.protocol.agent_worker import parse_progress
 from eventbus.app.protocol.notices import ENV_NOTICE_FROM
 from eventbus.app.protocol.notices import ENV_NOTICES
 from eventbus.app.worker.error_file import record_uncaught
+from eventbus.app.worker.marks import worker_marks
 from eventbus.app.worker.process_groups import install as end_process_groups_at_exit
 from eventbus.app.worker.progress import start_progress_watch
 from eventbus.app.worker.stack_dump import arm_stack_dump
@@ -441,9 +442,13 @@ def main(argv: Sequence[str] | None = None) -> int:
               "[Errno 2] No such file or directory", file=sys.stderr)
         return 2
     attach()
+    # the restart anatomy's marks (#42): torch imported, the process group ready, the
+    # checkpoint loads, the first step; then the script's first line
+    worker_marks.install()
     # the script's process groups end before the interpreter does (a failing script leaves
     # gloo's threads running into finalization, where they abort the worker)
     end_process_groups_at_exit()
+    worker_marks.note("script")
     try:
         if args[0] == "-m":
             _run_module(args[1], args[1:])

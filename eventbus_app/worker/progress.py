@@ -87,12 +87,14 @@ from eventbus.app.protocol.agent_worker import EXITING_KEY
 from eventbus.app.protocol.agent_worker import FR_DUMP_ERROR_KEY
 from eventbus.app.protocol.agent_worker import FR_DUMP_KEY
 from eventbus.app.protocol.agent_worker import FR_DUMP_TOKEN_KEY
+from eventbus.app.protocol.agent_worker import MARKS_KEY
 from eventbus.app.protocol.agent_worker import PROGRESS_SOURCES
 from eventbus.app.protocol.agent_worker import FrRequestReader
 from eventbus.app.protocol.agent_worker import fr_dump_path
 from eventbus.app.protocol.agent_worker import parse_beat
 from eventbus.app.worker import notices
 from eventbus.app.worker.activity import ActivitySampler
+from eventbus.app.worker.marks import worker_marks
 from eventbus.app.worker.saves import SaveWatch
 
 __all__ = [
@@ -524,6 +526,9 @@ class ProgressWatch:
         saves = self.saves.take()
         if saves:
             data["saves"] = saves
+        ready = worker_marks.as_data()  # the restart anatomy's marks, after the first step
+        if ready is not None:
+            data[MARKS_KEY] = ready
         if extra:
             data.update(extra)
         self._record("WORKER_PROGRESS", worker_id=worker_id,
