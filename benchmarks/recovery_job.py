@@ -1,5 +1,6 @@
 """The recovery benchmark's job (benchmarks/bench_recovery.py): a 2-rank gloo DDP MLP that
-saves a checkpoint every 20 steps; on attempt 0 rank 1 dies at step 40 (``os._exit(1)``).
+saves a checkpoint every 20 steps; on attempt 0 rank 1 dies at step 40 (``os._exit(1)``),
+4 s after the first step (``RECOVERY_STEP_S``, 0.1 s a step).
 Each attempt restores the latest checkpoint and trains to step 60. It never imports
 eventbus: the same script runs under torchrun and under ``eventbus run``.
 
@@ -34,6 +35,8 @@ import torch.distributed as dist  # noqa: E402
 
 mark("import")
 CRASH_AT, SAVE_EVERY, STEPS = 40, 20, int(os.environ.get("RECOVERY_STEPS", "60"))
+#: each step's compute stand-in: 40 steps of 0.1 s put the crash 4 s after the first step
+STEP_S = float(os.environ.get("RECOVERY_STEP_S", "0.1"))
 
 
 def main() -> None:
@@ -67,7 +70,7 @@ def main() -> None:
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                         "step": step}, tmp)
             os.replace(tmp, ckpt)
-        time.sleep(0.01)
+        time.sleep(STEP_S)
     dist.destroy_process_group()
 
 

@@ -54,6 +54,10 @@ def job_env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
     env["OMP_NUM_THREADS"] = "1"
+    # Warm spares (on by default) import torch beside the workers after their first step:
+    # their own tests (tests/test_spares.py, test_recovery.py) run them; elsewhere they
+    # would only add CPU load to timing-sensitive jobs on 2 cores
+    env.setdefault("EVENTBUS_WARM_SPARES", "off")
     env["LOGLEVEL"] = "INFO"
     return env
 

@@ -76,6 +76,8 @@ from eventbus.app.launcher.notices import NoticeBoard
 from eventbus.app.launcher.processes import peek_exit
 from eventbus.app.launcher.processes import stop_processes
 from eventbus.app.launcher.recovery import Recovery
+from eventbus.app.launcher.spares import SparePool
+from eventbus.app.launcher.spares import serving
 from eventbus.app.launcher.stop_signal import StopSignal
 from eventbus.app.launcher.store_transport import StoreTransport
 from eventbus.app.launcher.torch_records import TORCH_RECORDS_DESTINATION
@@ -120,6 +122,8 @@ logger = logging.getLogger("eventbus")
 RELIABLE_RESTARTS_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 _FAILED_STATES = (WorkerState.FAILED, WorkerState.UNHEALTHY)
+#: the warm spares start this long into an attempt at the latest (spares.py)
+SPARES_AFTER_S = 30.0
 #: what torch's ProcessFailure raises on an error file torn by a kill (JSONDecodeError is a
 #: ValueError; a cut but valid JSON lacks "message": KeyError, TypeError)
 _ERROR_FILE_ERRORS = (ValueError, KeyError, TypeError)
@@ -207,6 +211,7 @@ class EventAgent(LocalElasticAgent):
         drain_signals: Sequence[str] = options.DEFAULT_DRAIN_SIGNALS,
         drain_grace_s: float = options.DEFAULT_DRAIN_GRACE_S,
         drain_exit_code: int = options.DEFAULT_DRAIN_EXIT_CODE,
+        warm_spares: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -249,6 +254,14 @@ class EventAgent(LocalElasticAgent):
         self.exits = ExitBook()
         #: the restart's anatomy (recovery.py): RECOVERED once a restart reached its step
         self.recovery = Recovery()
+        #: one waiting worker per local rank for the next attempt (spares.py)
+        self.spares = SparePool(enabled=warm_spares)
+        self._launched: dict[int, tuple[str, tuple[str, ...], dict[str, str]]] = {}
+        #: (attempt, rank) of the ranks whose first step is done (their marks came): the
+        #: spares start once this node's workers all took theirs
+        self._stepped: set[tuple[int, int]] = set()
+        self._spares_for = -1
+        self._started_at = time.monotonic()
         self._marks_sub = self.bus.subscribe(EventType.WORKER_PROGRESS,
                                              on_event=self._observe_marks)
         for reactor in reactors:
@@ -695,6 +708,7 @@ class EventAgent(LocalElasticAgent):
         if self.drain.active:
             console.write(self.drain.summary_line())
         self.decider.close()
+        self.spares.close()
         for sub in [*self._subs, *self._health_subs, self._marks_sub]:
             sub.cancel()
         if self._stack_dir is not None:
@@ -706,7 +720,22 @@ class EventAgent(LocalElasticAgent):
         rank = getattr(event, "worker_id", None)
         attempt = event.context.restart_count if event.context is not None else None
         if found is not None and isinstance(rank, int) and isinstance(attempt, int):
+            self._stepped.add((attempt, rank))
             self.recovery.observe(attempt, rank, found)
+
+    def _fill_spares(self, worker_group: WorkerGroup) -> None:
+        """Start the spares of the next attempt once this node's workers all took their
+        first step (or 30 s into the attempt): their imports do not compete with the
+        workers' way to it."""
+        pool, attempt = self.spares, self.attempt
+        if not pool.enabled or self._spares_for == attempt or not self._launched:
+            return
+        mine = {w.global_rank for w in worker_group.workers}
+        if not mine <= {r for a, r in self._stepped if a == attempt} and \
+                time.monotonic() - self._started_at < SPARES_AFTER_S:
+            return
+        self._spares_for = attempt
+        pool.fill(self._launched)
 
     def _recovered(self) -> None:
         """Publish RECOVERED (and its console line) once the restart reached its step."""
@@ -792,7 +821,10 @@ class EventAgent(LocalElasticAgent):
         plugin_api.after_rendezvous(self.plugins, info, os.environ)  # the workers inherit it
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
-        pids: dict[int, Any] = super()._start_workers(worker_group)
+        self._launched = {}
+        with serving(self.spares, self._launched):
+            pids: dict[int, Any] = super()._start_workers(worker_group)
+        self._started_at = time.monotonic()
         workers = worker_group.workers
         self.recovery.spawned(self.attempt, workers[0].world_size if workers else 0)
         self.drain.install()  # torch's process context took SIGTERM for itself
@@ -805,6 +837,7 @@ class EventAgent(LocalElasticAgent):
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         self._recovered()
+        self._fill_spares(worker_group)
         # 0. A drain: the workers stop by themselves until the deadline (drain.py).
         if self.drain.active:
             return self._drain_tick(worker_group)

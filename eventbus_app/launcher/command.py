@@ -136,6 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"--stall-timeout auto never goes below SECONDS (default "
              f"{options.AUTO_FLOOR_S:g}); lower it for jobs whose every quiet period is short")
     group.add_argument(
+        "--warm-spares", metavar="on|off", type=options.parse_on_off, default=None,
+        help="keep one spare worker process per local rank, interpreter started and torch "
+             "imported, that becomes the worker of the next attempt on a restart (default: "
+             f"${options.ENV_WARM_SPARES}, else on; docs/run.md, 'Warm spares')")
+    group.add_argument(
         "--slow-factor", metavar="FACTOR|off", type=options.parse_slow_factor,
         default=options.DEFAULT_SLOW_FACTOR,
         help="WORKER_SLOW when a rank's recent step time (METRIC step), or its compute time "
@@ -320,6 +325,12 @@ def main(argv: Sequence[str] | None = None, *,
         handler = eventbus.get_logging_handler()
         if handler.level == logging.NOTSET:
             handler.setLevel(logging.INFO)
+    warm_spares = args.warm_spares
+    if warm_spares is None:
+        try:
+            warm_spares = options.parse_on_off(os.environ.get(options.ENV_WARM_SPARES, "on"))
+        except argparse.ArgumentTypeError as exc:
+            parser.error(f"${options.ENV_WARM_SPARES}: {exc}")
     agents: list[Any] = []
     try:
         with event_agent(bus=bus, reactors=reactors, plugins=plugins,
@@ -328,7 +339,8 @@ def main(argv: Sequence[str] | None = None, *,
                          progress=",".join(args.progress) or "off",
                          stop_exit_code=args.stop_exit_code,
                          drain_signals=args.drain_signals, drain_grace_s=args.drain_grace,
-                         drain_exit_code=args.drain_exit_code) as agents:
+                         drain_exit_code=args.drain_exit_code,
+                         warm_spares=warm_spares) as agents:
             # torchrun's own error handling: the failure table and the root cause's error
             # file copied to the launcher's TORCHELASTIC_ERROR_FILE.
             record(torchrun_run)(args)

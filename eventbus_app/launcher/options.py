@@ -21,6 +21,7 @@ __all__ = [
     "DEFAULT_DRAIN_SIGNALS",
     "AUTO_FACTOR",
     "AUTO_FLOOR_S",
+    "ENV_WARM_SPARES",
     "DEFAULT_PROGRESS",
     "DEFAULT_SLOW_FACTOR",
     "DEFAULT_STOP_EXIT_CODE",
@@ -30,6 +31,7 @@ __all__ = [
     "parse_drain_grace",
     "parse_drain_signals",
     "parse_progress",
+    "parse_on_off",
     "parse_slow_factor",
     "parse_stall_auto_floor",
     "parse_stall_timeout",
@@ -88,6 +90,18 @@ def parse_stall_auto_floor(text: str) -> float:
     value = _number_or(text, None, above=0, what="seconds > 0")
     assert value is not None  # no keyword: a number or a usage error
     return value
+
+
+#: the default of ``--warm-spares`` where the command line does not say (on, off)
+ENV_WARM_SPARES = "EVENTBUS_WARM_SPARES"
+
+
+def parse_on_off(text: str) -> bool:
+    """``on`` or ``off`` (any case): True or False; anything else is a usage error."""
+    word = text.strip().lower()
+    if word in ("on", "off"):
+        return word == "on"
+    raise argparse.ArgumentTypeError(f"expected 'on' or 'off', got {text!r}")
 
 
 def parse_slow_factor(text: str) -> float | None:

@@ -175,6 +175,11 @@ class Marks:
 
         _like(init_process_group, original)
         module.init_process_group = init_process_group  # type: ignore[attr-defined]
+        # torch.distributed re-exports it: already imported (a warm spare), it holds the
+        # original
+        package = sys.modules.get("torch.distributed")
+        if package is not None and getattr(package, "init_process_group", None) is original:
+            setattr(package, "init_process_group", init_process_group)  # noqa: B010
 
     def as_data(self) -> dict[str, float] | None:
         """``data["marks"]`` for a beat, from the first step on, :data:`SEND_BEATS` times;

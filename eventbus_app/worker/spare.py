@@ -1,0 +1,90 @@
+"""A warm spare worker (#42): a process that has done what a worker does before its script
+(the interpreter, the bootstrap's imports, ``import torch``), then waits to become the
+worker of the next attempt.
+
+The agent starts it as ``python -u -m eventbus.app.worker.spare`` with the next worker's
+environment less what changes per attempt, the agent's cwd and stdio, in a session of its
+own, and the read end of a pipe whose number is in ``EVENTBUS_SPARE_FD``. The spare
+imports :data:`WARM_MODULES`, then blocks on the pipe. The agent writes one JSON line,
+``{"env": {...}, "argv": [...], "cwd": "..."}``: the spare closes the pipe, drops the
+variable, puts the worker's environment in place of its own (``os.environ`` cleared and
+refilled), changes to the cwd, and runs the bootstrap's :func:`eventbus.app.worker.main`
+with ``argv`` as ``python -u -m eventbus.app.worker ARGV`` would: the script runs as
+``__main__``, with its ``sys.argv``, ``__file__`` and ``sys.path[0]``, and the spare exits
+with its exit code. An end of file on the pipe (the agent is gone, or it threw the spare
+away) ends the spare with exit code 0 and nothing run.
+
+The script can tell a spare by what is already imported (``sys.modules`` holds torch and
+:data:`WARM_MODULES`) and by the process's start time; nothing else differs: its
+environment, argv, cwd, stdio, signal dispositions and open files are a fresh worker's.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+from typing import Any
+
+__all__ = ["ENV_SPARE_FD", "WARM_MODULES", "main"]
+
+ENV_SPARE_FD = "EVENTBUS_SPARE_FD"
+#: what a spare imports while it waits: what a DDP worker imports before its first step
+#: (torch 1-2 s here; ``DistributedDataParallel``'s first construction touches
+#: ``torch._dynamo``, another 0.8 s and some 800 modules)
+WARM_MODULES = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo")
+
+
+def _read_assignment(fd: int) -> dict[str, Any] | None:
+    """The one JSON line on ``fd`` (None at end of file), then the pipe closed."""
+    chunks = []
+    with os.fdopen(fd, "rb", closefd=True) as pipe:
+        while True:
+            chunk = pipe.read(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            if chunk.endswith(b"\n"):
+                break
+    text = b"".join(chunks).decode("utf-8", "replace").strip()
+    if not text:
+        return None
+    found = json.loads(text)
+    return found if isinstance(found, dict) else None
+
+
+def main() -> int:
+    """Warm up, wait for the assignment, become the worker."""
+    try:
+        fd = int(os.environ.pop(ENV_SPARE_FD))
+    except (KeyError, ValueError):
+        print("eventbus: the spare worker was started without its pipe "
+              f"({ENV_SPARE_FD}); nothing to do", file=sys.stderr)
+        return 2
+    for name in WARM_MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception:  # a spare that cannot warm up still waits: it is used cold
+            break
+    import eventbus.app.worker as bootstrap  # the bootstrap's imports
+
+    assignment = _read_assignment(fd)
+    if assignment is None:
+        return 0  # thrown away
+    env, argv, cwd = assignment.get("env"), assignment.get("argv"), assignment.get("cwd")
+    if not isinstance(env, dict) or not isinstance(argv, list):
+        print("eventbus: the spare worker got a bad assignment; exiting", file=sys.stderr)
+        return 2
+    os.environ.clear()
+    os.environ.update({str(k): str(v) for k, v in env.items()})
+    if isinstance(cwd, str) and cwd != os.getcwd():
+        os.chdir(cwd)
+    from eventbus.context import refresh_context
+
+    refresh_context()  # the job context was read from the spare's environment at import
+    return bootstrap.main([str(a) for a in argv])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
