@@ -5,8 +5,10 @@ The job is benchmarks/recovery_job.py (2 gloo ranks, a DDP MLP, a checkpoint eve
 steps; on attempt 0 rank 1 dies at step 40; ``--max-restarts 1``), run under each launcher
 in turn, interleaved round by round (``ROUNDS``, at least 5 each). The figures come from the
 script's own clock (its marks: the crash, then each rank's ``start``, ``import``, ``init``,
-``restore`` and first ``step`` of attempt 1; the slowest rank's), so the two launchers are
-measured alike; a restart worked when both ranks of attempt 1 completed a step and the job
+``restore`` and first ``step`` of attempt 1; the slowest rank's), so the launchers are
+measured alike (torchrun as it comes, and with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``,
+which ``eventbus run`` sets for it and without which its restarts connect to the old
+attempt's address); a restart worked when both ranks of attempt 1 completed a step and the job
 exited 0. For ``eventbus run`` the agent's ``RECOVERED`` phases are reported too (the
 medians of each phase). Every job has a time limit and runs in its own session, killed
 whole at its end.
@@ -30,8 +32,12 @@ __all__ = ["LAUNCHERS", "ROUNDS", "run"]
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "benchmarks" / "recovery_job.py"
 ROUNDS = 5
-JOB_LIMIT_S = 180.0
-LAUNCHERS = ("torchrun", "eventbus run")
+#: a restart that works ends the job in about 15 s; torchrun's that connect to the old
+#: attempt's address fail or hang (a hang is ended here and counted as a failure)
+JOB_LIMIT_S = 60.0
+#: torchrun as it comes; torchrun with the setting eventbus run makes for it (every
+#: attempt its own worker store: docs/run.md, "Restarts that work"); eventbus run
+LAUNCHERS = ("torchrun", "torchrun, store not shared", "eventbus run")
 #: the script's marks after the crash, in order (the columns)
 MARKS = ("start", "import", "init", "restore", "step")
 TARGET_S = 1.0
@@ -39,8 +45,8 @@ TARGET_RATIO = 0.5
 
 
 def _command(launcher: str, events: Path) -> list[str]:
-    head = ([sys.executable, "-m", "torch.distributed.run"] if launcher == "torchrun" else
-            [sys.executable, "-m", "eventbus", "run", "--events-jsonl", str(events)])
+    head = ([sys.executable, "-m", "torch.distributed.run"] if launcher.startswith("torchrun")
+            else [sys.executable, "-m", "eventbus", "run", "--events-jsonl", str(events)])
     return [*head, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
             "--monitor-interval", "0.1", str(JOB)]
 
@@ -54,6 +60,9 @@ def one(launcher: str) -> dict[str, Any]:
                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
                                                            os.environ.get("PYTHONPATH")]))}
         env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
+        env.pop("EVENTBUS_WARM_SPARES", None)  # the default: on
+        if launcher == "torchrun, store not shared":
+            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         with (folder / "job.log").open("wb") as log:
             proc = subprocess.Popen(_command(launcher, folder / "events.jsonl"), cwd=tmp,
                                     env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -118,7 +127,10 @@ def run(*, quick: bool = False) -> dict[str, Any]:
             row[f"-> {name} (s)"] = "-" if value is None else round(value, 2)
         medians[launcher] = _median([j["step"] for j in worked])
         rows.append(row)
-    ours, theirs = medians["eventbus run"], medians["torchrun"]
+    ours = medians["eventbus run"]
+    # torchrun's figure: its restarts that worked, in the variant that worked best
+    found = [m for name, m in medians.items() if name != "eventbus run" and m is not None]
+    theirs = min(found) if found else None
     result: dict[str, Any] = {"rows": rows, "rounds": rounds}
     phases = [j["phases"] for j in jobs if j["launcher"] == "eventbus run" and "phases" in j]
     if phases:
@@ -128,9 +140,9 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     if ours is not None:
         result["eventbus run: median time to recover (s)"] = round(ours, 2)
     if ours is not None and theirs is not None:
-        result["eventbus run / torchrun"] = round(ours / theirs, 2)
+        result["eventbus run / torchrun (its faster variant)"] = round(ours / theirs, 2)
     every = all(j["ok"] for j in jobs if j["launcher"] == "eventbus run")
-    result["target (<= 1.0 s, <= 0.5 x torchrun, every restart working)"] = (
+    result["target (<= 1.0 s, <= 0.5 x torchrun's best, every restart working)"] = (
         "met" if ours is not None and theirs is not None and every and ours <= TARGET_S
         and ours <= TARGET_RATIO * theirs else "not met")
     return result

@@ -229,3 +229,22 @@ def test_the_job_view_carries_the_figure() -> None:
     assert figure["goodput_s"] == pytest.approx(offline.goodput_s, abs=1e-3)
     assert figure["badput_s"]["restart"] == pytest.approx(11.0, abs=1e-3)
     assert figure["sentence"] == offline.sentence()
+
+
+def test_restarts_are_split_by_phase_from_their_recovered_events() -> None:
+    """Each RECOVERED's phases add up per phase (a phase not seen adds nothing), in the
+    JSON and in one line of the text; a job without restarts has none."""
+    from eventbus.app.readers.goodput import render_text
+
+    phases = {"detect": 0.01, "stop": 0.02, "rendezvous": 0.2, "start": 0.05,
+              "import": None, "init": 0.01, "restore": 0.1, "first_step": 0.01}
+    result = goodput(_job(_beat(5.0, 0, 1), _beat(10.0, 0, 5),
+                          _rec("RECOVERED", 12.0, attempt=1, total_s=0.4,
+                               data={"phases": phases}),
+                          _rec("RECOVERED", 30.0, attempt=2, total_s=0.4,
+                               data={"phases": {**phases, "import": 1.5}})))
+    assert result.restart_phases_s["rendezvous"] == pytest.approx(0.4)
+    assert result.restart_phases_s["import"] == pytest.approx(1.5)
+    assert result.to_json()["restart_phases_s"]["restore"] == pytest.approx(0.2)
+    assert "restarts by phase (RECOVERED): detect 0.02 s, stop 0.04 s" in render_text(result)
+    assert goodput(_job(_beat(5.0, 0, 1))).restart_phases_s == {}

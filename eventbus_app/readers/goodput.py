@@ -94,6 +94,9 @@ class Goodput:
     nodes: dict[int, Goodput] = attrs.field(factory=dict)
     #: the job's time in order: (start, end, cause or "goodput"), unix seconds
     spans: tuple[tuple[float, float, str], ...] = ()
+    #: the restarts' time by phase, summed over their ``RECOVERED`` events (detect, stop,
+    #: rendezvous, start, import, init, restore, first_step); empty without one
+    restart_phases_s: dict[str, float] = attrs.field(factory=dict)
 
     @property
     def goodput_ratio(self) -> float:
@@ -113,6 +116,8 @@ class Goodput:
             "run_id": self.run_id, "ended": self.ended, "notes": list(self.notes),
             "error_bound_s": round(self.error_bound_s, 3),
         }
+        if self.restart_phases_s:
+            out["restart_phases_s"] = {k: round(v, 3) for k, v in self.restart_phases_s.items()}
         if self.nodes:
             out["nodes"] = {str(g): n.to_json() for g, n in sorted(self.nodes.items())}
         return out
@@ -361,7 +366,14 @@ def goodput(records: Iterable[Record], *, problems: Sequence[Problem] = (),
                                        per_node=False, span=(begin, finish))
             except GoodputError:
                 continue
-    return Goodput(wall_s=wall, goodput_s=good, badput_s=badput,
+    phases: dict[str, float] = {}
+    for record in rows:
+        found = record.data.get("phases") if record.type == "RECOVERED" else None
+        if isinstance(found, dict):
+            for name, value in found.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    phases[str(name)] = phases.get(str(name), 0.0) + float(value)
+    return Goodput(wall_s=wall, goodput_s=good, badput_s=badput, restart_phases_s=phases,
                    wasted_steps=wasted_steps if lost_any else None,
                    attempts=len(attempts), run_id=runs[0] if runs else None, start=begin,
                    end=finish, ended=ended, notes=tuple(notes), error_bound_s=bound,
@@ -405,6 +417,10 @@ def render_text(result: Goodput) -> str:
     lines.append("")
     lines.append(result.sentence() + (f" ({result.wasted_steps} steps wasted)"
                                       if result.wasted_steps else "") + ".")
+    if result.restart_phases_s:
+        lines.append("restarts by phase (RECOVERED): " + ", ".join(
+            f"{name.replace('_', ' ')} {seconds:.2f} s"
+            for name, seconds in result.restart_phases_s.items()))
     for note in result.notes:
         lines.append(f"note: {note}")
     if result.error_bound_s:
@@ -449,7 +465,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 #: the types kept whole by the tracker (rare: at most a few per rank and attempt)
 _KEPT = frozenset({"AGENT_START", "AGENT_EXIT", "WORKER_START", "WORKER_RESTART",
                    "WORKER_EXIT", "WORKER_STALLED", "PREEMPTING", "CHECKPOINT_SAVED",
-                   "EVENTS_LOST"})
+                   "EVENTS_LOST", "RECOVERED"})
 #: the types that show progress (the tracker keeps a few per rank and attempt)
 _PROGRESS = frozenset({"WORKER_PROGRESS", "METRIC", "EPOCH_END"})
 
