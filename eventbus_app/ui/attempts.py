@@ -1,29 +1,42 @@
 """The attempts of the job view's model: the job's timeline, one entry per attempt (its
 start, end, outcome and the reason it began) with its marks: failures, stalls,
-stragglers, the restart, a reactor's STOP, a drain and its end.
+stragglers, the restart, a reactor's STOP, a drain and its end; and each restart's
+anatomy, one per ``RECOVERED`` (its attempt, total and seconds per phase).
 
 :class:`Timeline` is a part of :class:`~eventbus.app.ui.state.JobState`, written under its
-lock only: the state dispatches ``WORKER_RESTART`` and ``RENDEZVOUS`` to it, and the other
-parts mark their events on it. :func:`timeline_json` is ``/api/state``'s ``timeline``,
-built on the reader's thread from :meth:`Timeline.rows`.
+lock only: the state dispatches ``WORKER_RESTART``, ``RENDEZVOUS`` and ``RECOVERED`` to it,
+and the other parts mark their events on it. :func:`timeline_json` is ``/api/state``'s
+``timeline``, :func:`recoveries_json` its ``recoveries``, built on the reader's thread from
+:meth:`Timeline.rows` and :meth:`Timeline.recovery_rows`.
 """
 
 from __future__ import annotations
 
 import collections
+from collections.abc import Mapping
 from typing import Any
 
 from eventbus.app.sentences import as_int
+from eventbus.app.sentences import as_number
 from eventbus.app.sentences import sentence
 from eventbus.app.ui.record_event import as_str
 from eventbus.app.ui.render import clip
 
-__all__ = ["MAX_ATTEMPTS", "MAX_MARKS", "Attempt", "Timeline", "timeline_json"]
+__all__ = ["MAX_ATTEMPTS", "MAX_MARKS", "MAX_PHASES", "Attempt", "Recovery", "Timeline",
+           "recoveries_json", "timeline_json"]
 
 #: attempts kept on the timeline (the oldest go first)
 MAX_ATTEMPTS = 200
 #: marks kept per attempt (more are counted)
 MAX_MARKS = 64
+#: phases kept per recovery, and the longest phase name (a foreign record's others are
+#: left out)
+MAX_PHASES = 16
+MAX_PHASE_NAME = 64
+
+#: one restart's anatomy: (attempt, total_s or None, ((phase, seconds or None), ...)), the
+#: phases in the event's order; immutable, so a snapshot copies the list only
+Recovery = tuple[int, float | None, tuple[tuple[str, float | None], ...]]
 
 
 class Attempt:
@@ -52,6 +65,8 @@ class Timeline:
         self.attempts: collections.OrderedDict[int, Attempt] = collections.OrderedDict()
         #: the latest attempt seen (``/api/state``'s ``attempt`` and ``restarts``)
         self.current = 0
+        #: the last MAX_ATTEMPTS restarts' anatomies, oldest first (``RECOVERED``)
+        self.recoveries: collections.deque[Recovery] = collections.deque(maxlen=MAX_ATTEMPTS)
 
     def attempt_of(self, ev: Any) -> int:
         """The attempt ``ev`` belongs to: its context's restart count, else the latest."""
@@ -124,6 +139,26 @@ class Timeline:
         if getattr(ev, "state", None) == "FAILED":
             self.mark(ev, "failure", arrived, None, sentence(ev))
 
+    def on_recovered(self, ev: Any, name: str, arrived: float, seq: int) -> None:
+        """``RECOVERED``: a restart's anatomy, its phases in their order (a phase that is
+        not a finite number reads None: not seen)."""
+        data = ev.data
+        found = data.get("phases") if isinstance(data, Mapping) else None
+        phases: list[tuple[str, float | None]] = []
+        if isinstance(found, Mapping):
+            for phase, value in found.items():
+                if len(phases) >= MAX_PHASES:
+                    break
+                if isinstance(phase, str) and len(phase) <= MAX_PHASE_NAME:
+                    phases.append((phase, as_number(value)))
+        attempt = as_int(getattr(ev, "attempt", None))
+        self.recoveries.append((self.attempt_of(ev) if attempt is None else attempt,
+                                as_number(getattr(ev, "total_s", None)), tuple(phases)))
+
+    def recovery_rows(self) -> list[Recovery]:
+        """The recoveries, oldest first (under the state's lock)."""
+        return list(self.recoveries)
+
     def rows(self) -> list[tuple[Any, ...]]:
         """The attempts as tuples, their marks copied (under the state's lock)."""
         return [(a.attempt, a.start, a.end, a.outcome, a.reason, list(a.marks), a.more,
@@ -136,3 +171,9 @@ def timeline_json(rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
              "reason": clip(reason, 500), "marks": marks, "more_marks": more,
              "stopped_by_agent": stopped}
             for a, start, end, outcome, reason, marks, more, stopped in rows]
+
+
+def recoveries_json(rows: list[Recovery]) -> list[dict[str, Any]]:
+    """``/api/state``'s ``recoveries`` from :meth:`Timeline.recovery_rows`."""
+    return [{"attempt": attempt, "total_s": total, "phases": dict(phases)}
+            for attempt, total, phases in rows]

@@ -4,7 +4,8 @@ snapshot copies of :class:`~eventbus.app.ui.state.JobState` under its lock
 reader's thread (:func:`state_json`).
 
 The parts build their own keys: the ranks' entries :mod:`eventbus.app.ui.ranks`, the
-timeline :func:`~eventbus.app.ui.attempts.timeline_json`, the drain
+timeline :func:`~eventbus.app.ui.attempts.timeline_json` and the restarts' anatomies
+:func:`~eventbus.app.ui.attempts.recoveries_json`, the drain
 :meth:`~eventbus.app.ui.drain.Drain.to_json`, the problem and the recent events
 :mod:`eventbus.app.ui.render`, the goodput figure :mod:`eventbus.app.ui.goodput`.
 """
@@ -21,6 +22,8 @@ from typing import NamedTuple
 
 from eventbus.app.sentences import as_int
 from eventbus.app.sentences import cause_of
+from eventbus.app.ui.attempts import Recovery
+from eventbus.app.ui.attempts import recoveries_json
 from eventbus.app.ui.attempts import timeline_json
 from eventbus.app.ui.drain import Drain
 from eventbus.app.ui.ranks import BY_RANK
@@ -39,8 +42,9 @@ __all__ = ["Copied", "state_json"]
 class Copied(NamedTuple):
     """What a snapshot reads of the state, copied under its lock: the ranks as rows
     (:meth:`~eventbus.app.ui.rank_book.RankBook.rows`), the attempts as rows
-    (:meth:`~eventbus.app.ui.attempts.Timeline.rows`), a copy of the drain, and the
-    job-wide facts and counts as they were."""
+    (:meth:`~eventbus.app.ui.attempts.Timeline.rows`), the restarts' anatomies
+    (:meth:`~eventbus.app.ui.attempts.Timeline.recovery_rows`), a copy of the drain, and
+    the job-wide facts and counts as they were."""
 
     rows: list[tuple[Any, ...]]
     attempts: list[tuple[Any, ...]]
@@ -65,6 +69,7 @@ class Copied(NamedTuple):
     unreadable: int
     overflowed: int
     fold_failed: int
+    recoveries: list[Recovery]
 
 
 def state_json(c: Copied, *, now: float, live: bool, source: str,
@@ -117,6 +122,7 @@ def state_json(c: Copied, *, now: float, live: bool, source: str,
             "reason": clip(as_str(getattr(exit_event, "reason", None)), 2000)},
         "states": {s: counts.get(s, 0) for s in RANK_STATES},
         "timeline": timeline_json(c.attempts),
+        "recoveries": recoveries_json(c.recoveries),
         "problem": None if c.problem is None else problem_json(*c.problem),
         "drain": None if c.drain is None else c.drain.to_json(reference),
         "goodput": goodput,

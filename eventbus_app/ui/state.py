@@ -14,7 +14,8 @@ What it keeps, all bounded whatever the job does, in parts that each fold their 
   ``max_ranks`` ranks (:class:`~eventbus.app.ui.rank_book.RankBook`);
 * the attempts (the last :data:`~eventbus.app.ui.attempts.MAX_ATTEMPTS`), each with at
   most :data:`~eventbus.app.ui.attempts.MAX_MARKS` marks: failures, stalls, stragglers,
-  restarts, STOP, a drain and its end (:class:`~eventbus.app.ui.attempts.Timeline`);
+  restarts, STOP, a drain and its end; and the restarts' anatomies (as many, one per
+  ``RECOVERED``: seconds per phase) (:class:`~eventbus.app.ui.attempts.Timeline`);
 * the job's status and end, the latest failure or stall (the event itself, formatted
   only when asked for), the losses ``EVENTS_LOST`` reported, and the drain, when a drain
   signal drains the job (``PREEMPTING`` until the ``AGENT_EXIT`` of state ``PREEMPTED``):
@@ -419,7 +420,8 @@ class JobState:
                 types=dict(self._types), lost=dict(job.lost), seq=self._seq,
                 version=self._version, refused=self._ranks.refused,
                 unreadable=self._unreadable, overflowed=self._overflowed,
-                fold_failed=self._fold_failed)
+                fold_failed=self._fold_failed,
+                recoveries=self._timeline.recovery_rows())
             tail = list(self._recent)[-recent:] if recent > 0 else []
         now = self._clock()
         # with the folder thread running, it refreshes the figure (a large job's takes a
@@ -472,6 +474,7 @@ def _dispatch(ranks: RankBook, timeline: Timeline, job: JobSummary) -> dict[str,
         "AGENT_EXIT": job.on_agent_exit,
         "EVENTS_LOST": job.on_lost,
         "RENDEZVOUS": timeline.on_rendezvous,
+        "RECOVERED": timeline.on_recovered,
         "EPOCH_START": ranks.on_epoch,
         "EPOCH_END": ranks.on_epoch,
         "PREEMPTING": job.on_preempting,

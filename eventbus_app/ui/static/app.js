@@ -515,6 +515,59 @@
     }
   }
 
+  // -- each restart's anatomy (RECOVERED): a bar per recovery, a segment per phase seen -----
+  // Every bar is on one scale (the longest recovery fills the width); a phase not seen
+  // (null) has no segment and is named after the label.
+  const phaseName = (name) => name.replace(/_/g, " ");
+  let recoveriesShown = null;
+
+  function renderRecoveries() {
+    const list = state.recoveries || [];
+    const box = $("recoveries");
+    const last = list[list.length - 1];
+    // the list only grows at its end (its oldest go first): this says when it changed
+    const key = last ? [list.length, list[0].attempt, last.attempt, last.total_s].join(":") : "";
+    if (key === recoveriesShown) return;
+    recoveriesShown = key;
+    box.replaceChildren();
+    box.hidden = !last;
+    if (!last) return;
+    const seen = (r) => Object.entries(r.phases || {}).filter(([, s]) => !nullish(s));
+    const length = (r) => Math.max(r.total_s || 0,
+      seen(r).reduce((sum, [, s]) => sum + Math.max(0, s), 0));
+    const scale = Math.max(1e-9, ...list.map(length));
+    const names = new Set();
+    for (const r of list) for (const [name] of seen(r)) names.add(name);
+    const legend = el("div", "rlegend dim", "restarts by phase:");
+    for (const name of names) {
+      const swatch = el("span", "sw");
+      swatch.dataset.phase = name;
+      const item = el("span", "item");
+      item.append(swatch, phaseName(name));
+      legend.appendChild(item);
+    }
+    box.appendChild(legend);
+    for (const r of list.slice().reverse()) {
+      const row = el("div", "recovery");
+      row.dataset.attempt = String(r.attempt);
+      const head = el("div", "rhead", "attempt " + r.attempt + " recovered" +
+        (nullish(r.total_s) ? "" : " in " + r.total_s.toFixed(1) + " s"));
+      const unseen = Object.entries(r.phases || {}).filter(([, s]) => nullish(s))
+        .map(([name]) => phaseName(name));
+      if (unseen.length) head.appendChild(el("span", "unseen", "not seen: " + unseen.join(", ")));
+      const bar = el("div", "rbar");
+      for (const [name, s] of seen(r)) {
+        const seg = el("span", "ph");
+        seg.dataset.phase = name;
+        seg.style.width = (Math.max(0, s) / scale * 100) + "%";
+        seg.title = phaseName(name) + " " + s.toFixed(2) + " s";
+        bar.appendChild(seg);
+      }
+      row.append(head, bar);
+      box.appendChild(row);
+    }
+  }
+
   // 0, 1, 2, 3, 5 -> "0-3, 5" (a large job's stall names thousands of waiting ranks)
   function rankRanges(list) {
     const ranks = list.filter((r) => typeof r === "number").sort((a, b) => a - b);
@@ -687,6 +740,7 @@
     renderHeader();
     renderRanks();
     renderTimeline();
+    renderRecoveries();
     renderProblem();
     renderDrops();
     renderTypes();
