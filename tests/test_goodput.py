@@ -248,3 +248,13 @@ def test_restarts_are_split_by_phase_from_their_recovered_events() -> None:
     assert result.to_json()["restart_phases_s"]["restore"] == pytest.approx(0.2)
     assert "restarts by phase (RECOVERED): detect 0.02 s, stop 0.04 s" in render_text(result)
     assert goodput(_job(_beat(5.0, 0, 1))).restart_phases_s == {}
+
+
+def test_a_phase_that_is_not_a_finite_number_adds_nothing() -> None:
+    """An infinite or non-number phase (a file written by hand) is left out: the JSON stays
+    strict (the page parses it)."""
+    result = goodput(_job(_beat(5.0, 0, 1), _rec(
+        "RECOVERED", 12.0, attempt=1, total_s=1.0,
+        data={"phases": {"stop": float("inf"), "detect": "soon", "init": 0.5}})))
+    assert result.restart_phases_s == {"init": 0.5}
+    json.dumps(result.to_json(), allow_nan=False)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import sys
 from collections.abc import Iterable
 from collections.abc import Sequence
@@ -371,8 +372,9 @@ def goodput(records: Iterable[Record], *, problems: Sequence[Problem] = (),
         found = record.data.get("phases") if record.type == "RECOVERED" else None
         if isinstance(found, dict):
             for name, value in found.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    phases[str(name)] = phases.get(str(name), 0.0) + float(value)
+                seconds = as_number(value)
+                if seconds is not None and math.isfinite(seconds):
+                    phases[str(name)] = phases.get(str(name), 0.0) + seconds
     return Goodput(wall_s=wall, goodput_s=good, badput_s=badput, restart_phases_s=phases,
                    wasted_steps=wasted_steps if lost_any else None,
                    attempts=len(attempts), run_id=runs[0] if runs else None, start=begin,

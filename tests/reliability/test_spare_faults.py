@@ -18,7 +18,6 @@ import pytest
 
 from tests.launcher_helpers import JOBS
 from tests.launcher_helpers import job_env
-from tests.launcher_helpers import run_command
 
 SPARE = "eventbus.app.worker.spare"
 
@@ -58,7 +57,7 @@ def _job(tmp_path: Path, script: Path, during: Any) -> tuple[Any, dict[str, Any]
             assert time.monotonic() < deadline and proc.poll() is None, "attempt 0 never ran"
             time.sleep(0.2)
         during(tmp_path)
-        out, err = proc.communicate(timeout=240)
+        _, err = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
