@@ -206,3 +206,13 @@ def test_a_large_jobs_compact_entries_carry_it_for_the_silent_rank_only() -> Non
     with_doing = [r for r in snap["ranks"] if "doing" in r or "doing_s" in r]
     assert [r["rank"] for r in with_doing] == [5]
     assert with_doing[0]["doing"].startswith("saving")
+
+
+def test_a_rank_reported_waiting_for_data_is_a_warning_in_the_events_list() -> None:
+    """WORKER_STALLED with waiting_on "data" is a report (warn), a verdict a failure."""
+    from eventbus.app.ui.render import event_json
+
+    waiting = WorkerStalled(worker_id=1, silent_s=4.0, data={"waiting_on": "data"})
+    blocked = WorkerStalled(worker_id=1, silent_s=4.0, data={"waiting_on": "blocked"})
+    assert event_json(1, "WORKER_STALLED", waiting)["level"] == "warn"
+    assert event_json(2, "WORKER_STALLED", blocked)["level"] == "failure"
