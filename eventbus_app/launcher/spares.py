@@ -186,11 +186,22 @@ class SparePool:
         self.used += 1
         return spare
 
-    def close(self) -> None:
-        """End every spare (the agent's end, a drain)."""
+    def close(self, timeout: float = 2.0) -> None:
+        """End every spare (the agent's end): their pipes closed at once, so that they exit
+        by themselves together; those still running after ``timeout`` are killed."""
         spares, self._spares = list(self._spares.values()), {}
         for spare in spares:
-            spare.discard()
+            with contextlib.suppress(OSError):
+                os.close(spare.pipe)
+        deadline = self._clock() + timeout
+        for spare in spares:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                spare.proc.wait(timeout=max(0.0, deadline - self._clock()))
+            if spare.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(spare.proc.pid, 9)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    spare.proc.wait(timeout=2)
 
 
 def interpreter_options(args: Sequence[str]) -> tuple[str, ...]:
