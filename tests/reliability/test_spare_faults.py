@@ -22,24 +22,25 @@ from tests.launcher_helpers import job_env
 SPARE = "eventbus.app.worker.spare"
 
 
-def _spares() -> list[int]:
-    """The pids of the spare processes on this machine that this test's job started
-    (their command line names the spare module)."""
+def _spares(agent: int | None = None) -> list[int]:
+    """The pids of the spare processes (their command line names the spare module) whose
+    parent is ``agent`` (the job's agent; None: any, on this machine)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
+            parent = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
             continue
-        if SPARE.encode() in cmdline:
+        if SPARE.encode() in cmdline and (agent is None or parent == agent):
             found.append(int(entry))
     return found
 
 
 def _job(tmp_path: Path, script: Path, during: Any) -> tuple[Any, dict[str, Any]]:
-    """Run the probe job in the background, call ``during(tmp_path)`` once attempt 0's
+    """Run the probe job in the background, call ``during(agent pid)`` once attempt 0's
     ranks wrote their facts (the spares are then starting), wait for the job."""
     import subprocess
 
@@ -56,7 +57,7 @@ def _job(tmp_path: Path, script: Path, during: Any) -> tuple[Any, dict[str, Any]
         while not all((tmp_path / f"probe_attempt0_rank{r}.json").exists() for r in (0, 1)):
             assert time.monotonic() < deadline and proc.poll() is None, "attempt 0 never ran"
             time.sleep(0.2)
-        during(tmp_path)
+        during(proc.pid)
         _, err = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
@@ -75,11 +76,14 @@ def test_a_spare_killed_before_it_is_used_is_replaced_by_a_fresh_worker(
     imported at their first line), completes, and each rank ran once per attempt."""
     killed: list[int] = []
 
-    def kill_spares(folder: Path) -> None:
+    agents: list[int] = []
+
+    def kill_spares(agent: int) -> None:
+        agents.append(agent)
         deadline = time.monotonic() + 30
-        while len(_spares()) < 2 and time.monotonic() < deadline:
+        while len(_spares(agent)) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
-        for pid in _spares():
+        for pid in _spares(agent):
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
 
@@ -90,7 +94,7 @@ def test_a_spare_killed_before_it_is_used_is_replaced_by_a_fresh_worker(
     assert sorted(facts) == ["attempt0_rank0", "attempt0_rank1", "attempt1_rank0",
                              "attempt1_rank1"]
     assert "eventbus: attempt 1 recovered in" in err
-    assert not _spares(), "a spare outlived its job"
+    assert not _spares(agents[0]), "a spare outlived its job"
     figure(43, "spares killed before use: the restart ran on fresh workers, rc 0")
 
 
@@ -103,7 +107,7 @@ def test_a_script_changed_between_attempts_runs_as_changed_on_the_spares(
     script = tmp_path / "probe.py"
     script.write_text((JOBS / "spare_probe.py").read_text())
 
-    def edit(folder: Path) -> None:
+    def edit(agent: int) -> None:
         text = script.read_text().replace('"pid": os.getpid()}', '"pid": os.getpid(), '
                                           '"edited": True}')
         script.write_text(text)
