@@ -186,8 +186,19 @@ class Judge:
         return None
 
     def _someone_works(self, attempt: int, others: Iterable[int]) -> bool:
-        """Whether any of ``others`` is busy, saves, loads, compiles or waits for data."""
-        return any(not self.evidence_of(attempt, r).stalls for r in others)
+        """Whether any of ``others`` made progress within its timeout, or is busy, saves,
+        loads, compiles or waits for data (a rank that just came back from a long
+        evaluation has no idle evidence yet: it progresses, so the ranks waiting for it in
+        a collective are about to be released)."""
+        watch = self.stall
+        assert watch is not None
+        for rank in others:
+            silent = watch.silent_s(attempt, rank)
+            if silent is None or silent <= watch.timeout_for(attempt, rank):
+                return True
+            if not self.evidence_of(attempt, rank).stalls:
+                return True
+        return False
 
     def _silence_began(self, attempt: int, rank: int) -> float:
         watch = self.stall
