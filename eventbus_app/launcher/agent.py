@@ -728,7 +728,8 @@ class EventAgent(LocalElasticAgent):
         first step (or 30 s into the attempt): their imports do not compete with the
         workers' way to it."""
         pool, attempt = self.spares, self.attempt
-        if not pool.enabled or self._spares_for == attempt or not self._launched:
+        if not pool.enabled or self._spares_for == attempt or not self._launched \
+                or self.drain.active:  # a drain starts no new attempt: no spare for one
             return
         mine = {w.global_rank for w in worker_group.workers}
         if not mine <= {r for a, r in self._stepped if a == attempt} and \
