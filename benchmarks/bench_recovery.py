@@ -11,7 +11,8 @@ which ``eventbus run`` sets for it and without which its restarts connect to the
 attempt's address); a restart worked when both ranks of attempt 1 completed a step and the job
 exited 0. For ``eventbus run`` the agent's ``RECOVERED`` phases are reported too (the
 medians of each phase). Every job has a time limit and runs in its own session, killed
-whole at its end.
+at its end with every process it started (the workers run in sessions of their own: each
+carries the job's mark in its environment, and the sweep ends what carries it).
 """
 
 from __future__ import annotations
@@ -24,8 +25,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
+
+from benchmarks.bench_detection import MARK_VAR
+from benchmarks.bench_detection import sweep
 
 __all__ = ["LAUNCHERS", "ROUNDS", "run"]
 
@@ -59,6 +64,8 @@ def one(launcher: str) -> dict[str, Any]:
         env = {**os.environ, "RECOVERY_OUT": tmp, "OMP_NUM_THREADS": "1",
                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
                                                            os.environ.get("PYTHONPATH")]))}
+        token = uuid.uuid4().hex  # the sweep ends every process that carries it
+        env[MARK_VAR] = token
         env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
         env.pop("EVENTBUS_WARM_SPARES", None)  # the default: on
         if launcher == "torchrun, store not shared":
@@ -71,7 +78,8 @@ def one(launcher: str) -> dict[str, Any]:
                 rc: int | None = proc.wait(timeout=JOB_LIMIT_S)
             except subprocess.TimeoutExpired:
                 rc = None
-            finally:
+            finally:  # torch starts the workers in sessions of their own: swept by mark
+                sweep(token)
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
