@@ -130,9 +130,14 @@ def test_marks_wrap_init_process_group_and_load_as_their_modules_execute(
     finally:
         finder.remove()
         sys.modules.pop("fakec10d", None)
-    holder = types.SimpleNamespace(load=lambda path: path)
+    import time
+
+    holder = types.SimpleNamespace(load=lambda path: time.sleep(0.05) or path)
     marks._wrap_load(holder, "load")
-    assert holder.load("x") == "x" and marks.restore_s >= 0.0
+    assert holder.load("x") == "x" and marks.restore_s >= 0.05
+    marks.note("step")
+    holder.load("y")  # after the first step a load is no restore
+    assert marks.restore_s < 0.1
     assert getattr(holder.load, "_eventbus_marks", False)
 
 

@@ -150,7 +150,10 @@ class ActivitySampler:
         self.reset()
 
     def reset(self) -> None:
-        """The rank progressed: the evidence starts again at the next sample."""
+        """The rank progressed: the evidence starts again at the next sample (nothing to
+        do while nothing was sampled: a progressing rank's every tick calls this)."""
+        if getattr(self, "_last_t", 0.0) is None:
+            return
         self._signature: tuple[Any, ...] | None = None
         #: the innermost frame of a still stack, held to tell a hung call from new ones
         self._held: Any = None
