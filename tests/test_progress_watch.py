@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from collections.abc import Iterator
@@ -191,6 +192,45 @@ def test_the_final_stop_records_one_exiting_beat_after_the_last_step() -> None:
     assert beats and all(b["worker_id"] == 2 for b in beats)
     assert beats[-1]["data"].get(agent_worker.EXITING_KEY) is True and beats[-1]["step"] == 3
     assert sum(bool(b["data"].get(agent_worker.EXITING_KEY)) for b in beats) == 1
+
+
+def test_stop_waits_for_a_flight_recorder_call_and_the_thread_starts_none_after() -> None:
+    """The flight-recorder sample is C++ that releases the GIL: a watch thread still inside
+    one when the interpreter finalizes aborts a healthy worker (SIGABRT at exit, seen in
+    CI). stop() waits for the call in flight, and the watch's thread makes none after it
+    (its samples read as None); the exit hook's own thread still may."""
+    inside, release, calls = threading.Event(), threading.Event(), []
+
+    def sample(**kwargs: Any) -> bytes:
+        calls.append(threading.current_thread().name)
+        inside.set()
+        release.wait(5)
+        return b'{"pg_status": {}}'
+
+    watch = ProgressWatch(frozenset({"collectives"}), rank=0, bus=eventbus.Bus("progress-fr"),
+                          record=lambda _type, **fields: None)
+    watch._sample = sample
+    seen: list[bytes | None] = []
+    thread = threading.Thread(target=lambda: seen.append(
+        watch._native_sample(includeCollectives=False)), name="fake-watch")
+    watch._thread = thread
+    thread.start()
+    assert inside.wait(5)
+    stopper = threading.Thread(target=watch.stop, kwargs={"timeout": 5})
+    stopper.start()
+    time.sleep(0.2)
+    assert stopper.is_alive(), "stop() returned while a sample was in flight"
+    release.set()
+    stopper.join(5)
+    thread.join(5)
+    assert seen == [b'{"pg_status": {}}'] and not stopper.is_alive()
+    after = threading.Thread(target=lambda: seen.append(
+        watch._native_sample(includeCollectives=False)), name="fake-watch-2")
+    watch._thread = after
+    after.start()
+    after.join(5)
+    assert seen[-1] is None and calls == ["fake-watch"]
+    assert watch._native_sample(includeCollectives=False) is not None  # the exit hook's thread
 
 
 @pytest.mark.slow  # a worker that imports torch, in a subprocess: ~5 s on 2 cores

@@ -296,6 +296,10 @@ class ProgressWatch:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._sample: Callable[..., bytes] | None = None
+        #: held around each flight-recorder call of this thread; ``_closing`` set under it
+        #: ends them (see :meth:`_native_sample`)
+        self._native = threading.Lock()
+        self._closing = False
         self._ranks: dict[str, list[int]] = {}
         self.armed = False
         self.beats = 0
@@ -351,6 +355,8 @@ class ProgressWatch:
         if os.getpid() != self._pid or (final and self._final_sent):
             return
         self._final_sent = self._final_sent or final
+        with self._native:  # waits out a flight-recorder call in flight (milliseconds)
+            self._closing = True
         self._stop.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
@@ -393,6 +399,22 @@ class ProgressWatch:
             self.armed = True
             self._progress_t = self._tick_t = time.monotonic()
 
+    def _native_sample(self, **kwargs: Any) -> bytes | None:
+        """The flight recorder's sample; None on the watch's own thread once the watch is
+        closing. Why: the sample is C++ that releases the GIL, and a thread that re-takes
+        the GIL after the interpreter's finalization began is ended by ``pthread_exit``
+        (Python 3.11), whose unwinding through a ``noexcept`` frame aborts the worker
+        (``terminate called without an active exception``, SIGABRT) after a healthy run. A
+        join that timed out under load let that happen; now :meth:`stop` waits for the call
+        in flight, and none starts after it."""
+        sample = self._sample
+        if sample is None:
+            return None
+        with self._native:
+            if self._closing and threading.current_thread() is self._thread:
+                return None
+            return sample(**kwargs)
+
     def _worker_id(self) -> int | None:
         if self._rank is None:
             dist = sys.modules.get("torch.distributed")
@@ -403,7 +425,10 @@ class ProgressWatch:
     def _read_pgs(self) -> dict[str, tuple[int, int]]:
         if self._sample is None:
             return {}
-        status = json.loads(self._sample(includeCollectives=False)).get("pg_status", {})
+        blob = self._native_sample(includeCollectives=False)
+        if blob is None:
+            return self._pgs
+        status = json.loads(blob).get("pg_status", {})
         return {str(pg): (int(s.get("last_enqueued_collective", -1)),
                           int(s.get("last_completed_collective", -1)))
                 for pg, s in status.items()}
@@ -562,7 +587,8 @@ class ProgressWatch:
         if not late or self._sample is None:
             return {}
         out: dict[str, Any] = {pg: {"seq": seq} for pg, seq in late.items()}
-        entries = json.loads(self._sample(includeCollectives=True)).get("entries", [])
+        blob = self._native_sample(includeCollectives=True)
+        entries = json.loads(blob).get("entries", []) if blob is not None else []
         for entry in reversed(entries):
             pg = str(entry.get("pg_id"))
             if pg in late and entry.get("collective_seq_id") == late[pg] \
@@ -591,7 +617,10 @@ class ProgressWatch:
         path = fr_dump_path(self.dump_dir, rank)
         partial = os.path.join(self.dump_dir, f"partial.{rank}.tmp")
         try:
-            blob = dump(True, True, False)
+            with self._native:
+                if self._closing and threading.current_thread() is self._thread:
+                    return {FR_DUMP_ERROR_KEY: "the worker is exiting"}
+                blob = dump(True, True, False)
             with open(partial, "wb") as out:
                 out.write(blob)
             os.replace(partial, path)
