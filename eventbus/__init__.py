@@ -40,6 +40,7 @@ from eventbus.events import EpochStart
 from eventbus.events import Event
 from eventbus.events import EventsLost
 from eventbus.events import EventType
+from eventbus.events import HostEvicted
 from eventbus.events import Metric
 from eventbus.events import Preempting
 from eventbus.events import Recovered
@@ -76,6 +77,7 @@ __all__ = [
     "EventsLost",
     "FieldTypeError",
     "FieldValueError",
+    "HostEvicted",
     "JobContext",
     "LIMITS",
     "Metric",

@@ -3,7 +3,8 @@
 Taken once per process from the variables torchelastic sets for its workers (``RANK``,
 ``LOCAL_RANK``, ``GROUP_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``ROLE_NAME``,
 ``TORCHELASTIC_RUN_ID``, ``TORCHELASTIC_RESTART_COUNT``) plus the hostname and pid, and
-taken again in a forked child, whose pid differs.
+taken again in a forked child, whose pid differs. ``EVENTBUS_HOSTNAME``, when set, is the
+hostname (containers, whose own name means nothing; tests that play several nodes).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class JobContext:
             role=env.get("ROLE_NAME") or None,
             run_id=env.get("TORCHELASTIC_RUN_ID") or None,
             restart_count=_opt_int(env.get("TORCHELASTIC_RESTART_COUNT")),
-            hostname=_hostname(),
+            hostname=env.get("EVENTBUS_HOSTNAME") or _hostname(),
             pid=os.getpid(),
         )
 

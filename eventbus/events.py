@@ -53,6 +53,7 @@ __all__ = [
     "Event",
     "EventType",
     "EventsLost",
+    "HostEvicted",
     "Metric",
     "Preempting",
     "Recovered",
@@ -99,6 +100,8 @@ class EventType(str, Enum):
     PREEMPTING = "PREEMPTING"
     #: a restart is over: every rank of the new attempt completed its first step
     RECOVERED = "RECOVERED"
+    #: a node left the job: its host had too many host faults (``--evict-after``)
+    HOST_EVICTED = "HOST_EVICTED"
 
     __str__ = str.__str__
     __format__ = str.__format__  # type: ignore[assignment]
@@ -671,6 +674,20 @@ class Recovered(Event):
         """``data["phases"]``: seconds per phase (None: not seen)."""
         found = self.data.get("phases")
         return dict(found) if isinstance(found, Mapping) else {}
+
+
+@event_type(EventType.HOST_EVICTED)
+class HostEvicted(Event):
+    """A node leaves the job because its host is bad: ``faults`` host faults (a kind each:
+    ``signal``, ``oom``, ``cuda``, ``nccl``, ``ecc``, ``hang``, ``straggler``, ``reactor``)
+    were counted against ``host`` in this job, at least ``--evict-after``. ``reason`` says
+    it for people ("2 host faults: SIGSEGV, NCCL error"). Published by that node's agent
+    and forwarded to every node; its agent then exits with the bad-host exit code.
+    """
+
+    host: str
+    faults: int
+    reason: str
 
 
 @event_type(EventType.WORKER_PROGRESS)

@@ -525,12 +525,24 @@ def _recovered(event: EventLike, short: bool) -> str:
     return f"{who}{text} ({', '.join(parts)})" if parts else f"{who}{text}"
 
 
+def _host_evicted(event: EventLike, short: bool) -> str:
+    host = _field(event, "host")
+    faults = as_int(_field(event, "faults"))
+    text = f"{host or 'a host'} evicted"
+    if short:
+        return text
+    reason = _field(event, "reason")
+    counted = f" after {faults} host fault{'s' if faults != 1 else ''}" if faults else ""
+    return f"{text}{counted}" + (f" ({reason})" if reason else "")
+
+
 _SENTENCES: dict[str, Callable[[EventLike, bool], str]] = {
     "WORKER_START": _worker_start,
     "WORKER_EXIT": _worker_exit,
     "WORKER_STALLED": _worker_stalled,
     "WORKER_SLOW": _worker_slow,
     "RECOVERED": _recovered,
+    "HOST_EVICTED": _host_evicted,
     "WORKER_RESTART": _worker_restart,
     "AGENT_EXIT": _agent_exit,
     "RENDEZVOUS": _rendezvous,

@@ -41,7 +41,8 @@ APP_ORDER: tuple[tuple[str, ...], ...] = (
     # one sentence per event (reads stacks); what a silent rank does (reads the protocol)
     ("sentences", "evidence"),
     ("worker", "readers", "sinks"),
-    ("ui",),
+    # the job view; the hosts' faults and ledger (read events like the readers)
+    ("ui", "hosts"),
     ("launcher",),
     ("cli",),
     ("app", "__main__"),
