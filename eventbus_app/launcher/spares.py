@@ -11,8 +11,10 @@ worker's whole environment, argv and cwd and runs the script as the bootstrap do
 A spare is used only when it is alive, was started by this pool for the same interpreter
 and cwd, and its environment equals the worker's on every variable but :data:`PER_ATTEMPT`
 (a changed variable means a stale spare: it is thrown away and the worker starts fresh, as
-it would without spares). A worker whose output goes to files (``--redirects``, ``--tee``,
-``--log-dir`` with redirects) or whose command is wrapped (NUMA binding) starts fresh.
+it would without spares). One that cannot read its assignment (its end of the pipe closed
+since it was found alive) is thrown away and ended too, and its worker starts fresh. A
+worker whose output goes to files (``--redirects``, ``--tee``, ``--log-dir`` with
+redirects) or whose command is wrapped (NUMA binding) starts fresh.
 Spares are started once the attempt's workers are up (:meth:`SparePool.fill`, asked by
 the agent's monitor), so that their imports do not compete with the workers'; those used
 are replaced for the attempt after. Thrown-away spares read the end of their pipe and exit;
@@ -89,19 +91,27 @@ class Spare:
         return None
 
     def assign(self, env: Mapping[str, str], argv: Sequence[str], cwd: str) -> None:
-        """Make it the worker: its environment, argv and cwd, over the pipe."""
+        """Make it the worker: its environment, argv and cwd, over the pipe. Raises
+        ``OSError`` when the spare cannot read it (its end of the pipe is closed: it died
+        or closed it since it was found alive); the pipe is closed either way."""
         line = json.dumps({"env": dict(env), "argv": list(argv), "cwd": cwd}) + "\n"
         data = line.encode()
         try:
             while data:
                 data = data[os.write(self.pipe, data):]
         finally:
-            os.close(self.pipe)
+            self._close_pipe()
+
+    def _close_pipe(self) -> None:
+        """Close the pipe's write end once: a number closed twice may be another file's."""
+        pipe, self.pipe = self.pipe, -1
+        if pipe >= 0:
+            with contextlib.suppress(OSError):
+                os.close(pipe)
 
     def discard(self) -> None:
         """Close its pipe (it exits by itself), and end it if it does not."""
-        with contextlib.suppress(OSError):
-            os.close(self.pipe)
+        self._close_pipe()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=2)
             return
@@ -186,13 +196,22 @@ class SparePool:
         self.used += 1
         return spare
 
+    def unusable(self, local_rank: int, spare: Spare, error: OSError) -> None:
+        """A spare taken for ``local_rank`` could not be given its worker (``error``): it is
+        not used but thrown away and ended, and the worker starts fresh."""
+        self.used -= 1
+        why = f"it could not take its worker ({error})"
+        self.discarded.append(f"local rank {local_rank}: {why}")
+        logger.info("eventbus: the warm spare of local rank %d is not used: %s", local_rank,
+                    why)
+        spare.discard()
+
     def close(self, timeout: float = 2.0) -> None:
         """End every spare (the agent's end): their pipes closed at once, so that they exit
         by themselves together; those still running after ``timeout`` are killed."""
         spares, self._spares = list(self._spares.values()), {}
         for spare in spares:
-            with contextlib.suppress(OSError):
-                os.close(spare.pipe)
+            spare._close_pipe()
         deadline = self._clock() + timeout
         for spare in spares:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -256,8 +275,12 @@ def serving(pool: SparePool,
                 if self._stdout is None and self._stderr is None:
                     spare = pool.take(self.local_rank_id, self._entry, env, os.getcwd())
                     if spare is not None:
-                        spare.assign(env, argv, os.getcwd())
-                        return spare.proc
+                        try:
+                            spare.assign(env, argv, os.getcwd())
+                        except OSError as exc:
+                            pool.unusable(self.local_rank_id, spare, exc)
+                        else:
+                            return spare.proc
             return super()._popen(args, env)
 
     def handler(*args: Any, **kwargs: Any) -> Any:

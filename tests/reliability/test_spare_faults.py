@@ -39,17 +39,21 @@ def _spares(agent: int | None = None) -> list[int]:
     return found
 
 
-def _job(tmp_path: Path, script: Path, during: Any) -> tuple[Any, dict[str, Any]]:
+def _job(tmp_path: Path, script: Path, during: Any, *, max_restarts: int = 1,
+         pythonpath: str | None = None) -> tuple[Any, dict[str, Any]]:
     """Run the probe job in the background, call ``during(agent pid)`` once attempt 0's
-    ranks wrote their facts (the spares are then starting), wait for the job."""
+    ranks wrote their facts (the spares are then starting), wait for the job.
+    ``pythonpath``: a folder put first on the job's ``PYTHONPATH``."""
     import subprocess
 
     events = tmp_path / "events.jsonl"
     cmd = [sys.executable, "-m", "eventbus", "run", "--events-jsonl", str(events),
            "--standalone", "--nproc-per-node", "2", "--monitor-interval", "0.1",
-           "--max-restarts", "1", str(script)]
+           "--max-restarts", str(max_restarts), str(script)]
     env = {**job_env(), "PROBE_OUT": str(tmp_path), "PROBE_WAIT_S": "12"}
     env.pop("EVENTBUS_WARM_SPARES", None)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join([pythonpath, env["PYTHONPATH"]])
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -118,3 +122,131 @@ def test_a_script_changed_between_attempts_runs_as_changed_on_the_spares(
     assert facts["attempt1_rank0"].get("edited") is True
     assert "edited" not in facts["attempt0_rank0"]
     figure(43, "script edited between attempts: the spares ran the new text, rc 0")
+
+
+#: written at the probe's first line (before the failure and before its facts): which
+#: process each rank of each attempt is, and whether it was a spare (torch imported)
+_EARLY = '''
+import json as _json, os as _os, sys as _sys
+_attempt, _rank = _os.environ["TORCHELASTIC_RESTART_COUNT"], _os.environ["RANK"]
+with open(_os.path.join(_os.environ["PROBE_OUT"],
+                        f"early_attempt{_attempt}_rank{_rank}.json"), "w") as _f:
+    _json.dump({"warm": "torch" in _sys.modules, "pid": _os.getpid()}, _f)
+if (_attempt, _rank) == ("1", "1"):
+    _os._exit(7)
+'''
+
+
+def _starts(events: Path) -> list[tuple[int, int, int]]:
+    """(attempt, rank, pid) of each WORKER_START of the job."""
+    out = []
+    for line in events.read_text().splitlines():
+        event = json.loads(line)
+        if event["type"] == "WORKER_START":
+            context = event.get("context") or {}
+            out.append((context.get("restart_count"), event["worker_id"], event["worker_pid"]))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_a_second_failure_while_the_spares_are_activated_restarts_on_fresh_workers(
+        tmp_path: Path, figure: Any) -> None:
+    """Attempt 1 runs on the warm spares and rank 1 dies at its first line, while rank 0's
+    spare is becoming its worker: the second failure is decided like the first, attempt 2
+    starts fresh workers (no spare was warmed for it, a used one is never used again),
+    completes, and each rank of each attempt was one process of its own."""
+    script = tmp_path / "probe.py"
+    text = (JOBS / "spare_probe.py").read_text()
+    script.write_text(text.replace("\nimport json", _EARLY + "\nimport json", 1))
+
+    (rc, err), facts = _job(tmp_path, script, lambda agent: None, max_restarts=2)
+    assert rc == 0, err[-4000:]
+    early = {p.stem.removeprefix("early_"): json.loads(p.read_text())
+             for p in tmp_path.glob("early_attempt*_rank*.json")}
+    assert early["attempt1_rank0"]["warm"] and early["attempt1_rank1"]["warm"]
+    assert not early["attempt2_rank0"]["warm"] and not early["attempt2_rank1"]["warm"]
+    assert sorted(facts) == ["attempt0_rank0", "attempt0_rank1", "attempt2_rank0",
+                             "attempt2_rank1"]
+    starts = _starts(tmp_path / "events.jsonl")
+    assert sorted((a, r) for a, r, _ in starts) == [(a, r) for a in (0, 1, 2) for r in (0, 1)]
+    assert len({pid for _, _, pid in starts}) == 6, starts
+    assert "rank 1 failed (exit code 7)" in err
+    assert "eventbus: attempt 2 recovered in" in err
+    figure(43, "a second failure while the spares were activated: attempt 2 ran on fresh "
+               "workers, each rank once per attempt, rc 0")
+
+
+#: a spare's start (PYTHONPATH's sitecustomize): the first spare dies at once, every other
+#: one lives on without its pipe, so it looks alive but can never take its worker
+_SPARE_FAULTS = '''
+import os, time
+if "EVENTBUS_SPARE_FD" in os.environ:
+    out = os.environ["PROBE_OUT"]
+    with open(os.path.join(out, f"spare_{os.getpid()}"), "w") as f:
+        f.write("started")
+    try:
+        os.close(os.open(os.path.join(out, "first_spare"), os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        os.close(int(os.environ["EVENTBUS_SPARE_FD"]))
+        time.sleep(3600)
+    os._exit(3)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_spares_that_cannot_start_are_never_used(tmp_path: Path, figure: Any) -> None:
+    """Every spare fails: one dies at its start, the other lives on without its pipe (it
+    can never take its worker). The restart starts fresh workers for both ranks, completes,
+    each rank ran once per attempt, and no spare outlives the job."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_SPARE_FAULTS)
+    agents: list[int] = []
+
+    (rc, err), facts = _job(tmp_path, JOBS / "spare_probe.py", agents.append,
+                            pythonpath=str(site))
+    assert rc == 0, err[-4000:]
+    assert len(list(tmp_path.glob("spare_*"))) >= 2, "no spare was started"
+    assert not facts["attempt1_rank0"]["warm"] and not facts["attempt1_rank1"]["warm"]
+    assert sorted(facts) == ["attempt0_rank0", "attempt0_rank1", "attempt1_rank0",
+                             "attempt1_rank1"]
+    starts = _starts(tmp_path / "events.jsonl")
+    assert sorted((a, r) for a, r, _ in starts) == [(a, r) for a in (0, 1) for r in (0, 1)]
+    assert len({pid for _, _, pid in starts}) == 4, starts
+    assert "eventbus: attempt 1 recovered in" in err
+    assert not _spares(agents[0]), "a spare outlived its job"
+    figure(43, "spares that could not start: the restart ran on fresh workers, rc 0")
+
+
+def test_a_spare_that_cannot_read_its_assignment_is_ended_not_used() -> None:
+    """A spare alive but with its end of the pipe closed: the assignment raises OSError
+    (the agent then starts its worker fresh), the pipe is closed once, and the pool counts
+    it thrown away, not used, and ends it."""
+    import subprocess
+
+    from eventbus.app.launcher.spares import Spare
+    from eventbus.app.launcher.spares import SparePool
+
+    read, write = os.pipe()
+    os.close(read)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            start_new_session=True)
+    spare = Spare(proc, write, base={}, executable=sys.executable, cwd=os.getcwd(),
+                  started=0.0)
+    pool = SparePool()
+    pool.used = 1  # what take() counted
+    try:
+        with pytest.raises(OSError):
+            spare.assign({}, ["job.py"], os.getcwd())
+        assert spare.pipe == -1
+        pool.unusable(0, spare, BrokenPipeError(32, "Broken pipe"))
+        assert proc.poll() is not None
+        assert pool.used == 0
+        assert pool.discarded == ["local rank 0: it could not take its worker ([Errno 32] "
+                                  "Broken pipe)"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

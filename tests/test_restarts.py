@@ -1,0 +1,164 @@
+"""The restart path without torch (eventbus_app/launcher/restarts.py): the recovery's
+phases fed by the agent's acts and the workers' marks, ``RECOVERED`` once, the
+``WORKER_RESTART`` and its line, and when the next attempt's spares start. A bus, a fake
+clock, a pool that only counts and a hand-over that only notes the launches."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from collections.abc import Mapping
+from collections.abc import Sequence
+
+import pytest
+
+import eventbus
+from eventbus.app.launcher.recovery import Recovery
+from eventbus.app.launcher.restarts import SPARES_AFTER_S
+from eventbus.app.launcher.restarts import Launched
+from eventbus.app.launcher.restarts import Restarts
+from eventbus.app.launcher.spares import SparePool
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class CountingPool(SparePool):
+    """A pool that starts no process: each fill is noted with what it was given."""
+
+    def __init__(self, *, enabled: bool = True) -> None:
+        super().__init__(enabled=enabled)
+        self.fills: list[dict[int, tuple[str, Sequence[str], Mapping[str, str]]]] = []
+        self.closed = False
+
+    def fill(self, workers: Mapping[int, tuple[str, Sequence[str], Mapping[str, str]]]) -> int:
+        self.fills.append(dict(workers))
+        return len(workers)
+
+    def close(self, timeout: float = 2.0) -> None:
+        self.closed = True
+
+
+def _serve(pool: SparePool, launched: Launched) -> contextlib.AbstractContextManager[None]:
+    """torch's process context stand-in: local ranks 0 and 1 launched."""
+    @contextlib.contextmanager
+    def serving() -> Iterator[None]:
+        launched[0] = (sys.executable, ("-u",), {"RANK": "0"})
+        launched[1] = (sys.executable, ("-u",), {"RANK": "1"})
+        yield
+    return serving()
+
+
+def _beat(attempt: int, rank: int, marks: dict[str, float]) -> eventbus.WorkerProgress:
+    return eventbus.WorkerProgress(worker_id=rank, step=1, data={"marks": marks},
+                                   context=eventbus.JobContext(restart_count=attempt))
+
+
+def _restarts(bus: eventbus.Bus, clock: Clock, pool: CountingPool | None = None) -> Restarts:
+    return Restarts(bus, clock=clock, recovery=Recovery(clock),
+                    spares=pool if pool is not None else CountingPool(), serve=_serve)
+
+
+def _start(restarts: Restarts, attempt: int, world: int = 2) -> None:
+    with restarts.starting():
+        pass
+    restarts.started(attempt, world)
+
+
+def test_recovered_once_every_rank_of_the_new_attempt_sent_its_marks(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Failure seen, decided, rendezvous, workers started: RECOVERED (one line) once both
+    ranks' marks of the new attempt came on the bus, not for an older attempt's marks,
+    and once only."""
+    bus, clock = eventbus.Bus("restarts"), Clock()
+    recovered: list[eventbus.Event] = []
+    bus.subscribe(eventbus.EventType.RECOVERED, on_event=recovered.append)
+    restarts = _restarts(bus, clock)
+    restarts.failed()
+    clock.now += 0.1
+    restarts.decided()
+    restarts.rendezvous(1000.2, 1000.4)
+    clock.now = 1000.5
+    _start(restarts, attempt=1)
+    marks = {"script": 1000.7, "torch": 1001.5, "init": 1001.6, "step": 1002.0}
+    bus.publish(_beat(1, 0, marks))
+    bus.publish(_beat(0, 1, marks))  # attempt 0's: not this recovery's
+    restarts.recovered()
+    assert recovered == []
+    bus.publish(_beat(1, 1, {**marks, "step": 1002.5}))
+    restarts.recovered()
+    restarts.recovered()
+    (event,) = recovered
+    assert isinstance(event, eventbus.Recovered)
+    assert event.attempt == 1 and event.total_s == 2.5
+    assert event.data["phases"]["detect"] == 0.1
+    lines = [line for line in capsys.readouterr().err.splitlines()
+             if line.startswith("eventbus:")]
+    assert len(lines) == 1 and "attempt 1 recovered in" in lines[0]
+
+
+def test_the_spares_start_once_this_nodes_ranks_took_their_first_step() -> None:
+    """The next attempt's spares start once per attempt, after this node's ranks all sent
+    their marks (or SPARES_AFTER_S into the attempt), with the launches torch made; never
+    before a launch, nor during a drain."""
+    bus, clock = eventbus.Bus("restarts"), Clock()
+    pool = CountingPool()
+    restarts = _restarts(bus, clock, pool)
+    restarts.fill_spares(0, [0, 1], draining=False)
+    assert pool.fills == []  # nothing launched yet: nothing to copy
+    _start(restarts, attempt=0)
+    restarts.fill_spares(0, [0, 1], draining=False)
+    bus.publish(_beat(0, 0, {"step": 1.0}))
+    restarts.fill_spares(0, [0, 1], draining=False)
+    assert pool.fills == []  # rank 1 has not stepped
+    bus.publish(_beat(0, 1, {"step": 1.0}))
+    restarts.fill_spares(0, [0, 1], draining=True)
+    assert pool.fills == []  # a drain starts no new attempt
+    restarts.fill_spares(0, [0, 1], draining=False)
+    restarts.fill_spares(0, [0, 1], draining=False)
+    assert [sorted(f) for f in pool.fills] == [[0, 1]]
+    assert pool.fills[0][0][2] == {"RANK": "0"}
+    _start(restarts, attempt=1)  # no marks this time: the clock decides
+    restarts.fill_spares(1, [0, 1], draining=False)
+    assert len(pool.fills) == 1
+    clock.now += SPARES_AFTER_S
+    restarts.fill_spares(1, [0, 1], draining=False)
+    assert len(pool.fills) == 2
+    restarts.close()
+    assert pool.closed
+
+
+def test_disabled_spares_are_never_started() -> None:
+    bus, clock = eventbus.Bus("restarts"), Clock()
+    pool = CountingPool(enabled=False)
+    restarts = _restarts(bus, clock, pool)
+    _start(restarts, attempt=0)
+    clock.now += SPARES_AFTER_S
+    restarts.fill_spares(0, [0, 1], draining=False)
+    assert pool.fills == []
+
+
+def test_worker_restart_is_published_and_said_only_when_no_failure_decided_it(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A restart a failure decided: its line was the failure's, WORKER_RESTART only. A
+    membership change (torch's decision): WORKER_RESTART and its own line."""
+    bus = eventbus.Bus("restarts")
+    seen: list[eventbus.Event] = []
+    bus.subscribe(eventbus.EventType.WORKER_RESTART, on_event=seen.append)
+    restarts = _restarts(bus, Clock())
+    restarts.restarting(1, restarts_left=1, reason="rank 1 failed (exit code 3)",
+                        cause=str(eventbus.Cause.FAILURE), decided=True)
+    assert capsys.readouterr().err == ""
+    restarts.restarting(2, restarts_left=1, reason="membership change: the group re-forms "
+                        "through the rendezvous", cause=str(eventbus.Cause.MEMBERSHIP),
+                        decided=False)
+    assert [(e.attempt, e.cause) for e in seen if isinstance(e, eventbus.WorkerRestart)] == [
+        (1, eventbus.Cause.FAILURE), (2, eventbus.Cause.MEMBERSHIP)]
+    assert "re-forms through the rendezvous as attempt 2" in capsys.readouterr().err
+    restarts.close()
