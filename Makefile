@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: venv test test-slow test-all lint demo bench clean test-pythons test-compat
 .PHONY: test-sanitize soak
-.PHONY: browser
+.PHONY: browser postgres
 
 # eventbus/_speedups.c is built by the editable install: a change to it reinstalls.
 $(STAMP): pyproject.toml setup.py eventbus/_speedups.c
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml setup.py eventbus/_speedups.c
 	# version): Lightning and transformers (the trainer extras) never pull another torch.
 	$(PY) -m pip install -q "$(TORCH)"
 	$(PY) -c "import importlib.metadata as m; print('torch==' + m.version('torch'))" > $(VENV)/torch-constraint.txt
-	$(PY) -m pip install -q -c $(VENV)/torch-constraint.txt -e ".[test,plot,bench,sinks,trainers]"
+	$(PY) -m pip install -q -c $(VENV)/torch-constraint.txt -e ".[test,plot,bench,sinks,trainers,postgres,wandb]"
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -42,11 +42,27 @@ browser:
 	  || echo "browser: could not install chromium; the browser tests will skip"; \
 	else echo "browser: no $(CHROMIUM) and no apt-get; the browser tests will skip"; fi
 
+# A PostgreSQL server for the host ledger's tests (tests/test_hosts_ledger.py, run as the
+# postgres user in a cluster of their own): Debian's package, installed when its initdb is
+# missing and apt-get is at hand. Never fails the build: without it those tests skip and
+# say why.
+PG_INITDB := $(wildcard /usr/lib/postgresql/*/bin/initdb)
+postgres:
+	@if [ -n "$(PG_INITDB)" ]; then :; \
+	elif command -v apt-get >/dev/null 2>&1; then \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo -n ); \
+	  ( $$SUDO apt-get install -y -q postgresql >/dev/null 2>&1 || \
+	    { $$SUDO apt-get update -q >/dev/null 2>&1 && \
+	      $$SUDO apt-get install -y -q postgresql >/dev/null 2>&1; } ) \
+	  && echo "postgres: installed Debian's postgresql" \
+	  || echo "postgres: could not install postgresql; the PostgreSQL ledger tests will skip"; \
+	else echo "postgres: no /usr/lib/postgresql/*/bin/initdb and no apt-get; the PostgreSQL ledger tests will skip"; fi
+
 # About 3 minutes on 2 cores, lint and the pure-Python re-run included: everything but
 # the tests marked slow (real torchrun / `eventbus run` / elastic_launch jobs, long
 # subprocesses, load and stress runs, the wheel build, the demo). `make test-slow` runs
 # those; CI runs both (.ci/run).
-test: $(STAMP) lint browser
+test: $(STAMP) lint browser postgres
 	$(PY) -m pytest -q -m "not slow"
 	# The core again on the pure-Python path: the compiled one (eventbus/_speedups.c)
 	# stands in for it where it is built, and both must behave alike.
@@ -66,7 +82,7 @@ PURE_TESTS := tests/test_bus.py tests/test_events.py tests/test_queued.py tests/
 test-sanitize: $(STAMP)
 	tests/sanitize/run.sh $(PY) $(PURE_TESTS)
 
-test-slow: $(STAMP) browser
+test-slow: $(STAMP) browser postgres
 	$(PY) -m pytest -q -m slow
 
 test-all: test test-slow

@@ -1,6 +1,6 @@
 """The ``eventbus`` command: ``run`` (torchrun with the bus attached), ``trace``, ``plot``,
-``tail``, ``view``, ``goodput``. Each subcommand's module is imported only when it runs, so
-``eventbus --help`` stays fast and torch-free."""
+``tail``, ``view``, ``goodput``, ``hosts``. Each subcommand's module is imported only when it
+runs, so ``eventbus --help`` stays fast and torch-free."""
 
 from __future__ import annotations
 
@@ -41,6 +41,12 @@ def _goodput(argv: list[str]) -> int:
     return goodput_main(argv)
 
 
+def _hosts(argv: list[str]) -> int:
+    from eventbus.app.hosts.report import main as hosts_main
+
+    return hosts_main(argv)
+
+
 def _view(argv: list[str]) -> int:
     from eventbus.app.ui.view import main as view_main
 
@@ -55,6 +61,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "tail": (_tail, "follow an events JSONL file, one line per event"),
     "view": (_view, "the job view in a browser for an events JSONL file, followed live"),
     "goodput": (_goodput, "events JSONL -> where the job's time went (goodput, badput)"),
+    "hosts": (_hosts, "the host ledger: bad hosts by score, for people and schedulers"),
 }
 
 
