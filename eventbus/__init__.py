@@ -41,6 +41,8 @@ from eventbus.events import Event
 from eventbus.events import EventsLost
 from eventbus.events import EventType
 from eventbus.events import HostEvicted
+from eventbus.events import JobStuck
+from eventbus.events import JobUnstuck
 from eventbus.events import Metric
 from eventbus.events import Preempting
 from eventbus.events import Recovered
@@ -79,6 +81,8 @@ __all__ = [
     "FieldValueError",
     "HostEvicted",
     "JobContext",
+    "JobStuck",
+    "JobUnstuck",
     "LIMITS",
     "Metric",
     "MissingFieldError",

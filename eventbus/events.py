@@ -54,6 +54,8 @@ __all__ = [
     "EventType",
     "EventsLost",
     "HostEvicted",
+    "JobStuck",
+    "JobUnstuck",
     "Metric",
     "Preempting",
     "Recovered",
@@ -102,6 +104,10 @@ class EventType(str, Enum):
     RECOVERED = "RECOVERED"
     #: a node left the job: its host had too many host faults (``--evict-after``)
     HOST_EVICTED = "HOST_EVICTED"
+    #: no rank made a step for ``--alert-after`` seconds and no verdict explains it
+    JOB_STUCK = "JOB_STUCK"
+    #: a rank made a step again after ``JOB_STUCK``
+    JOB_UNSTUCK = "JOB_UNSTUCK"
 
     __str__ = str.__str__
     __format__ = str.__format__  # type: ignore[assignment]
@@ -688,6 +694,33 @@ class HostEvicted(Event):
     host: str
     faults: int
     reason: str
+
+
+@event_type(EventType.JOB_STUCK)
+class JobStuck(Event):
+    """No rank made a step (an optimizer step, a collective, a ``METRIC`` step) for
+    ``silent_s`` seconds, at least ``after_s`` (``eventbus run --alert-after``), and no
+    verdict explains it: no stall, failure, restart or drain in that time. ``step``: the
+    highest step seen (the script's own ``METRIC`` steps, else the optimizer steps the
+    heartbeats counted). ``data["places"]``: the ranks' last known places from their
+    heartbeats, grouped: a list of ``{"where", "ranks", "hosts", "step", "idle_s"}``
+    (``where`` is ``FILE:LINE`` or null), the smallest groups first; ``data["ranks"]``:
+    how many ranks that covers. Published by group rank 0's agent (docs/sinks.md).
+    """
+
+    silent_s: float
+    after_s: float
+    step: int | None = None
+
+
+@event_type(EventType.JOB_UNSTUCK)
+class JobUnstuck(Event):
+    """A rank made a step again after ``JOB_STUCK``: ``stuck_s`` seconds without one in
+    all; ``step``: the step it made, ``worker_id``: the rank that made it (when known)."""
+
+    stuck_s: float
+    step: int | None = None
+    worker_id: int | None = None
 
 
 @event_type(EventType.WORKER_PROGRESS)

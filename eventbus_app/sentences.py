@@ -11,6 +11,11 @@ webhook and TensorBoard's text, and the timeline plot all say an event with
     drain: SIGTERM on node 1, 20 s to stop
     the job was preempted by SIGTERM on node 1 (exit code 75): every rank stopped at step
     42; 1.4 s of the 20 s grace used
+    no rank made a step for 612 s (the last at step 1234; --alert-after 600 s): rank 3 on
+    node-2 at data.py:10 (step 1234); ranks 0, 1, 2 on node-1 at train.py:42 (step 1234)
+
+The alerting sinks (the webhook, W&B) name each rank with its host, ``rank 1 on node-17
+failed (exit code 3: ...)``: ``sentence(event, host=True)``.
 
 Facts travel as fields, prose is made here, once: what a reader decides on (a stop, a
 collateral exit, the job's outcome) is read from the events' fields (``cause``,
@@ -474,7 +479,7 @@ def _preempted(event: EventLike, short: bool) -> str:
     return text
 
 
-def _preempting(event: EventLike, short: bool) -> str:
+def _preempting(event: EventLike, short: bool, host: str | None = None) -> str:
     deadline = as_number(_field(event, "deadline_s"))
     grace = as_number(_field(event, "grace_s"))
     if deadline is None:
@@ -487,6 +492,8 @@ def _preempting(event: EventLike, short: bool) -> str:
         return "drain" + (f" ({left})" if left else "")
     reason = first_line(_str(_field(event, "reason"))) or _drain_origin(
         _str(_field(event, "signal")), as_int(_field(event, "node")))
+    if host:  # the host of the agent that got the signal
+        reason += f" ({host})"
     return f"drain: {reason}" + (f", {left}" if left else "")
 
 
@@ -536,6 +543,67 @@ def _host_evicted(event: EventLike, short: bool) -> str:
     return f"{text}{counted}" + (f" ({reason})" if reason else "")
 
 
+#: places of a stuck job named one by one at most (more: "and N more places")
+_PLACES_NAMED = 4
+
+
+def _place_text(place: Mapping[str, Any]) -> str | None:
+    """``ranks 0, 1 on node-1 at train.py:42 (step 120)``: one group of ``JOB_STUCK``'s
+    ``data["places"]``."""
+    ranks = sorted({r for r in place.get("ranks") or () if as_int(r) is not None})
+    if not ranks:
+        return None
+    hosts = [h for h in place.get("hosts") or () if _str(h)]
+    text = _ranks_text(ranks)
+    if len(hosts) == 1:
+        text += f" on {hosts[0]}"
+    elif hosts:
+        named = ", ".join(hosts[:3]) + (", ..." if len(hosts) > 3 else "")
+        text += f" on {len(hosts)} hosts ({named})"
+    where = _str(place.get("where"))
+    text += f" at {first_line(where, limit=120)}" if where else ", place unknown"
+    step = as_int(place.get("step"))
+    return text + (f" (step {step})" if step is not None else "")
+
+
+def _job_stuck(event: EventLike, short: bool) -> str:
+    silent = as_number(_field(event, "silent_s"))
+    text = "no rank made a step" + (f" for {_seconds(silent)}" if silent is not None else "")
+    if short:
+        return f"stuck: no step for {_seconds(silent)}" if silent is not None else "stuck"
+    step = as_int(_field(event, "step"))
+    after = as_number(_field(event, "after_s"))
+    notes = []
+    if step is not None:
+        notes.append(f"the last at step {step}")
+    if after is not None:
+        notes.append(f"--alert-after {_seconds(after)}")
+    if notes:
+        text += f" ({'; '.join(notes)})"
+    places = _data(event).get("places")
+    said = [p for p in (_place_text(place) for place in places[:_PLACES_NAMED]
+                        if isinstance(place, Mapping)) if p] \
+        if isinstance(places, list) else []
+    if not said:
+        return text
+    more = len(places) - _PLACES_NAMED if isinstance(places, list) else 0
+    return f"{text}: {'; '.join(said)}" + (f"; and {more} more places" if more > 0 else "")
+
+
+def _job_unstuck(event: EventLike, short: bool) -> str:
+    if short:
+        return "progress resumed"
+    stuck = as_number(_field(event, "stuck_s"))
+    step = as_int(_field(event, "step"))
+    rank = as_int(_field(event, "worker_id"))
+    text = "progress resumed"
+    if rank is not None:
+        host = _str(_data(event).get("host"))
+        text += f": rank {rank}" + (f" on {host}" if host else "") + " made " + \
+            (f"step {step}" if step is not None else "a step")
+    return text + (f" after {_seconds(stuck)} without one" if stuck is not None else "")
+
+
 _SENTENCES: dict[str, Callable[[EventLike, bool], str]] = {
     "WORKER_START": _worker_start,
     "WORKER_EXIT": _worker_exit,
@@ -548,18 +616,37 @@ _SENTENCES: dict[str, Callable[[EventLike, bool], str]] = {
     "RENDEZVOUS": _rendezvous,
     "EVENTS_LOST": _events_lost,
     "PREEMPTING": _preempting,
+    "JOB_STUCK": _job_stuck,
+    "JOB_UNSTUCK": _job_unstuck,
 }
 
 
-def sentence(event: EventLike, *, short: bool = False) -> str:
+def sentence(event: EventLike, *, short: bool = False, host: bool = False) -> str:
     """The event said for people, in one line with no final period: see the module
     docstring for examples. ``short``: the form a mark next to the rank's row reads (the
     plot): without the rank, the message, the place and the reason, e.g. ``failed (exit
     code 3)``, ``stalled for 5.2 s``, ``the group restarts as attempt 1 (1 restart
-    left)``. Any other type: its name, and the rank it comes from."""
+    left)``. Any other type: its name, and the rank it comes from.
+
+    ``host``: the rank is named with its host, ``rank 5 on node-17 failed (...)``, and a
+    drain with the host that got the signal (the event's ``context.hostname``, which
+    ``EVENTBUS_HOSTNAME`` sets): the form of the alerts (the webhook, W&B), read away from
+    the job. The console and the page leave it out (their rows already say the host)."""
     kind = _type_name(event)
     say = _SENTENCES.get(kind)
+    name = _str(_context(event, "hostname")) if host and not short else None
+    if kind == "PREEMPTING":
+        return _preempting(event, short, name)
     if say is not None:
-        return say(event, short)
-    rank = _rank(event)
-    return kind if short or rank is None else f"{kind} from rank {rank}"
+        text = say(event, short)
+    else:
+        rank = _rank(event)
+        text = kind if short or rank is None else f"{kind} from rank {rank}"
+    if name is None:
+        return text
+    who = _who(event)
+    if text.startswith(f"{who} ") and _rank(event) is not None:
+        return f"{who} on {name}{text[len(who):]}"
+    if text.endswith(f" from {who}") and _rank(event) is not None:
+        return f"{text} on {name}"
+    return text

@@ -17,14 +17,16 @@ RUN_ID = "sinks-test-run"
 
 def make_event(event_type: str, *, rank: int | None = None, restart_count: int = 0,
                timestamp: float | None = None, data: dict[str, Any] | None = None,
-               **fields: Any) -> Event:
-    """An event as a worker (``rank``) or the agent (``rank=None``) recorded it."""
+               hostname: str = "host", pid: int | None = None, **fields: Any) -> Event:
+    """An event as a worker (``rank``) or the agent (``rank=None``) recorded it, on
+    ``hostname`` (process ``pid``, default ``100 + rank``)."""
     return Event.from_dict({
         "type": event_type, "timestamp": time.time() if timestamp is None else timestamp,
         **fields, "data": data or {},
         "context": {"rank": rank, "local_rank": rank, "group_rank": 0, "world_size": 2,
                     "local_world_size": 2, "role": "default", "run_id": RUN_ID,
-                    "restart_count": restart_count, "hostname": "host", "pid": 100 + (rank or 0)}})
+                    "restart_count": restart_count, "hostname": hostname,
+                    "pid": 100 + (rank or 0) if pid is None else pid}})
 
 
 def fabricated_job() -> list[Event]:

@@ -298,17 +298,17 @@ def test_links_between_pages_resolve() -> None:
             assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
 
 
-# -- the README's demo transcript against a real run -----------------------------------------
+# -- the demo's transcript (docs/demo.md) against a real run ---------------------------------
 
 #: the job's own events (lifecycle, epochs, checkpoints, metrics) may differ from the
-#: README's by this many: a METRIC or two is logged, or not, before rank 1's crash stops
+#: demo page's by this many: a METRIC or two is logged, or not, before rank 1's crash stops
 #: the group
 OWN_EVENTS_TOLERANCE = 4
 #: torch's records (one per rendezvous step and worker state, plus keep-alives) are about
 #: the same in every run and grow with a longer one; the heartbeats are at most about one a
 #: second per rank. Neither scales linearly (a 13 s run: 30 and 15; a 99 s one under load:
-#: 66 and 46), so the check is a range: from PERIODIC_TOLERANCE of the README's count below
-#: it to (1 + PERIODIC_TOLERANCE) x the README's scaled by the runs' durations above it
+#: 66 and 46), so the check is a range: from PERIODIC_TOLERANCE of the page's count below
+#: it to (1 + PERIODIC_TOLERANCE) x the page's scaled by the runs' durations above it
 PERIODIC_TOLERANCE = 0.5
 
 _FIGURES = re.compile(
@@ -317,17 +317,20 @@ _FIGURES = re.compile(
     r"(?P<beats>\d+)\s+are\s+the\s+workers'\s+`WORKER_PROGRESS`\s+heartbeats", re.S)
 
 
+#: the page with the demo's transcript (the README links to it)
+DEMO_PAGE = ROOT / "docs" / "demo.md"
+
+
 def _readme_demo() -> dict[str, int]:
-    """The figures of the README's demo transcript: its event count and duration (from the
-    transcript's own lines) and the breakdown stated under it."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("### What `make demo` does", 1)[1].split("\n## ", 1)[0]
-    transcript = next(b.body for b in _blocks(ROOT / "README.md")
+    """The figures of the demo's transcript (docs/demo.md): its event count and duration
+    (from the transcript's own lines) and the breakdown stated under it."""
+    section = DEMO_PAGE.read_text()
+    transcript = next(b.body for b in _blocks(DEMO_PAGE)
                       if b.lang == "text" and "$ make demo" in b.body)
     total = re.search(r"^  events\.jsonl +(\d+) events", transcript, re.M)
     took = re.search(r"^demo: finished in (\d+) s", transcript, re.M)
     figures = _FIGURES.search(section)
-    assert total and took and figures, "the README's demo transcript lost its figures"
+    assert total and took and figures, "the demo's transcript lost its figures"
     out = {k: int(v) for k, v in figures.groupdict().items()}
     assert out["total"] == int(total.group(1)), "the breakdown's total is not the transcript's"
     assert out["own"] + out["torch"] + out["beats"] == out["total"], out
@@ -344,9 +347,9 @@ def test_readme_demo_figures_add_up() -> None:
 
 @pytest.mark.slow
 def test_readme_demo_transcript_matches_a_real_run(tmp_path: Path) -> None:
-    """A real `make demo` run (examples/demo.py) against the README's figures: the job's own
-    events within OWN_EVENTS_TOLERANCE, torch's records and the heartbeats within the range
-    PERIODIC_TOLERANCE gives (see there), and the same
+    """A real `make demo` run (examples/demo.py) against the figures of docs/demo.md: the
+    job's own events within OWN_EVENTS_TOLERANCE, torch's records and the heartbeats within
+    the range PERIODIC_TOLERANCE gives (see there), and the same
     lines (the command with --sink tensorboard, the tb line)."""
     from eventbus.subscribers.jsonl import read_jsonl
 
@@ -366,7 +369,8 @@ def test_readme_demo_transcript_matches_a_real_run(tmp_path: Path) -> None:
     beats = sum(1 for e in events if e.get("type") == "WORKER_PROGRESS")
     own = len(events) - torch_records - beats
     print(f"demo: {len(events)} events in {took.group(1)} s ({own} own, {torch_records} "
-          f"torch, {beats} heartbeats); README: {readme['total']} in {readme['seconds']} s")
+          f"torch, {beats} heartbeats); docs/demo.md: {readme['total']} in "
+          f"{readme['seconds']} s")
     assert abs(own - readme["own"]) <= OWN_EVENTS_TOLERANCE, (own, readme)
     longer = max(1.0, int(took.group(1)) / max(readme["seconds"], 1))
     top = 1 + PERIODIC_TOLERANCE

@@ -189,11 +189,12 @@ def test_webhook_posts_the_failure_with_the_agents_decision() -> None:
         assert sink.close(timeout=10.0)
         bodies = [json.loads(body) for path, body in r.requests if path == "/hook"]
     texts = [b["text"] for b in bodies]
-    assert texts[0] == ("rank 1 failed (exit code 3: boom); the group restarts as attempt 1 "
-                        f"(0 restarts left) [attempt 0, run {RUN_ID}]"), texts
+    # the rank is named with its host (the events' context.hostname: "host")
+    assert texts[0] == ("rank 1 on host failed (exit code 3: boom); the group restarts as "
+                        f"attempt 1 (0 restarts left) [attempt 0, run {RUN_ID}]"), texts
     assert bodies[0]["event"]["type"] == "WORKER_EXIT" and bodies[0]["event"]["exit_code"] == 3
     assert len(bodies) == 3  # both failed exits of attempt 0, then the stall
-    assert texts[2] == f"rank 0 stalled for 12.5 s [attempt 1, run {RUN_ID}]", texts
+    assert texts[2] == f"rank 0 on host stalled for 12.5 s [attempt 1, run {RUN_ID}]", texts
     assert sink.stats()["posted"] == 3 and not sink.stats()["dropped"]
 
 

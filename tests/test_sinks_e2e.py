@@ -104,7 +104,9 @@ def test_one_job_feeds_every_sink(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert sums["eventbus.worker.exits{exit_code=3}"] == 1
     assert sums["eventbus.restarts{}"] == 1
     # Webhook: the failure with the agent's decision
-    assert posts and posts[0]["text"].startswith("rank 1 failed (exit code 3"), posts
+    # the rank named with its host (the agent's, as EVENTBUS_HOSTNAME or the machine says)
+    assert posts and posts[0]["text"].startswith(
+        f"rank 1 on {posts[0]['event']['context']['hostname']} failed (exit code 3"), posts
     assert "; the group restarts as attempt 1 (" in posts[0]["text"]
     # MLflow: one run, every rank's metrics, FINISHED
     client = MlflowClient(tracking_uri=mlruns)

@@ -1,4 +1,5 @@
-"""Sinks: events leave the agent for TensorBoard, OpenTelemetry, Prometheus, MLflow, a webhook.
+"""Sinks: events leave the agent for TensorBoard, OpenTelemetry, Prometheus, MLflow, a
+webhook, Weights & Biases.
 
 ``eventbus run --sink NAME:ARG`` (repeatable) builds one sink per option with
 :func:`make_sink` and subscribes it to every event on the agent's bus; the same objects
@@ -12,6 +13,10 @@ events and never slows ``record()`` nor the agent's monitor. ``NAME`` is a built
 (:data:`BUILTIN_SINKS`) or the name of an entry point of the group
 :data:`SINK_ENTRY_POINT_GROUP` (``eventbus.sinks``), whose target is called with ``ARG``
 and returns the subscriber. See docs/sinks.md.
+
+The :class:`SinksPlugin` also runs ``--alert-after``'s :class:`~eventbus.app.sinks.stuck.
+StuckWatch` on the same bus: what it publishes (``JOB_STUCK``, ``JOB_UNSTUCK``) reaches
+every sink like any other event.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import time
 from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 from typing import Any
 
 from eventbus.app.plugins import RendezvousInfo
@@ -36,6 +42,9 @@ from eventbus.app.sinks.base import redact_uri
 from eventbus.bus import ALL
 from eventbus.bus import Bus
 from eventbus.errors import did_you_mean
+
+if TYPE_CHECKING:
+    from eventbus.app.sinks.stuck import StuckWatch
 
 __all__ = [
     "BUILTIN_SINKS",
@@ -86,6 +95,12 @@ def _tensorboard(arg: str) -> Any:
     return TensorBoardSink(arg)
 
 
+def _wandb(arg: str) -> Any:
+    from eventbus.app.sinks.wandb import WandbSink
+
+    return WandbSink(arg)
+
+
 def _webhook(arg: str) -> Any:
     from eventbus.app.sinks.webhook import WebhookSink
 
@@ -98,6 +113,7 @@ BUILTIN_SINKS: dict[str, Callable[[str], Any]] = {
     "otlp": _otlp,
     "prometheus": _prometheus,
     "tensorboard": _tensorboard,
+    "wandb": _wandb,
     "webhook": _webhook,
 }
 
@@ -127,7 +143,8 @@ def _factory(name: str) -> Callable[[str], Any]:
 
 
 #: sinks whose ARG may be left out: the environment variable their library reads instead
-ENV_DEFAULTS = {"otlp": "OTEL_EXPORTER_OTLP_ENDPOINT", "mlflow": "MLFLOW_TRACKING_URI"}
+ENV_DEFAULTS = {"otlp": "OTEL_EXPORTER_OTLP_ENDPOINT", "mlflow": "MLFLOW_TRACKING_URI",
+                "wandb": "WANDB_PROJECT"}
 
 
 def _shown(name: str, arg: str) -> str:
@@ -145,9 +162,9 @@ def make_sink(spec: str) -> Any:
     name, sep, arg = spec.partition(":")
     if not name or (not sep and name not in ENV_DEFAULTS):
         raise SinkError(f"--sink {_shown(name, arg)!r}: expected NAME:ARG, e.g. --sink "
-                        "tensorboard:runs/tb (ARG may be env:VARIABLE; otlp and mlflow may "
-                        "leave it out to read " + " / ".join(f"${v}" for v in
-                                                             ENV_DEFAULTS.values()) + ")")
+                        "tensorboard:runs/tb (ARG may be env:VARIABLE; " +
+                        ", ".join(ENV_DEFAULTS) + " may leave it out to read " +
+                        " / ".join(f"${v}" for v in ENV_DEFAULTS.values()) + ")")
     factory = _factory(name)
     shown = _shown(name, arg)
     try:
@@ -203,24 +220,52 @@ class SinksPlugin:
     An :class:`eventbus.app.plugins.AgentPlugin`; :meth:`close` runs after the agent
     published ``AGENT_EXIT`` (so the sinks see the outcome), within
     :data:`SINKS_CLOSE_TIMEOUT_S`.
+
+    ``alert_after``: seconds (``--alert-after``) for a
+    :class:`~eventbus.app.sinks.stuck.StuckWatch` on ``bus``, started now, stopped with
+    the sinks (on group rank 0) or at the first rendezvous (elsewhere). After each
+    rendezvous the workers' environment gets what a sink's ``worker_env(run_id)`` returns
+    (the W&B sink: the run's id), on every node. A sink with ``hold_until_rendezvous()``
+    is told so now and ``release()``-d at the first rendezvous on group rank 0 (the W&B
+    sink makes its one run there only).
     """
 
     def __init__(self, bus: Bus, sinks: Sequence[Any], *,
-                 close_timeout: float = SINKS_CLOSE_TIMEOUT_S) -> None:
+                 close_timeout: float = SINKS_CLOSE_TIMEOUT_S,
+                 alert_after: float | None = None) -> None:
         self.sinks = list(sinks)
         self.close_timeout = close_timeout
+        for sink in self.sinks:  # a sink that must know its node first (W&B's run)
+            hold = getattr(sink, "hold_until_rendezvous", None)
+            if callable(hold):
+                hold()
         self._subscriptions = [bus.subscribe(ALL, on_event=sink) for sink in self.sinks]
+        self.watch: StuckWatch | None = None
+        if alert_after is not None:
+            from eventbus.app.sinks.stuck import StuckWatch
+
+            self.watch = StuckWatch(bus, alert_after)
         self._decided = False
         self._closed = False
 
     def after_rendezvous(self, info: RendezvousInfo) -> Mapping[str, str]:
+        env: dict[str, str] = {}
+        for sink in self.sinks:
+            worker_env = getattr(sink, "worker_env", None)
+            if callable(worker_env):
+                env.update(worker_env(info.run_id))
         if not self._decided:
             self._decided = True
             if info.group_rank != 0:
                 logger.info("sinks run on the agent of group rank 0; this node's (group rank "
                             "%d) are closed", info.group_rank)
                 self.close(timeout=1.0)
-        return {}
+            else:
+                for sink in self.sinks:
+                    release = getattr(sink, "release", None)
+                    if callable(release):
+                        release()
+        return env
 
     def before_exit(self, *, timeout: float) -> None:
         """Nothing: the sinks close after ``AGENT_EXIT`` (see :meth:`close`)."""
@@ -231,6 +276,8 @@ class SinksPlugin:
         if self._closed:
             return True
         self._closed = True
+        if self.watch is not None:
+            self.watch.close()
         for sub in self._subscriptions:
             sub.cancel()
         started = time.monotonic()

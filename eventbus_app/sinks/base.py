@@ -268,13 +268,14 @@ def attempt_of(event: Event) -> int:
     return event.restart_count or 0
 
 
-def sink_text(event: Event, *, decision: str | None = None) -> str:
+def sink_text(event: Event, *, decision: str | None = None, host: bool = False) -> str:
     """What a sink writes for people about ``event``: its sentence
     (:func:`eventbus.app.sentences.sentence`), the agent's ``decision`` after it (never
     on a worker the agent stopped: the decision is the culprit's), then the attempt and
     the run, e.g. ``rank 1 failed (exit code 3: boom); the group restarts as attempt 1 (0
-    restarts left) [attempt 0, run 7f3a]``."""
-    text = sentence(event)
+    restarts left) [attempt 0, run 7f3a]``. ``host``: the rank named with its host
+    (``rank 1 on node-17 failed ...``), as the alerting sinks (webhook, W&B) say it."""
+    text = sentence(event, host=host)
     if decision and not stopped_by_agent(event):
         text += f"; {decision}"
     tags = [f"attempt {attempt_of(event)}"]

@@ -1,9 +1,12 @@
-"""``webhook:URL``: failures, stalls, restarts and an unsuccessful end POSTed as JSON.
+"""``webhook:URL``: failures, stalls, restarts, an unsuccessful end and a stuck job POSTed
+as JSON.
 
 Stdlib only (``urllib``). Each post's body is ``{"text": ..., "event": ...}``: ``text`` is
-one readable sentence (the event's sentence, :func:`eventbus.app.sentences.sentence`, with
-what the agent decided, the attempt and the run: what Slack-compatible incoming webhooks
-display) and ``event`` the event's ``to_dict()``.
+one readable sentence (the event's sentence, :func:`eventbus.app.sentences.sentence`,
+naming the rank with its host, ``rank 5 on node-17``, with what the agent decided, the
+attempt and the run: what Slack-compatible incoming webhooks display) and ``event`` the
+event's ``to_dict()``. ``JOB_STUCK`` and ``JOB_UNSTUCK`` (``eventbus run
+--alert-after``) are posted as they come.
 A failed worker's post waits for the agent's decision (the ``WORKER_RESTART`` or
 ``AGENT_EXIT`` that follows it, in the same or the next batch) and says it; a restart that
 follows failures already posted with it is not posted again.
@@ -53,7 +56,8 @@ __all__ = ["WEBHOOK_MAX_PER_MINUTE", "WebhookSink"]
 logger = logging.getLogger("eventbus")
 
 #: the types a post may come from (with WORKER_STALLED)
-_POSTED_TYPES = frozenset({"WORKER_EXIT", "WORKER_STALLED", "WORKER_RESTART", "AGENT_EXIT"})
+_POSTED_TYPES = frozenset({"WORKER_EXIT", "WORKER_STALLED", "WORKER_RESTART", "AGENT_EXIT",
+                           "JOB_STUCK", "JOB_UNSTUCK"})
 
 #: posts started per minute at most, by default
 WEBHOOK_MAX_PER_MINUTE = 20
@@ -98,24 +102,24 @@ class WebhookSink(EventSink):
             kind = str(event.type)
             if kind == "WORKER_EXIT" and event.is_failure:
                 self._pending.append(event)
-            elif is_stall(event):
-                self._post(sink_text(event), event)
+            elif is_stall(event) or kind in ("JOB_STUCK", "JOB_UNSTUCK"):
+                self._post(sink_text(event, host=True), event)
             elif kind == "WORKER_RESTART":
                 if self._pending:
                     # the decision is the restart's own sentence, without its reason:
                     # the failure it would repeat is the post's subject
                     self._post_pending(sentence(event, short=True))
                 else:
-                    self._post(sink_text(event), event)
+                    self._post(sink_text(event, host=True), event)
             elif kind == "AGENT_EXIT":
                 self._post_pending(sentence(event, short=True))
                 if event.is_failure:
-                    self._post(sink_text(event), event)
+                    self._post(sink_text(event, host=True), event)
 
     def _post_pending(self, decision: str) -> None:
         pending, self._pending = self._pending, []
         for event in pending:
-            self._post(sink_text(event, decision=decision), event)
+            self._post(sink_text(event, decision=decision, host=True), event)
 
     def _post(self, text: str, event: Event) -> None:
         now = time.monotonic()

@@ -3,6 +3,8 @@
 Each rank records ``METRIC`` steps ``3*A .. 3*A+2`` (A = the attempt) with
 ``loss = rank + step / 10``; on the last attempt every rank waits for ``<out>/release``
 (at most ``--hold`` seconds) before it ends, so a test can scrape the agent meanwhile.
+Each rank of the last attempt writes ``$EVENTBUS_WANDB_RUN_ID`` to
+``<out>/attempt<A>_rank<R>.wandb_id``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ def main() -> int:
         flush_all(5.0)
         os._exit(3)
     (out / f"attempt{attempt}_rank{rank}.started").write_text(str(os.getpid()))
+    # what the W&B sink exports for the script's own wandb.init (empty without it)
+    (out / f"attempt{attempt}_rank{rank}.wandb_id").write_text(
+        os.environ.get("EVENTBUS_WANDB_RUN_ID", ""))
     deadline = time.monotonic() + args.hold
     while time.monotonic() < deadline and not (out / "release").exists():
         time.sleep(0.1)
