@@ -5,7 +5,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,17 @@ import pytest
 import eventbus
 
 ROOT = Path(__file__).resolve().parents[1]
+
+#: every `eventbus run` of the suite records its host's outcomes in a ledger of its own,
+#: never in this machine's default one (docs/hosts.md); removed at the session's end
+_LEDGER_DIR = tempfile.mkdtemp(prefix="eventbus-test-ledger-")
+os.environ.setdefault("EVENTBUS_HOST_LEDGER", os.path.join(_LEDGER_DIR, "hosts.sqlite"))
+os.environ.setdefault("EVENTBUS_HOST_LEDGER_SPOOL", os.path.join(_LEDGER_DIR, "spool.jsonl"))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(_LEDGER_DIR, ignore_errors=True)
+
 
 #: how `eventbus run` starts each worker: the worker bootstrap, then the script, the
 #: module (-m) or the code (-c) with its arguments

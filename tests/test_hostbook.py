@@ -39,7 +39,7 @@ def test_two_host_faults_evict_and_script_errors_never_count() -> None:
     book.new_attempt()
     assert book.worker_stalled(waiting_on="collective", culprit=False) is None
     assert book.worker_stalled(waiting_on="spinning", culprit=True) == "hang"
-    assert book.evicted == "2 host faults in this job: signal, hang"
+    assert book.evicted == "signal, hang"
     assert book.culprits == 1 and dict(book.attempt_faults) == {"hang": 1}
 
 
@@ -135,3 +135,60 @@ def test_a_real_oom_kill_raises_the_count_a_kill_9_does_not(tmp_path: Path) -> N
 def test_the_count_reads_on_this_machine_or_says_none() -> None:
     count = oom_kill_count()
     assert count is None or count >= 0
+
+
+def test_the_scripts_own_options_are_never_taken_for_the_launchers() -> None:
+    """After SCRIPT every argument is the script's, even one that is a prefix of two of the
+    launcher's options (--bad-host: --bad-host-threshold, --bad-host-exit-code) or the
+    name of one (--ui); the launcher's own new options parse before SCRIPT."""
+    pytest.importorskip("torch")
+    from eventbus.app.launcher.command import build_parser
+
+    args = build_parser().parse_args(
+        ["--evict-after", "off", "--bad-host-exit-code", "70", "--exclude-bad-hosts",
+         "train.py", "--bad-host", "node-c", "--stall", "3", "--ui", "9"])
+    assert args.training_script_args == ["--bad-host", "node-c", "--stall", "3", "--ui", "9"]
+    assert (args.evict_after, args.bad_host_exit_code, args.exclude_bad_hosts,
+            args.ui) == (0, 70, True, None)
+
+
+def test_an_evicted_node_knows_whether_it_serves_the_rendezvous_store() -> None:
+    """serves_port reads /proc: a socket this process listens on counts, a port another
+    process (or nobody) listens on does not."""
+    import socket
+
+    from eventbus.app.launcher.eviction import serves_port
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        assert serves_port(port)
+    assert not serves_port(port)
+
+
+def test_an_evicted_store_keeper_waits_until_the_rendezvous_closes() -> None:
+    from datetime import datetime
+    from datetime import timezone
+    from types import SimpleNamespace
+
+    from eventbus.app.launcher.eviction import keep_serving
+
+    syncs = []
+    state = SimpleNamespace(closed=False, last_heartbeats={
+        "node-a": datetime.now(timezone.utc)})
+
+    def sync() -> None:
+        syncs.append(1)
+        state.closed = len(syncs) >= 3
+
+    keep_serving(SimpleNamespace(_state_holder=SimpleNamespace(sync=sync, state=state)),
+                 poll_s=0.01)
+    assert len(syncs) == 3
+    # nobody beats any more: it ends after idle_s on its clock, not at the rendezvous' end
+    clock = iter(range(0, 1000, 50))
+    state.closed, state.last_heartbeats = False, {}
+    syncs.clear()
+    keep_serving(SimpleNamespace(_state_holder=SimpleNamespace(sync=lambda: None,
+                                                               state=state)),
+                 poll_s=0.0, idle_s=120, clock=lambda: float(next(clock)))

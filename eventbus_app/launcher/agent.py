@@ -76,12 +76,14 @@ from eventbus.app.launcher.decider import Decider
 from eventbus.app.launcher.decider import Outcome
 from eventbus.app.launcher.decider import Reactor
 from eventbus.app.launcher.drain_monitor import DrainMonitor
+from eventbus.app.launcher.eviction import Eviction
 from eventbus.app.launcher.exits import DYING_GRACE_S
 from eventbus.app.launcher.exits import ExitBook
 from eventbus.app.launcher.failures import ERROR_FILE_ERRORS as _ERROR_FILE_ERRORS
 from eventbus.app.launcher.failures import Failures
 from eventbus.app.launcher.failures import failure_message as _failure_message  # noqa: F401
 from eventbus.app.launcher.health import Health
+from eventbus.app.launcher.hostbook import DEFAULT_EVICT_AFTER
 from eventbus.app.launcher.notices import NoticeBoard
 from eventbus.app.launcher.processes import peek_exit
 from eventbus.app.launcher.remote_stop import RemoteStop
@@ -175,7 +177,9 @@ class EventAgent(LocalElasticAgent):
       ``--drain-signals``, ``--drain-grace`` and ``--drain-exit-code``
       (docs/preemption.md);
     * ``warm_spares``: one waiting worker per local rank for the next attempt
-      (docs/run.md).
+      (docs/run.md);
+    * ``evict_after``, ``host_ledger``: bad hosts, as ``--evict-after`` and
+      ``--host-ledger`` (docs/hosts.md).
     """
 
     def __init__(
@@ -197,6 +201,8 @@ class EventAgent(LocalElasticAgent):
         drain_grace_s: float = options.DEFAULT_DRAIN_GRACE_S,
         drain_exit_code: int = options.DEFAULT_DRAIN_EXIT_CODE,
         warm_spares: bool = True,
+        evict_after: int = DEFAULT_EVICT_AFTER,
+        host_ledger: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -222,6 +228,13 @@ class EventAgent(LocalElasticAgent):
             spec.event_log_handler = route_torch_records(self.bus)
         self.plugins: list[AgentPlugin] = list(default_plugins() if plugins is None
                                                else plugins)
+        #: this node's host faults, the host ledger and the eviction (eviction.py)
+        self.eviction = Eviction(
+            self.bus, evict_after=evict_after, ledger=host_ledger,
+            run_id=str(spec.rdzv_handler.get_run_id()),
+            local=lambda: {w.global_rank for w in self._worker_group.workers})
+        #: why the last failure was decided: "stall" (a verdict) or "failure"
+        self.last_failure_cause: str | None = None
         #: the job-wide STOP key (several nodes only; remote_stop.py, stop_signal.py)
         self.remote_stop = RemoteStop()
         #: who failed first, who was stopped because of it, what is reported (exits.py)
@@ -240,6 +253,8 @@ class EventAgent(LocalElasticAgent):
         for plugin in self.plugins:
             if isinstance(plugin, NoticeBoard) and plugin.on_drain is None:
                 plugin.on_drain = self.draining.remote
+            if isinstance(plugin, NoticeBoard) and plugin.on_notice is None:
+                plugin.on_notice = self.eviction.heard
         #: the reactors, the restart budget, STOP and the ending (decider.py)
         self.decider = Decider(self.bus, max_restarts=spec.max_restarts,
                                stop_exit_code=self.stop_exit_code,
@@ -253,18 +268,23 @@ class EventAgent(LocalElasticAgent):
         self._subs: list[Subscription] = [
             # a straggler's console line (its event is this agent's: group rank 0 judges)
             self.bus.subscribe(EventType.WORKER_SLOW, on_event=_console_slow,
+                               where=lambda event: event.context.pid == os.getpid()),
+            # a straggler this agent judged counts against its host when the rank is ours
+            self.bus.subscribe(EventType.WORKER_SLOW, on_event=self.eviction.slow,
                                where=lambda event: event.context.pid == os.getpid())]
         #: job health: the watches, the judge and the stall path (health.py)
         self.health = Health(self.bus, stall_timeout=stall_timeout, slow_factor=slow_factor,
                              stall_auto_floor_s=stall_auto_floor_s, progress=progress,
                              run_id=str(spec.rdzv_handler.get_run_id()),
                              plugins=self.plugins, workers=self.workers,
-                             attempt=lambda: self.attempt, decide=self._decide)
+                             attempt=lambda: self.attempt, decide=self._decide,
+                             mark_stalls=self.eviction.mark_stalls)
         self.judge = self.health.judge
         self.fr_dumps = self.health.fr_dumps
         #: the failed workers, in the order they failed (failures.py)
         self.failures = Failures(self.workers, self.exits, attempt=lambda: self.attempt,
-                                 diagnose=self.health.abort_diagnosis)
+                                 diagnose=self.health.abort_diagnosis,
+                                 host_fault=self.eviction.exit_fault)
 
     # -- what the agent tells -------------------------------------------------------------
     @property
@@ -276,6 +296,17 @@ class EventAgent(LocalElasticAgent):
     def stopped_by_reactor(self) -> bool:
         """Whether a reactor's STOP ended (or is ending) the job."""
         return self.decider.stopped
+
+    @property
+    def evicted(self) -> bool:
+        """Whether this node left the job as a bad host (``HOST_EVICTED`` published)."""
+        return self.eviction.announced
+
+    @property
+    def ended_by_hang(self) -> bool:
+        """Whether the last failure this agent decided on was a stall verdict (the job's
+        end, when no restart was left: ``--hang-exit-code``)."""
+        return self.last_failure_cause == "stall"
 
     @property
     def attempt(self) -> int:
@@ -322,6 +353,10 @@ class EventAgent(LocalElasticAgent):
         outcome = self.decider.decide(failures, restarts_left=self._remaining_restarts,
                                       next_attempt=self._next_attempt(),
                                       report_only=report_only)
+        self.eviction.reactors_ran(failures)
+        if not report_only:
+            self.last_failure_cause = "stall" if any(
+                isinstance(event, WorkerStalled) for event in failures) else "failure"
         if outcome.action == "restart" and self.remote_stop.before_restart() is not None:
             # another node's STOP, set while this node's workers lost their peers to it
             line = self.decider.stop_for_remote()
@@ -350,7 +385,12 @@ class EventAgent(LocalElasticAgent):
         self.drain.install()
         try:
             result = super().run(role)
-            return self.draining.result() if self.drain.active else result
+            if self.drain.active:
+                return self.draining.result()
+            if result.is_failed() and self.eviction.evicted is not None:
+                # no restart was left: leave without closing the rendezvous all the same
+                raise self.eviction.evict(spec.rdzv_handler, self.attempt)
+            return result
         except _DrainEnded:
             result = self.draining.result()
             return result
@@ -380,7 +420,10 @@ class EventAgent(LocalElasticAgent):
                 if isinstance(plugin, NoticeBoard):
                     self.drain.stop_step = plugin.stop_step()
             drain_data = {"drain": self.drain.facts()}
+        self.eviction.attempt_ended(self.attempt, clean=result is not None and not (
+            result.is_failed() or self.drain.active))
         plugin_api.before_exit(self.plugins, timeout=self.plugin_exit_timeout)
+        self.eviction.close()
         if result is not None:
             ending = self.decider.ending(succeeded=not result.is_failed(),
                                          state=str(result.state.value))
@@ -558,6 +601,10 @@ class EventAgent(LocalElasticAgent):
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
         if self.drain.active:  # a drain starts no new attempt
             raise _DrainEnded
+        if self.eviction.evicted is not None:  # this host leaves the job (eviction.py)
+            self._stop_workers(worker_group)
+            raise self.eviction.evict(worker_group.spec.rdzv_handler, self.attempt)
+        self.eviction.attempt_ended(self.attempt, clean=False)
         reason, cause, decided = self.decider.next_restart()
         # a membership change keeps the attempt's number: its grace and failures are done
         self.exits.new_attempt()

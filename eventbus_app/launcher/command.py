@@ -23,7 +23,9 @@ from typing import Any
 from typing import NoReturn
 
 from eventbus.app.launcher import console
+from eventbus.app.launcher import exit_codes
 from eventbus.app.launcher import options
+from eventbus.app.launcher.hostbook import DEFAULT_EVICT_AFTER
 from eventbus.app.plugins import AgentPlugin
 from eventbus.bus import ALL
 from eventbus.bus import get_default_bus
@@ -91,14 +93,33 @@ def _eventbus_first(parser: argparse.ArgumentParser,
     return parser
 
 
+def _exit_codes(args: argparse.Namespace) -> dict[str, int]:
+    """The run's exit codes by outcome (exit_codes.EXIT_CODES's names), as given."""
+    return {"success": 0, "failure": 1, "stop": int(args.stop_exit_code),
+            "hang": int(args.hang_exit_code), "drain": int(args.drain_exit_code),
+            "bad_host": int(args.bad_host_exit_code)}
+
+
+def _parse_alert_after(text: str) -> float | None:
+    """``--alert-after``: :func:`eventbus.app.sinks.stuck.parse_alert_after`."""
+    from eventbus.app.sinks.stuck import parse_alert_after
+
+    return parse_alert_after(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """torchrun's parser with the eventbus options added (first in ``--help``)."""
     from torch.distributed.run import get_args_parser
 
     torchrun_parser = get_args_parser()
     parser = _RunParser(
+        # no abbreviations: the script's own options come after SCRIPT, and one that is a
+        # prefix of two of ours (--bad-host) would be refused as ambiguous before SCRIPT's
+        # arguments are taken as they are
         prog="eventbus run", usage=USAGE, parents=[torchrun_parser], add_help=False,
-        formatter_class=torchrun_parser.formatter_class,
+        allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=exit_codes.table_text() + "\n(docs/run.md, 'Exit codes')",
         description="torchrun with the event bus attached: every torchrun option works "
                     "unchanged; eventbus's own options come first, torchrun's follow.")
     group = parser.add_argument_group("eventbus options")
@@ -116,8 +137,14 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument(
         "--sink", metavar="NAME:ARG", action="append", default=[],
         help="send the events to a sink: tensorboard:DIR, otlp:URL, prometheus:PORT, "
-             "webhook:URL, mlflow:TRACKING_URI, or an 'eventbus.sinks' entry point; "
-             "repeatable (docs/sinks.md)")
+             "webhook:URL, mlflow:TRACKING_URI, wandb:PROJECT, or an 'eventbus.sinks' entry "
+             "point; repeatable (docs/sinks.md)")
+    group.add_argument(
+        "--alert-after", metavar="SECONDS|off", type=_parse_alert_after, default=None,
+        help="when no rank made a step for SECONDS and no verdict explains it (detection "
+             "off, a hang the judge cannot call), publish JOB_STUCK with the ranks' last "
+             "places, which every alerting sink (webhook, wandb) sends, and JOB_UNSTUCK when "
+             "progress resumes (default: off; docs/sinks.md, 'A stuck job')")
     group.add_argument(
         "--stall-timeout", metavar="SECONDS|auto|off", type=options.parse_stall_timeout,
         default="auto",
@@ -175,6 +202,39 @@ def build_parser() -> argparse.ArgumentParser:
         default=options.DEFAULT_DRAIN_EXIT_CODE,
         help=f"exit code of a drained job (default {options.DEFAULT_DRAIN_EXIT_CODE}, "
              "EX_TEMPFAIL: retry later; not 0, 1 nor --stop-exit-code)")
+    group.add_argument(
+        "--evict-after", metavar="N", type=options.parse_evict_after,
+        default=DEFAULT_EVICT_AFTER,
+        help="a node whose ranks had N host faults in this job (SIGSEGV, SIGBUS, SIGILL, an "
+             "OOM kill, CUDA/NCCL/ECC hardware errors, a hang's culprit, a persistent "
+             "straggler; never a Python exception) leaves it: HOST_EVICTED, and this agent "
+             "exits with --bad-host-exit-code while the others go on (--nnodes MIN:MAX); "
+             f"0 or off: never (default {DEFAULT_EVICT_AFTER}; docs/run.md, 'Bad hosts')")
+    group.add_argument(
+        "--host-ledger", metavar="PATH|URL|off", default=None,
+        help="where this agent records its host's outcome per attempt, across jobs: a SQLite "
+             "file or postgresql://...; off: nowhere (default: $EVENTBUS_HOST_LEDGER, else "
+             "~/.local/state/eventbus/hosts.sqlite; docs/hosts.md). Never fails or delays "
+             "the job")
+    group.add_argument(
+        "--exclude-bad-hosts", action="store_true",
+        help="refuse to start, before the rendezvous, with --bad-host-exit-code when this "
+             "host's score in the ledger is over --bad-host-threshold (`eventbus hosts`)")
+    group.add_argument(
+        "--bad-host-threshold", metavar="X", type=options.parse_bad_host_threshold,
+        default=None,
+        help="the score over which --exclude-bad-hosts refuses a host (default: that of "
+             "`eventbus hosts`, docs/hosts.md)")
+    group.add_argument(
+        "--bad-host-exit-code", metavar="N", type=options.parse_exit_code,
+        default=exit_codes.DEFAULT_BAD_HOST_EXIT_CODE,
+        help="exit code of an agent whose host was evicted or refused (default "
+             f"{exit_codes.DEFAULT_BAD_HOST_EXIT_CODE}: requeue on other hosts)")
+    group.add_argument(
+        "--hang-exit-code", metavar="N", type=options.parse_exit_code,
+        default=exit_codes.DEFAULT_HANG_EXIT_CODE,
+        help="exit code when the restarts were spent on hangs: the last attempt ended by a "
+             f"stall verdict (default {exit_codes.DEFAULT_HANG_EXIT_CODE})")
     group.add_argument(
         "--ui", metavar="[HOST:]PORT", default=None,
         help="serve a live job page from the agent of group rank 0 at http://HOST:PORT/ "
@@ -267,10 +327,11 @@ def main(argv: Sequence[str] | None = None, *,
 
     parser = build_parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    if args.drain_exit_code == args.stop_exit_code:
-        parser.error(f"--drain-exit-code {args.drain_exit_code} is --stop-exit-code too: a "
-                     "scheduler could not tell a drained job from a stopped one; give "
-                     "them different codes")
+    clash = exit_codes.clashes(_exit_codes(args))
+    if clash is not None:
+        parser.error(clash)
+    if args.exclude_bad_hosts and _refuse_bad_host(args):
+        return int(args.bad_host_exit_code)
     try:
         reactors = [load_reactor(spec) for spec in args.reactor]
     except ValueError as exc:
@@ -284,7 +345,8 @@ def main(argv: Sequence[str] | None = None, *,
     subscriptions = [bus.subscribe(ALL, on_event=tracker.observe)]
     # Built before the job, so that a bad --sink is a usage error (docs/sinks.md).
     sinks: list[Any] = []
-    if args.sink:
+    sink_plugin: Any = None  # the sinks and --alert-after's watch
+    if args.sink or args.alert_after is not None:
         from eventbus.app.sinks import SinkError
         from eventbus.app.sinks import SinksPlugin
         from eventbus.app.sinks import make_sink
@@ -297,7 +359,7 @@ def main(argv: Sequence[str] | None = None, *,
 
             close_sinks(sinks, timeout=1.0)
             parser.error(str(exc))
-        sink_plugin = SinksPlugin(bus, sinks)
+        sink_plugin = SinksPlugin(bus, sinks, alert_after=args.alert_after)
         for sink in sinks:
             if hasattr(sink, "goodput_source"):
                 sink.goodput_source = lambda: tracker.result(until=time.time())
@@ -340,7 +402,8 @@ def main(argv: Sequence[str] | None = None, *,
                          stop_exit_code=args.stop_exit_code,
                          drain_signals=args.drain_signals, drain_grace_s=args.drain_grace,
                          drain_exit_code=args.drain_exit_code,
-                         warm_spares=warm_spares) as agents:
+                         warm_spares=warm_spares, evict_after=args.evict_after,
+                         host_ledger=args.host_ledger) as agents:
             # torchrun's own error handling: the failure table and the root cause's error
             # file copied to the launcher's TORCHELASTIC_ERROR_FILE.
             record(torchrun_run)(args)
@@ -352,12 +415,17 @@ def main(argv: Sequence[str] | None = None, *,
         print(str(exc), file=sys.stderr)
         if any(agent.stopped_by_reactor for agent in agents):
             return int(args.stop_exit_code)
+        if any(agent.ended_by_hang for agent in agents):
+            console.write(f"the restarts were spent on hangs: exit {args.hang_exit_code}")
+            return int(args.hang_exit_code)
         return 1
     except Exception as exc:
         if any(agent.drain.active for agent in agents):
             print(f"eventbus: the drained job's launcher ended with {type(exc).__name__}: "
                   f"{exc}", file=sys.stderr)
             return int(args.drain_exit_code)
+        if any(agent.evicted for agent in agents):  # this host left the job (eviction.py)
+            return int(args.bad_host_exit_code)
         # e.g. the rendezvous closed under this node after another node's STOP
         if not any(agent.stopped_by_reactor for agent in agents):
             raise
@@ -375,12 +443,40 @@ def main(argv: Sequence[str] | None = None, *,
             print(f"eventbus: {args.events_jsonl}: {recorder.lines_lost} lines were lost "
                   f"to failed writes (last error: {recorder.write_error or 'none now'}); "
                   f"{recorder.lines_written} written", file=sys.stderr)
-        if sinks:  # closed within SINKS_CLOSE_TIMEOUT_S in all
+        if sink_plugin is not None:  # closed within SINKS_CLOSE_TIMEOUT_S in all
             sink_plugin.close()
         if ui_plugin is not None:  # the open pages get the final state first
             ui_plugin.close(timeout=1.0)
         _goodput_line(tracker)
     return 0
+
+
+def _refuse_bad_host(args: argparse.Namespace) -> bool:
+    """``--exclude-bad-hosts``: whether this host scores over the threshold in the host
+    ledger, said in one line. A ledger that cannot be read in time refuses nothing: the job
+    is never held by it."""
+    from eventbus.app.hosts.ledger import host_score
+    from eventbus.app.hosts.score import DEFAULT_BAD_HOST_THRESHOLD
+    from eventbus.context import current_context
+
+    host = current_context().hostname
+    threshold = args.bad_host_threshold if args.bad_host_threshold is not None \
+        else DEFAULT_BAD_HOST_THRESHOLD
+    if str(args.host_ledger).lower() == "off":
+        console.write("--exclude-bad-hosts with --host-ledger off: no history to check; "
+                      "starting")
+        return False
+    score = host_score(args.host_ledger, host)
+    if score is None:
+        console.write(f"--exclude-bad-hosts: the host ledger could not be read; {host} "
+                      "starts")
+        return False
+    if score <= threshold:
+        return False
+    console.write(f"{host} scores {score:.2f} in the host ledger (over "
+                  f"--bad-host-threshold {threshold:g}): refusing to start here (exit "
+                  f"{args.bad_host_exit_code}: requeue on other hosts); eventbus hosts says why")
+    return True
 
 
 def _goodput_line(tracker: Any) -> None:

@@ -38,23 +38,28 @@ class ExitCode:
     default: int
     outcome: str
     then: str
+    #: the outcome in a few words, for a usage error ("a drained job")
+    short: str = ""
 
 
 #: name -> row, in the order of the table
 EXIT_CODES: Mapping[str, ExitCode] = {
-    "success": ExitCode(None, 0, "every worker finished", "nothing"),
+    "success": ExitCode(None, 0, "every worker finished", "nothing", "a job that succeeded"),
     "failure": ExitCode(None, 1, "a worker failed and the restarts are spent, or the "
-                        "launcher failed", "look at the failure; retry if it may pass"),
+                        "launcher failed", "look at the failure; retry if it may pass",
+                        "a failed job"),
     "stop": ExitCode("--stop-exit-code", 3, "a reactor's STOP ended the job",
-                     "do not retry"),
+                     "do not retry", "a stopped job"),
     "hang": ExitCode("--hang-exit-code", DEFAULT_HANG_EXIT_CODE,
                      "the restarts were spent on hangs (the last attempt ended by a stall "
-                     "verdict)", "look at the culprits; retry elsewhere if a host is named"),
+                     "verdict)", "look at the culprits; retry elsewhere if a host is named",
+                     "a job that hung"),
     "drain": ExitCode("--drain-exit-code", 75, "drained: every rank saved and stopped "
-                      "after a drain signal (preemption)", "requeue"),
+                      "after a drain signal (preemption)", "requeue", "a drained job"),
     "bad_host": ExitCode("--bad-host-exit-code", DEFAULT_BAD_HOST_EXIT_CODE,
                          "this node's host was evicted (--evict-after host faults) or "
-                         "refused (--exclude-bad-hosts)", "requeue on other hosts"),
+                         "refused (--exclude-bad-hosts)", "requeue on other hosts",
+                         "a bad host"),
 }
 
 
@@ -66,8 +71,8 @@ def clashes(codes: Mapping[str, int]) -> str | None:
         if code in seen:
             first, second = seen[code], name
             return (f"{_named(second)} {code} is {_named(first)} too: a scheduler could not "
-                    f"tell {EXIT_CODES[second].outcome.split(':')[0]} from "
-                    f"{EXIT_CODES[first].outcome.split(':')[0]}; give them different codes")
+                    f"tell {EXIT_CODES[second].short} from {EXIT_CODES[first].short}; give "
+                    "them different codes")
         seen[code] = name
     return None
 

@@ -29,6 +29,7 @@ from torch.distributed.elastic.agent.server.api import RunResult
 from torch.distributed.elastic.agent.server.api import WorkerState
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
+from eventbus.app.hosts.faults import HOST_FAULT_KEY
 from eventbus.app.launcher.exits import ExitBook
 from eventbus.app.launcher.exits import Proc
 from eventbus.app.launcher.workers import Workers
@@ -55,6 +56,15 @@ def failure_message(failure: ProcessFailure) -> str | None:
     return str(message) if message else None
 
 
+def _error_text(failure: ProcessFailure) -> str | None:
+    """The whole error file's message, traceback included (what the host-fault rule reads:
+    a CUDA or NCCL error may be named only in the traceback's last lines)."""
+    if failure.error_file in ("<N/A>", os.devnull) or not failure.error_file_data:
+        return None
+    message: Any = failure.message
+    return json.dumps(message, default=str) if isinstance(message, dict) else str(message)
+
+
 def error_file(failure: ProcessFailure) -> str | None:
     """The worker's error file path; None without one."""
     path = failure.error_file
@@ -76,15 +86,21 @@ class Failures:
 
     ``diagnose``: rank -> what a worker ended by its own SIGABRT was doing (the judge's
     diagnosis, :meth:`Health.abort_diagnosis
-    <eventbus.app.launcher.health.Health.abort_diagnosis>`).
+    <eventbus.app.launcher.health.Health.abort_diagnosis>`). ``host_fault``: (attempt,
+    rank, exit code, message, stopped by the agent) -> the host fault the failure is, for
+    ``data["host_fault"]`` (:meth:`Eviction.exit_fault
+    <eventbus.app.launcher.eviction.Eviction.exit_fault>`).
     """
 
     def __init__(self, workers: Workers, exits: ExitBook, *, attempt: Callable[[], int],
-                 diagnose: Callable[[int], dict[str, Any]]) -> None:
+                 diagnose: Callable[[int], dict[str, Any]],
+                 host_fault: Callable[[int, int, int, str | None, bool], str | None]
+                 | None = None) -> None:
         self._workers = workers
         self._exits = exits
         self._attempt = attempt
         self._diagnose = diagnose
+        self._host_fault = host_fault
 
     def in_order(self) -> list[WorkerExit] | None:
         """The failed workers the peek sees, with those that failed *before* them and are
@@ -193,10 +209,16 @@ class Failures:
             data["error_file"] = path
         if not stopped_by_agent and int(failure.exitcode) == -int(signal.SIGABRT):
             data.update(self._diagnose(global_rank))
+        message = failure_message(failure)
+        if self._host_fault is not None:
+            kind = self._host_fault(data["attempt"], global_rank, int(failure.exitcode),
+                                    _error_text(failure) or message, stopped_by_agent)
+            if kind is not None:
+                data[HOST_FAULT_KEY] = kind
         return WorkerExit(
             worker_id=global_rank, exit_code=int(failure.exitcode),
             worker_local_rank=int(failure.local_rank), worker_pid=int(failure.pid),
-            signal=signal_name(int(failure.exitcode)), message=failure_message(failure),
+            signal=signal_name(int(failure.exitcode)), message=message,
             # stopped or not, a failure caused it: a stall's and a STOP's exits are reported
             # by Workers.stop
             cause=str(Cause.FAILURE), data=data,

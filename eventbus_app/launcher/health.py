@@ -36,6 +36,7 @@ from eventbus.bus import ALL
 from eventbus.bus import Bus
 from eventbus.bus import Subscription
 from eventbus.events import Cause
+from eventbus.events import WorkerStalled
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.agent.server.api import RunResult
@@ -60,8 +61,12 @@ class Health:
     def __init__(self, bus: Bus, *, stall_timeout: float | Literal["auto"] | None,
                  slow_factor: float | None, stall_auto_floor_s: float,
                  progress: str | None, run_id: str, plugins: Sequence[AgentPlugin],
-                 workers: Workers, attempt: Callable[[], int], decide: Decide) -> None:
+                 workers: Workers, attempt: Callable[[], int], decide: Decide,
+                 mark_stalls: Callable[[int, Sequence[WorkerStalled]], list[WorkerStalled]]
+                 | None = None) -> None:
         self._bus = bus
+        #: the stall events with their host faults (eviction.py)
+        self._mark_stalls = mark_stalls
         self._plugins = plugins
         self._workers = workers
         self._attempt = attempt
@@ -185,6 +190,8 @@ class Health:
         events = judge.stalled_events(
             attempt, verdict, live=live, stacks=stacks, dump_dir=dump_dir,
             judged_by=None if is_judge else f"group rank {group_rank} (alone)")
+        if self._mark_stalls is not None:
+            events = self._mark_stalls(attempt, events)
         self._decide(events)
         if dump_dir is not None:
             probes.wait_fr_dumps(dump_dir, live, asked)

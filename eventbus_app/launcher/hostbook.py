@@ -84,7 +84,8 @@ class HostBook:
         self._failed_first = False
         self._slow: Counter[int] = Counter()
         self._slow_counted: set[int] = set()
-        #: the eviction's reason once decided (the book never takes it back)
+        #: the eviction's reason once decided, the faults by kind ("2 signal"); the book
+        #: never takes it back
         self.evicted: str | None = None
 
     @classmethod
@@ -149,8 +150,7 @@ class HostBook:
             self.attempt_faults[kind] += 1
             if self.evict_after and self.evicted is None and \
                     sum(self.faults.values()) >= self.evict_after:
-                self.evicted = (f"{sum(self.faults.values())} host faults in this job: "
-                                f"{kinds_said(self.faults)}")
+                self.evicted = kinds_said(self.faults)
         return kind
 
     @property

@@ -9,7 +9,9 @@ An agent plugin (:class:`NoticeBoard`, one of :func:`~eventbus.app.launcher.agen
 * at each rendezvous it reads the log's head and gives the attempt's workers the root and
   that position (their bootstrap's ear starts there: nothing earlier is heard);
 * with several nodes it also hears the log itself, for another node's ``PREEMPTING``
-  (``on_drain``): that is how a drain signal at one node drains them all;
+  (``on_drain``): that is how a drain signal at one node drains them all; and for the
+  other agents' stalls, stragglers and evictions (``on_notice``), which count against
+  this node's host when they name its ranks (eviction.py);
 * at the end it waits (within the exit budget) for what it still has to append, and reads
   the drain's agreed stop step for the console line.
 """
@@ -20,7 +22,6 @@ import contextlib
 import logging
 import os
 import queue
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from eventbus.app.plugins import RendezvousInfo
 from eventbus.app.protocol import notices as log
 from eventbus.bus import ALL
 from eventbus.bus import Subscription
+from eventbus.context import current_context
 from eventbus.events import Event
 from eventbus.events import Preempting
 from eventbus.subscribers.queued import _signals_held
@@ -38,9 +40,6 @@ from eventbus.subscribers.queued import _signals_held
 __all__ = ["NoticeBoard"]
 
 logger = logging.getLogger("eventbus")
-
-_HOST = socket.gethostname()
-
 
 class NoticeBoard:
     """The agent plugin (see the module's docstring). ``on_drain(event, seq)``: another
@@ -50,6 +49,8 @@ class NoticeBoard:
                  connect: Callable[[str, int], Any] | None = None,
                  connect_timeout: float = 30.0) -> None:
         self.on_drain = on_drain
+        #: another agent's notice that is not a drain (a stall, a straggler, an eviction)
+        self.on_notice: Callable[[Event], object] | None = None
         self._connect = connect
         self.connect_timeout = connect_timeout
         self.info: RendezvousInfo | None = None
@@ -188,6 +189,8 @@ class NoticeBoard:
             if self._closed:
                 return
             if not isinstance(event, Preempting):  # another notice, or a reader's mark
+                if isinstance(event, Event):
+                    self._heard(event)
                 continue
             current = self.info.group_rank if self.info is not None else info.group_rank
             if event.node == current:
@@ -200,6 +203,16 @@ class NoticeBoard:
                     self.on_drain(event, seq - 1)
                 except Exception:
                     logger.exception("eventbus: another node's drain could not start here")
+
+    def _heard(self, event: Event) -> None:
+        """Another agent's notice, to ``on_notice`` (never this agent's own)."""
+        if self.on_notice is None or event.context.pid == os.getpid():
+            return
+        try:
+            self.on_notice(event)
+        except Exception:
+            logger.exception("eventbus: another node's %s could not be taken in",
+                             type(event).type)
 
     def stop_step(self, timeout: float = 1.0) -> int | None:
         """The drain's agreed stop step, if the workers agreed on one; None when it is not
@@ -226,5 +239,5 @@ class NoticeBoard:
 def _own_notice(event: Event) -> bool:
     """This agent's own decisions (not a worker's event, nor another node's)."""
     context = event.context
-    return (context.pid == os.getpid() and (context.hostname in (None, _HOST))
-            and log.is_notice(event))
+    return (context.pid == os.getpid() and context.hostname in (
+        None, current_context().hostname) and log.is_notice(event))

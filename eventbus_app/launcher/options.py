@@ -27,7 +27,10 @@ __all__ = [
     "DEFAULT_STOP_EXIT_CODE",
     "PROGRESS_SOURCES",
     "STALL_STOP_GRACE_S",
+    "parse_bad_host_threshold",
     "parse_drain_exit_code",
+    "parse_evict_after",
+    "parse_exit_code",
     "parse_drain_grace",
     "parse_drain_signals",
     "parse_progress",
@@ -163,3 +166,32 @@ def parse_drain_exit_code(text: str) -> int:
                                          f"failed), got {text!r}")
     return value
 
+
+
+def parse_exit_code(text: str) -> int:
+    """``--bad-host-exit-code``, ``--hang-exit-code``: an int from 2 to 255 (0 says
+    "succeeded", 1 "failed")."""
+    return parse_drain_exit_code(text)
+
+
+def parse_evict_after(text: str) -> int:
+    """``--evict-after``: host faults on one node before it leaves the job, an int >= 1,
+    or 0 / ``off`` (counted and recorded, never evicted)."""
+    if text.strip().lower() == "off":
+        return 0
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a count of host faults (e.g. 2), or 0 or "
+                                         f"'off' to never evict; got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a count >= 1, or 0 or 'off'; got {text!r}")
+    return value
+
+
+def parse_bad_host_threshold(text: str) -> float:
+    """``--bad-host-threshold``: a host's score above which ``--exclude-bad-hosts``
+    refuses it; a number > 0."""
+    value = _number_or(text, None, above=0, what="a score > 0 (e.g. 1.0)")
+    assert value is not None
+    return value

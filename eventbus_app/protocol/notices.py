@@ -62,7 +62,8 @@ WAIT_S = 600.0
 
 #: the types an agent tells every worker (WORKER_EXIT: only a failure of its own)
 NOTICE_TYPES = frozenset({EventType.PREEMPTING, EventType.WORKER_EXIT,
-                          EventType.WORKER_STALLED, EventType.WORKER_SLOW})
+                          EventType.WORKER_STALLED, EventType.WORKER_SLOW,
+                          EventType.HOST_EVICTED})
 
 
 def notice_root(run_id: str) -> str:
@@ -86,7 +87,8 @@ def drain_keys(root: str, seq: int, world_size: int) -> dict[str, Any]:
 
 def is_notice(event: Event) -> bool:
     """Whether an agent tells ``event`` to every worker: ``PREEMPTING``, a worker's failure
-    of its own (not one the agent stopped), ``WORKER_STALLED``, ``WORKER_SLOW``."""
+    of its own (not one the agent stopped), ``WORKER_STALLED``, ``WORKER_SLOW``,
+    ``HOST_EVICTED``."""
     kind = type(event).type
     if kind not in NOTICE_TYPES:
         return False

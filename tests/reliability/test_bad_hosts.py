@@ -1,0 +1,236 @@
+"""Row 46: evicting a node. Real agents on this machine as separate nodes, each with its own
+host name (``EVENTBUS_HOSTNAME``), a c10d rendezvous with ``--nnodes 2:3``, one gloo
+worker per node (tests/jobs/bad_host_job.py, which never imports eventbus).
+
+- node-c's worker dies of a real SIGSEGV on every attempt: after the second, node-c's agent
+  publishes ``HOST_EVICTED`` (heard on the other nodes too), exits with the bad-host code
+  and leaves the rendezvous open; the job finishes on node-a and node-b, rc 0;
+- node-d, started once node-c left, takes its place in the running job;
+- a script bug on node-c (a Python exception on every attempt) is never a host fault:
+  no eviction, the job fails as torchrun's would.
+
+Each agent records its outcomes in one SQLite host ledger, read back at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eventbus.app.hosts.ledger import HostOutcome
+from eventbus.app.hosts.ledger import read_outcomes
+from tests.launcher_helpers import job_env
+from tests.reliability.matrix import free_port
+
+JOB = Path(__file__).resolve().parents[1] / "jobs" / "bad_host_job.py"
+BAD_HOST_EXIT = 76
+
+
+class Nodes:
+    """The agents of one job, started and ended by the test."""
+
+    def __init__(self, tmp_path: Path, *, job_args: list[str], max_restarts: int = 3) -> None:
+        self.tmp = tmp_path
+        self.out = tmp_path / "out"
+        self.out.mkdir()
+        self.ledger = tmp_path / "hosts.sqlite"
+        self.port = free_port()
+        self.job_args = job_args
+        self.max_restarts = max_restarts
+        self.procs: dict[str, subprocess.Popen[str]] = {}
+        self.started: dict[str, float] = {}
+
+    def start(self, host: str) -> None:
+        cmd = [sys.executable, "-m", "eventbus", "run",
+               "--events-jsonl", str(self.tmp / f"{host}.jsonl"),
+               "--host-ledger", str(self.ledger), "--stall-timeout", "off",
+               "--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--rdzv-id", "bad-hosts",
+               "--rdzv-conf", "last_call_timeout=2,join_timeout=120",
+               "--max-restarts", str(self.max_restarts), "--monitor-interval", "0.1",
+               str(JOB), "--out", str(self.out), *self.job_args]
+        env = {**job_env(), "EVENTBUS_HOSTNAME": host}
+        self.procs[host] = subprocess.Popen(
+            cmd, cwd=self.tmp, env=env, text=True, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True)
+        self.started[host] = time.monotonic()
+
+    def wait(self, timeout: float) -> dict[str, int | None]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(p.poll() is None for p in
+                                                   self.procs.values()):
+            time.sleep(0.1)
+        return {host: p.poll() for host, p in self.procs.items()}
+
+    def kill(self) -> dict[str, str]:
+        outputs = {}
+        for host, proc in self.procs.items():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            text = proc.communicate(timeout=30)[0]
+            if os.environ.get("EVENTBUS_TEST_KEEP"):
+                Path(os.environ["EVENTBUS_TEST_KEEP"], f"{host}.log").write_text(text)
+            outputs[host] = text[-4000:]
+        return outputs
+
+    def events(self, host: str) -> list[dict[str, Any]]:
+        path = self.tmp / f"{host}.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def ledger_rows(self) -> list[HostOutcome]:
+        return sorted(read_outcomes(str(self.ledger)), key=lambda o: (o.host, o.attempt))
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Any:
+    made: list[Nodes] = []
+
+    def make(**kwargs: Any) -> Nodes:
+        made.append(Nodes(tmp_path, **kwargs))
+        return made[-1]
+
+    yield make
+    for n in made:
+        n.kill()
+
+
+def _attempts(out: Path, host: str) -> dict[int, tuple[int, int]]:
+    found = {}
+    for path in out.glob(f"{host}.attempt*"):
+        rank, world = path.read_text().split()
+        found[int(path.name.rpartition("attempt")[2])] = (int(rank), int(world))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_node_that_segfaults_twice_is_evicted_and_the_job_finishes_on_two(
+        nodes: Callable[..., Nodes], figure: Callable[[int, str], None]) -> None:
+    job = nodes(job_args=["--bad-host", "node-c", "--fault", "segv", "--steps", "40"])
+    for host in ("node-a", "node-b", "node-c"):
+        job.start(host)
+    codes = job.wait(300)
+    outputs = job.kill()
+    assert codes == {"node-a": 0, "node-b": 0, "node-c": BAD_HOST_EXIT}, outputs
+    assert (job.out / "step").read_text() == "40"
+    last = max(_attempts(job.out, "node-a"))
+    assert _attempts(job.out, "node-a")[last][1] == 2 and last not in _attempts(
+        job.out, "node-c"), outputs
+    exits = [e for e in job.events("node-c") if e["type"] == "WORKER_EXIT"
+             and e.get("data", {}).get("host_fault")]
+    assert [e["data"]["host_fault"] for e in exits] == ["signal", "signal"], outputs["node-c"]
+    (evicted,) = [e for e in job.events("node-c") if e["type"] == "HOST_EVICTED"]
+    assert evicted["host"] == "node-c" and evicted["faults"] == 2
+    heard = [e for host in ("node-a", "node-b") for e in job.events(host)
+             if e["type"] == "HOST_EVICTED"]
+    assert heard and all(e["host"] == "node-c" for e in heard), "not heard on node-a/b"
+    assert "eventbus: node-c evicted after 2 host faults" in outputs["node-c"], outputs["node-c"]
+    rows = job.ledger_rows()
+    assert sum(r.faults.get("signal", 0) for r in rows if r.host == "node-c") == 2, rows
+    assert any(r.host == "node-a" and r.clean for r in rows), rows
+    figure(46, f"SIGSEGV twice on node-c of 3 (--nnodes 2:3): node-c exit {codes['node-c']}, "
+               f"node-a/b rc 0 on world 2 at attempt {last}; ledger rows {len(rows)}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_node_that_comes_after_the_eviction_takes_the_free_place(
+        nodes: Callable[..., Nodes], figure: Callable[[int, str], None]) -> None:
+    """node-c is evicted; node-d, started once it left (a replacement the scheduler sent),
+    joins the running job through torch's membership change: the job ends on three nodes
+    again, and node-c, whichever node served the rendezvous's store, ends with the bad-host
+    code after the others.
+    (A node that waits in the rendezvous while it is full, beyond MAX, is not
+    covered: torch puts it on its redundancy list; docs/hosts.md says what happens.)"""
+    job = nodes(job_args=["--bad-host", "node-c", "--fault", "segv", "--steps", "150",
+                          "--fault-at", "5"])
+    for host in ("node-a", "node-b", "node-c"):
+        job.start(host)
+    deadline = time.monotonic() + 200
+    while not any(e["type"] == "HOST_EVICTED" for e in job.events("node-c")) and \
+            time.monotonic() < deadline:
+        time.sleep(0.1)
+    job.start("node-d")
+    codes = job.wait(300)
+    outputs = job.kill()
+    assert codes == {"node-a": 0, "node-b": 0, "node-c": BAD_HOST_EXIT, "node-d": 0}, outputs
+    joined = _attempts(job.out, "node-d")
+    assert joined and max(w for _, w in joined.values()) == 3, (joined, outputs)
+    assert (job.out / "step").read_text() == "150"
+    figure(46, f"a node started after node-c's eviction joined: attempts {sorted(joined)} "
+               f"on node-d, world {max(w for _, w in joined.values())}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_script_bug_on_one_node_is_never_a_host_fault(
+        nodes: Callable[..., Nodes]) -> None:
+    job = nodes(job_args=["--bad-host", "node-c", "--fault", "raise", "--steps", "40"],
+                max_restarts=2)
+    for host in ("node-a", "node-b", "node-c"):
+        job.start(host)
+    codes = job.wait(300)
+    outputs = job.kill()
+    assert codes["node-c"] == 1 and BAD_HOST_EXIT not in codes.values(), (codes, outputs)
+    for host in ("node-a", "node-b", "node-c"):
+        assert not [e for e in job.events(host) if e["type"] == "HOST_EVICTED"
+                    or e.get("data", {}).get("host_fault")], host
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_exclude_bad_hosts_refuses_a_host_over_the_threshold_before_the_rendezvous(
+        tmp_path: Path) -> None:
+    """A ledger where node-c had two ECC faults today: `eventbus run --exclude-bad-hosts`
+    on node-c exits with the bad-host code at once and says why, before any rendezvous; on
+    node-a (clean) the same command runs the job."""
+    from eventbus.app.hosts.ledger import write_outcomes
+
+    ledger = tmp_path / "hosts.sqlite"
+    write_outcomes(str(ledger), [
+        HostOutcome(host="node-c", job="old-job", attempt=a, time=time.time() - 60,
+                    faults={"ecc": 1}) for a in (0, 1)])
+    script = tmp_path / "ok.py"
+    script.write_text("print('ran')\n")
+    runs = {}
+    for host in ("node-c", "node-a"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "eventbus", "run", "--exclude-bad-hosts",
+             "--host-ledger", str(ledger), "--standalone", "--nproc-per-node", "1",
+             str(script)], cwd=tmp_path, env={**job_env(), "EVENTBUS_HOSTNAME": host},
+            capture_output=True, text=True, timeout=120, check=False)
+        runs[host] = proc
+    refused = runs["node-c"]
+    assert refused.returncode == BAD_HOST_EXIT, refused.stderr
+    assert "eventbus: node-c scores 4.00 in the host ledger (over --bad-host-threshold 1)" \
+        in refused.stderr and "RENDEZVOUS" not in refused.stderr and "ran" not in refused.stdout
+    assert runs["node-a"].returncode == 0 and "ran" in runs["node-a"].stdout, \
+        runs["node-a"].stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_restarts_spent_on_a_hang_end_with_the_hang_exit_code(tmp_path: Path) -> None:
+    """A rank that spins forever, no restart allowed: the stall verdict ends the job with
+    --hang-exit-code (124), not torchrun's 1, and says so; the culprit's WORKER_STALLED
+    counts against its host (data["host_fault"] is "hang")."""
+    from tests.launcher_helpers import run_job
+
+    run = run_job(tmp_path, job="health_job.py", job_args=["--hang", "loop"],
+                  eventbus_args=["--stall-timeout", "3"], torchrun_args=["--max-restarts", "0"],
+                  timeout=150)
+    assert run.returncode == 124, run.describe()
+    assert "eventbus: the restarts were spent on hangs: exit 124" in run.stderr
+    stalls = run.of("WORKER_STALLED")
+    assert stalls and all(e["data"].get("host_fault") == "hang" for e in stalls), stalls
