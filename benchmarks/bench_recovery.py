@@ -29,10 +29,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from benchmarks.bench_detection import _BUSY
 from benchmarks.bench_detection import MARK_VAR
 from benchmarks.bench_detection import sweep
 
-__all__ = ["LAUNCHERS", "ROUNDS", "run"]
+__all__ = ["LAUNCHERS", "ROUNDS", "run", "under_load"]
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "benchmarks" / "recovery_job.py"
@@ -156,5 +157,34 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     return result
 
 
+def under_load(restarts: int = 20) -> dict[str, Any]:
+    """RELIABILITY row 44: ``restarts`` restarts of the same job under ``eventbus run``
+    while one busy-looping process per core keeps the machine loaded (as
+    bench_detection's jobs run): how many reached their first step, and the time to recover,
+    p50 and max."""
+    busy = [subprocess.Popen([sys.executable, "-c", _BUSY]) for _ in range(os.cpu_count() or 1)]
+    jobs = []
+    try:
+        for index in range(restarts):
+            job = one("eventbus run")
+            jobs.append(job)
+            print(f"bench_recovery under load: {index + 1}/{restarts}: "
+                  + (f"first step {job['step']:.2f} s after the crash" if job["ok"]
+                     else f"FAILED (rc {job['rc']}): {job.get('tail', '')}"),
+                  file=sys.stderr, flush=True)
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
+    times = sorted(j["step"] for j in jobs if j["ok"])
+    return {"restarts worked": f"{len(times)}/{len(jobs)}", "busy processes": len(busy),
+            "time to recover p50 (s)": round(statistics.median(times), 2) if times else None,
+            "time to recover max (s)": round(times[-1], 2) if times else None,
+            "failures": [j.get("tail") for j in jobs if not j["ok"]]}
+
+
 if __name__ == "__main__":
-    print(json.dumps(run(quick="--quick" in sys.argv), indent=2))
+    if "--under-load" in sys.argv:
+        print(json.dumps(under_load(), indent=2))
+    else:
+        print(json.dumps(run(quick="--quick" in sys.argv), indent=2))
