@@ -29,6 +29,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     shutil.rmtree(_LEDGER_DIR, ignore_errors=True)
 
 
+@pytest.fixture
+def own_ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test's default host ledger and spool under its own tmp_path (the ledger's
+    default path, not the suite's $EVENTBUS_HOST_LEDGER)."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("EVENTBUS_HOST_LEDGER_SPOOL", str(tmp_path / "spool.jsonl"))
+    monkeypatch.delenv("EVENTBUS_HOST_LEDGER", raising=False)
+
+
 #: how `eventbus run` starts each worker: the worker bootstrap, then the script, the
 #: module (-m) or the code (-c) with its arguments
 WORKER = (sys.executable, "-m", "eventbus.app.worker")

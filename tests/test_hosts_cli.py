@@ -14,8 +14,6 @@ import pytest
 
 from eventbus.app.cli import main as eventbus_main
 from eventbus.app.hosts.history import outcomes_from_files
-from eventbus.app.hosts.ledger import DEFAULT_LEDGER_ENV
-from eventbus.app.hosts.ledger import SPOOL_ENV
 from eventbus.app.hosts.ledger import HostOutcome
 from eventbus.app.hosts.ledger import write_outcomes
 from eventbus.app.hosts.report import main
@@ -25,11 +23,8 @@ from tests.conftest import ROOT
 DAY = 86400.0
 
 
-@pytest.fixture(autouse=True)
-def _state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.setenv(SPOOL_ENV, str(tmp_path / "spool.jsonl"))
-    monkeypatch.delenv(DEFAULT_LEDGER_ENV, raising=False)
+#: every test's default ledger and spool under its own tmp_path (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("own_ledger")
 
 
 @pytest.fixture

@@ -56,12 +56,8 @@ NOW = 1_800_000_000.0
 RECORD_S = 0.05
 
 
-@pytest.fixture(autouse=True)
-def _state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every test's default ledger and spool under its own tmp_path."""
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.setenv(SPOOL_ENV, str(tmp_path / "spool.jsonl"))
-    monkeypatch.delenv(DEFAULT_LEDGER_ENV, raising=False)
+#: every test's default ledger and spool under its own tmp_path (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("own_ledger")
 
 
 def _outcome(i: int, *, host: str | None = None, job: str = "job-1", attempt: int = 0,
