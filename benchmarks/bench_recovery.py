@@ -157,8 +157,8 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     return result
 
 
-def under_load(restarts: int = 20) -> dict[str, Any]:
-    """RELIABILITY row 44: ``restarts`` restarts of the same job under ``eventbus run``
+def under_load(restarts: int = 20, launcher: str = "eventbus run") -> dict[str, Any]:
+    """RELIABILITY row 44: ``restarts`` restarts of the same job under ``launcher``
     while one busy-looping process per core keeps the machine loaded (as
     bench_detection's jobs run): how many reached their first step, and the time to recover,
     p50 and max."""
@@ -166,9 +166,9 @@ def under_load(restarts: int = 20) -> dict[str, Any]:
     jobs = []
     try:
         for index in range(restarts):
-            job = one("eventbus run")
+            job = one(launcher)
             jobs.append(job)
-            print(f"bench_recovery under load: {index + 1}/{restarts}: "
+            print(f"bench_recovery under load: {launcher} {index + 1}/{restarts}: "
                   + (f"first step {job['step']:.2f} s after the crash" if job["ok"]
                      else f"FAILED (rc {job['rc']}): {job.get('tail', '')}"),
                   file=sys.stderr, flush=True)
@@ -177,7 +177,8 @@ def under_load(restarts: int = 20) -> dict[str, Any]:
             proc.kill()
             proc.wait()
     times = sorted(j["step"] for j in jobs if j["ok"])
-    return {"restarts worked": f"{len(times)}/{len(jobs)}", "busy processes": len(busy),
+    return {"launcher": launcher, "restarts worked": f"{len(times)}/{len(jobs)}",
+            "busy processes": len(busy),
             "time to recover p50 (s)": round(statistics.median(times), 2) if times else None,
             "time to recover max (s)": round(times[-1], 2) if times else None,
             "failures": [j.get("tail") for j in jobs if not j["ok"]]}
@@ -185,6 +186,9 @@ def under_load(restarts: int = 20) -> dict[str, Any]:
 
 if __name__ == "__main__":
     if "--under-load" in sys.argv:
-        print(json.dumps(under_load(), indent=2))
+        # the launchers one after the other: eventbus run, then torchrun in the variant
+        # whose restarts work, for the ratio
+        print(json.dumps([under_load(20), under_load(10, "torchrun, store not shared")],
+                         indent=2))
     else:
         print(json.dumps(run(quick="--quick" in sys.argv), indent=2))
