@@ -70,6 +70,7 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 
 from eventbus.app import plugins as plugin_api
 from eventbus.app.launcher import console
+from eventbus.app.launcher import membership
 from eventbus.app.launcher import options
 from eventbus.app.launcher.decider import REACTOR_ANSWERS
 from eventbus.app.launcher.decider import Decider
@@ -221,6 +222,8 @@ class EventAgent(LocalElasticAgent):
         #: the entry point as the user gave it (AGENT_START names it)
         self.entrypoint_name: str = spec.get_entrypoint_name()  # type: ignore[no-untyped-call]
         _start_through_bootstrap(spec)
+        # a node waiting while the round is full stays a spare (membership.py)
+        membership.admit_only_with_room(spec.rdzv_handler)
         #: whether torch's records of this agent go to the bus (see torch_records.py)
         self.routes_torch_records = bool(torch_records
                                          and spec.event_log_handler in (None, "null"))
@@ -445,7 +448,8 @@ class EventAgent(LocalElasticAgent):
         started = time.perf_counter()
         name = worker_group.spec.rdzv_handler.get_backend()
         try:
-            super()._rendezvous(worker_group)
+            with membership.patient_join():
+                super()._rendezvous(worker_group)
         except Exception as exc:
             self.bus.record(EventType.RENDEZVOUS, state="FAILED", name=name,
                             duration_s=time.perf_counter() - started,

@@ -5,7 +5,8 @@ worker per node (tests/jobs/bad_host_job.py, which never imports eventbus).
 - node-c's worker dies of a real SIGSEGV on every attempt: after the second, node-c's agent
   publishes ``HOST_EVICTED`` (heard on the other nodes too), exits with the bad-host code
   and leaves the rendezvous open; the job finishes on node-a and node-b, rc 0;
-- node-d, started once node-c left, takes its place in the running job;
+- node-d, started once node-c left, takes its place in the running job; so does node-d
+  started while the three run (it waits beyond MAX, membership.py, until node-c leaves);
 - a script bug on node-c (a Python exception on every attempt) is never a host fault:
   no eviction, the job fails as torchrun's would.
 
@@ -151,8 +152,7 @@ def test_a_node_that_comes_after_the_eviction_takes_the_free_place(
     joins the running job through torch's membership change: the job ends on three nodes
     again, and node-c, whichever node served the rendezvous's store, ends with the bad-host
     code after the others.
-    (A node that waits in the rendezvous while it is full, beyond MAX, is not
-    covered: torch puts it on its redundancy list; docs/hosts.md says what happens.)"""
+    (A node that waits while the rendezvous is full, beyond MAX: the next test.)"""
     job = nodes(job_args=["--bad-host", "node-c", "--fault", "segv", "--steps", "150",
                           "--fault-at", "5"])
     for host in ("node-a", "node-b", "node-c"):
@@ -234,3 +234,35 @@ def test_restarts_spent_on_a_hang_end_with_the_hang_exit_code(tmp_path: Path) ->
     assert "eventbus: the restarts were spent on hangs: exit 124" in run.stderr
     stalls = run.of("WORKER_STALLED")
     assert stalls and all(e["data"].get("host_fault") == "hang" for e in stalls), stalls
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_spare_node_waiting_beyond_max_takes_the_evicted_nodes_place(
+        nodes: Callable[..., Nodes], figure: Callable[[int, str], None]) -> None:
+    """Four nodes for `--nnodes 2:3`: node-d comes while the first three run, so torch keeps
+    it waiting (its redundancy list). node-c is evicted; node-d takes its place and the job
+    ends on three nodes, rc 0 everywhere but node-c."""
+    job = nodes(job_args=["--bad-host", "node-c", "--fault", "segv", "--steps", "200",
+                          "--fault-at", "30"])
+    for host in ("node-a", "node-b", "node-c"):
+        job.start(host)
+    deadline = time.monotonic() + 120
+    while not _attempts(job.out, "node-c") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    job.start("node-d")
+    codes = job.wait(300)
+    outputs = job.kill()
+    assert codes == {"node-a": 0, "node-b": 0, "node-c": BAD_HOST_EXIT, "node-d": 0}, outputs
+    joined = _attempts(job.out, "node-d")
+    assert joined and max(w for _, w in joined.values()) == 3, (joined, outputs)
+    assert (job.out / "step").read_text() == "200"
+    # the waiting node never made the running group re-form while it was full (before
+    # membership.py, 13 re-forms in 40 s, each leaving another node out)
+    reforms = {host: sum(1 for e in job.events(host) if e["type"] == "WORKER_RESTART"
+                         and e.get("cause") == "membership")
+               for host in ("node-a", "node-b", "node-d")}
+    assert max(reforms.values()) <= 2, (reforms, outputs)
+    figure(46, f"a spare waiting beyond MAX took node-c's place: attempts {sorted(joined)} "
+               f"on node-d, world {max(w for _, w in joined.values())}; membership "
+               f"re-forms {reforms}")
