@@ -6,28 +6,31 @@ busy-looping process per core (``os.cpu_count()``) before the first job and kill
 after the last, on an error or Ctrl-C too (and each one ends by itself when this process
 is gone). Two measurements:
 
-1. **Stall-to-verdict latency** over ``--hangs`` jobs (default 20): tests/jobs/plain_train.py
-   with ``PLAIN_MODE=hang`` (rank 1 spins in a Python loop before a step's collective and
-   writes ``attempt0_rank1.bad``, the time it hung), under ``--stall-timeout 4
-   --max-restarts 0``. The latency is the ``WORKER_STALLED`` event's timestamp (for rank
-   1, in the job's ``--events-jsonl``) less that time; target: within the timeout + 1 s.
-   A job with no verdict for rank 1 is a miss, counted and named with its reason.
-2. **False stalls and false stragglers** over ``--healthy`` runs (default 20) that never
-   hang, under ``--stall-timeout auto``: kinds taken in turn, a plain gloo loop with no
-   eventbus call (tests/jobs/plain_train.py, healthy mode), a Lightning DDP run
-   (tests/jobs/lightning_train.py) and a Hugging Face ``Trainer`` run
-   (tests/jobs/hf_train.py), both tiny models built from a config (nothing is downloaded);
-   Lightning and transformers are optional, and a kind whose trainer does not import is
-   skipped and named. Every script runs unchanged, with no eventbus call (the trainer
-   scripts with ``EVENTBUS_CALLBACK=off``): what the heartbeats alone tell the agent.
-   Every ``WORKER_STALLED`` and ``WORKER_SLOW`` of a
-   run is a false one (target: 0 of each); each run's exit is noted. ``auto`` never
-   stalls a rank below its floor (``--stall-auto-floor``, 60 s by default), longer than
-   these runs' quiet periods could ever be, so the runs use ``--auto-floor`` (default 5 s):
-   a lower floor can only add stalls, so none at 5 s means none at 60 s. Each run's worker
-   events are also replayed through the stall watch on their own timestamps, to give the
-   longest silence a rank came back from and the largest share of its timeout it reached:
-   how close the run came to a false stall.
+1. **Stall-to-verdict latency** over ``--hangs`` jobs (default 20):
+   tests/reliability/jobs/quiet_job.py's hangs (rank 1 before a step's collective: blocked
+   on a lock, in a sleep, spinning in one line, or skipping the collective its peer waits
+   in, in turn), under ``--stall-timeout 4 --max-restarts 0``. The latency is the
+   ``WORKER_STALLED`` event's timestamp (for the culprit, in the job's
+   ``--events-jsonl``) less the time the script wrote when it hung; target: within the
+   timeout + 1 s. A job with no verdict for rank 1 is a miss, counted and named with its
+   reason; each verdict's ``waiting_on`` is tabulated.
+2. **False stalls and false stragglers** over ``--healthy`` runs (default 5 of each kind)
+   that never hang, under ``--stall-timeout auto``: :data:`KINDS` taken in turn. A plain
+   gloo loop, a Lightning DDP run and a Hugging Face ``Trainer`` run with no quiet phase
+   (tests/jobs/, tiny models built from a config, nothing downloaded), and the quiet phases
+   of row 41 (tests/reliability/jobs/quiet_job.py: every rank validating, rank 0 saving
+   to slow storage, rank 0 evaluating alone, a ``torch.compile`` recompile, a late batch,
+   and Lightning's and transformers' own validation), each lasting 3 x the floor. Lightning
+   and transformers are optional, and a kind whose trainer does not import is skipped and
+   named. Every script runs unchanged, with no eventbus call (the trainer scripts with
+   ``EVENTBUS_CALLBACK=off``): what the heartbeats alone tell the agent. Every
+   ``WORKER_STALLED`` of a run is a false one (target: 0), and every ``WORKER_SLOW`` a
+   false straggler report (no restart follows one); each run's exit is noted. ``auto``
+   never stalls a rank below its floor (``--stall-auto-floor``, 60 s by default), so the
+   runs use ``--auto-floor`` (default 5 s): a lower floor can only add stalls, so none at
+   5 s means none at 60 s. Each run's worker events are also replayed through the stall
+   watch on their own timestamps, to give the longest silence a rank came back from and
+   the largest share of its timeout it reached: how close the run came to a false stall.
 
 Every job has a timeout, runs in a temporary folder that is removed, and is swept after
 it ends: every process that carries the job's marker in its environment is killed. One
@@ -37,7 +40,7 @@ hand-run marker, and into docs/run.md's "Job health", each time between the mark
 ``<!-- detection:begin -->`` and ``<!-- detection:end -->`` (a rerun replaces it).
 
     python -m benchmarks.bench_detection --quick   # 2 hangs, one healthy run per kind
-    python -m benchmarks.bench_detection --write   # 20 + 20 jobs (about 20-30 minutes)
+    python -m benchmarks.bench_detection --write   # 20 + 50 jobs (about 35 minutes)
 """
 
 from __future__ import annotations
