@@ -3,8 +3,10 @@
 Taken once per process from the variables torchelastic sets for its workers (``RANK``,
 ``LOCAL_RANK``, ``GROUP_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``ROLE_NAME``,
 ``TORCHELASTIC_RUN_ID``, ``TORCHELASTIC_RESTART_COUNT``) plus the hostname and pid, and
-taken again in a forked child, whose pid differs. ``EVENTBUS_HOSTNAME``, when set, is the
-hostname (containers, whose own name means nothing; tests that play several nodes).
+taken again in a forked child, whose pid differs. The attempt is ``EVENTBUS_ATTEMPT`` where
+``eventbus run``'s agent sets it (the same on every node), else torch's restart count.
+``EVENTBUS_HOSTNAME``, when set, is the hostname (containers, whose own name means
+nothing; tests that play several nodes).
 """
 
 from __future__ import annotations
@@ -25,6 +27,17 @@ def _opt_int(value: str | None) -> int | None:
         return int(value)
     except ValueError:
         return None
+
+
+#: the job-wide attempt ``eventbus run``'s agent gives its workers (launcher/membership.py):
+#: torch's ``TORCHELASTIC_RESTART_COUNT`` counts one node's own restarts, and nodes differ
+#: after a restart another node decided (theirs re-form, theirs count none)
+ATTEMPT_ENV = "EVENTBUS_ATTEMPT"
+
+
+def _attempt(env: Mapping[str, str]) -> int | None:
+    found = _opt_int(env.get(ATTEMPT_ENV))
+    return found if found is not None else _opt_int(env.get("TORCHELASTIC_RESTART_COUNT"))
 
 
 def _hostname() -> str:
@@ -65,7 +78,7 @@ class JobContext:
             local_world_size=_opt_int(env.get("LOCAL_WORLD_SIZE")),
             role=env.get("ROLE_NAME") or None,
             run_id=env.get("TORCHELASTIC_RUN_ID") or None,
-            restart_count=_opt_int(env.get("TORCHELASTIC_RESTART_COUNT")),
+            restart_count=_attempt(env),
             hostname=env.get("EVENTBUS_HOSTNAME") or _hostname(),
             pid=os.getpid(),
         )

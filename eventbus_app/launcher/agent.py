@@ -78,6 +78,7 @@ from eventbus.app.launcher.decider import Outcome
 from eventbus.app.launcher.decider import Reactor
 from eventbus.app.launcher.drain_monitor import DrainMonitor
 from eventbus.app.launcher.eviction import Eviction
+from eventbus.app.launcher.exit_codes import DEFAULT_BAD_HOST_EXIT_CODE
 from eventbus.app.launcher.exits import DYING_GRACE_S
 from eventbus.app.launcher.exits import ExitBook
 from eventbus.app.launcher.failures import ERROR_FILE_ERRORS as _ERROR_FILE_ERRORS
@@ -102,6 +103,7 @@ from eventbus.app.worker import run_attached
 from eventbus.bus import Bus
 from eventbus.bus import Subscription
 from eventbus.bus import get_default_bus
+from eventbus.context import ATTEMPT_ENV
 from eventbus.context import set_context
 from eventbus.events import Cause
 from eventbus.events import Event
@@ -204,14 +206,20 @@ class EventAgent(LocalElasticAgent):
         warm_spares: bool = True,
         evict_after: int = DEFAULT_EVICT_AFTER,
         host_ledger: str | None = None,
+        bad_host_exit_code: int = DEFAULT_BAD_HOST_EXIT_CODE,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        #: this node's exit code once its host was evicted (``--bad-host-exit-code``)
+        self.bad_host_exit_code = int(bad_host_exit_code)
         self.bus = bus if bus is not None else get_default_bus()
         self.plugin_exit_timeout = plugin_exit_timeout
         self.stop_exit_code = int(stop_exit_code)
         self.stall_stop_grace_s = float(stall_stop_grace_s)
         self._attempt = 0
+        #: whether a group formed yet, and whether the rendezvous numbers its rounds
+        self._formed = False
+        self._rounds = False
         self._heap_frozen = False
         if reliable_restarts and os.environ.setdefault(RELIABLE_RESTARTS_ENV, "1") != "1":
             logger.warning(
@@ -251,7 +259,8 @@ class EventAgent(LocalElasticAgent):
         self.draining = DrainMonitor(self.bus, self.workers, self.exits,
                                      attempt=lambda: self.attempt, signals_=drain_signals,
                                      grace_s=drain_grace_s, exit_code=drain_exit_code,
-                                     kill_grace_s=self.stall_stop_grace_s)
+                                     kill_grace_s=self.stall_stop_grace_s,
+                                     host_fault=self.eviction.exit_fault)
         self.drain = self.draining.drain
         for plugin in self.plugins:
             if isinstance(plugin, NoticeBoard) and plugin.on_drain is None:
@@ -324,8 +333,17 @@ class EventAgent(LocalElasticAgent):
         return int(self._remaining_restarts)
 
     def _next_attempt(self) -> int:
+        """The attempt the group about to form will be. Job-wide where torch's rendezvous
+        has rounds: the round, read after the rendezvous (:func:`membership.job_round`),
+        predicted before it as one more than now (a node's own restart count differs from
+        the others' after a restart another node decided: theirs re-form, counting none,
+        and the workers' events, store queues and the judge's heartbeats would be filed
+        under different attempts). Otherwise torch's restart count."""
         spec = self._worker_group.spec
-        return int(spec.max_restarts - self._remaining_restarts)
+        counted = int(spec.max_restarts - self._remaining_restarts)
+        if self._rounds:
+            return self._attempt + 1 if self._formed else 0
+        return counted
 
     # -- reactors and decisions (decider.py decides; the agent applies) ------------------
     def add_reactor(self, reactor: Reactor) -> Subscription:
@@ -389,18 +407,21 @@ class EventAgent(LocalElasticAgent):
         try:
             result = super().run(role)
             if self.drain.active:
+                self.eviction.announce()  # a host fault during the drain (when one came)
                 return self.draining.result()
             if result.is_failed() and self.eviction.evicted is not None:
                 # no restart was left: leave without closing the rendezvous all the same
                 raise self.eviction.evict(spec.rdzv_handler, self.attempt)
             return result
         except _DrainEnded:
+            self.eviction.announce()
             result = self.draining.result()
             return result
         except Exception as exc:
             if self.drain.active:  # e.g. the rendezvous closed under a drained node
                 logger.info("eventbus: during the drain the agent's loop ended with %s: %s",
                             type(exc).__name__, exc)
+                self.eviction.announce()
                 result = self.draining.result()
                 return result
             error = exc
@@ -432,6 +453,8 @@ class EventAgent(LocalElasticAgent):
                                          state=str(result.state.value))
         else:
             ending = self.decider.ending(succeeded=None, error=error)
+        if self.eviction.announced:  # the bad-host code, after a drain too (eviction.py)
+            ending = self.eviction.ending(ending, self.bad_host_exit_code)
         self.remote_stop.close()
         self.bus.record(EventType.AGENT_EXIT, state=ending.state, exit_code=ending.exit_code,
                         reason=ending.reason, cause=ending.cause, data=drain_data)
@@ -457,7 +480,14 @@ class EventAgent(LocalElasticAgent):
             raise
         duration = time.perf_counter() - started
         self.restarts.rendezvous(wall, wall + duration)
-        self._attempt = self._next_attempt()
+        predicted, round_ = self._next_attempt(), membership.job_round(
+            worker_group.spec.rdzv_handler)
+        self._rounds = round_ is not None
+        self._attempt = round_ if round_ is not None else predicted
+        if self._formed and self._attempt != predicted:
+            self.health.new_attempt(self._attempt)  # rounds went by without this node
+        self._formed = True
+        os.environ[ATTEMPT_ENV] = str(self._attempt)  # the workers' (context.py)
         _set_context(worker_group, self.attempt)
         self.bus.record(
             EventType.RENDEZVOUS, state="SUCCEEDED", name=name, duration_s=duration,

@@ -403,13 +403,18 @@ def main(argv: Sequence[str] | None = None, *,
                          drain_signals=args.drain_signals, drain_grace_s=args.drain_grace,
                          drain_exit_code=args.drain_exit_code,
                          warm_spares=warm_spares, evict_after=args.evict_after,
-                         host_ledger=args.host_ledger) as agents:
+                         host_ledger=args.host_ledger,
+                         bad_host_exit_code=args.bad_host_exit_code) as agents:
             # torchrun's own error handling: the failure table and the root cause's error
             # file copied to the launcher's TORCHELASTIC_ERROR_FILE.
             record(torchrun_run)(args)
+        if any(agent.evicted for agent in agents):  # in a drain too: requeue elsewhere
+            return int(args.bad_host_exit_code)
         if any(agent.drain.active for agent in agents):
             return int(args.drain_exit_code)
     except ChildFailedError as exc:
+        if any(agent.evicted for agent in agents):
+            return int(args.bad_host_exit_code)
         if any(agent.drain.active for agent in agents):
             return int(args.drain_exit_code)
         print(str(exc), file=sys.stderr)
@@ -420,12 +425,12 @@ def main(argv: Sequence[str] | None = None, *,
             return int(args.hang_exit_code)
         return 1
     except Exception as exc:
+        if any(agent.evicted for agent in agents):  # this host left the job (eviction.py)
+            return int(args.bad_host_exit_code)
         if any(agent.drain.active for agent in agents):
             print(f"eventbus: the drained job's launcher ended with {type(exc).__name__}: "
                   f"{exc}", file=sys.stderr)
             return int(args.drain_exit_code)
-        if any(agent.evicted for agent in agents):  # this host left the job (eviction.py)
-            return int(args.bad_host_exit_code)
         # e.g. the rendezvous closed under this node after another node's STOP
         if not any(agent.stopped_by_reactor for agent in agents):
             raise

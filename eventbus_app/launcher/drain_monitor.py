@@ -14,11 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
+from typing import Any
 
 from torch.distributed.elastic.agent.server.api import RunResult
 from torch.distributed.elastic.agent.server.api import WorkerGroup
 from torch.distributed.elastic.agent.server.api import WorkerState
 
+from eventbus.app.hosts.faults import HOST_FAULT_KEY
 from eventbus.app.launcher.drain import Drain
 from eventbus.app.launcher.exits import ExitBook
 from eventbus.app.launcher.failures import failure_message
@@ -31,6 +33,9 @@ from eventbus.events import signal_name
 
 __all__ = ["DrainMonitor"]
 
+#: (attempt, rank, exit code, message, stopped by the agent) -> the host fault or None
+HostFault = Callable[[int, int, int, "str | None", bool], "str | None"]
+
 
 class DrainMonitor:
     """This agent's drain (:attr:`drain`, built here with these settings) and what the
@@ -38,8 +43,12 @@ class DrainMonitor:
 
     def __init__(self, bus: Bus, workers: Workers, exits: ExitBook, *,
                  attempt: Callable[[], int], signals_: Sequence[str], grace_s: float,
-                 exit_code: int, kill_grace_s: float) -> None:
+                 exit_code: int, kill_grace_s: float,
+                 host_fault: HostFault | None = None) -> None:
         self._bus = bus
+        #: a worker that failed by itself during the drain may still point at its host
+        #: (a SIGSEGV as it saves): the agent's host-fault count (eviction.py)
+        self._host_fault = host_fault
         self._workers = workers
         self._exits = exits
         self._attempt = attempt
@@ -102,12 +111,18 @@ class DrainMonitor:
             if code and rank not in self.drain.late_ranks:
                 self.drain.failed_ranks[rank] = code
             pid = worker.id if isinstance(worker.id, int) else None
+            message = failure_message(failure) if failure is not None else None
+            data: dict[str, Any] = {"attempt": attempt, "drained": True}
+            if code and self._host_fault is not None:
+                kind = self._host_fault(attempt, rank, code, message,
+                                        rank in self.drain.late_ranks)
+                if kind is not None:
+                    data[HOST_FAULT_KEY] = kind
             self._bus.publish(WorkerExit(
                 worker_id=rank, exit_code=code, worker_local_rank=worker.local_rank,
                 worker_pid=pid, signal=signal_name(code) if code else None,
-                message=failure_message(failure) if failure is not None else None,
-                cause=str(Cause.PREEMPTION) if code else None,
-                data={"attempt": attempt, "drained": True}))
+                message=message, cause=str(Cause.PREEMPTION) if code else None,
+                data=data))
 
     @staticmethod
     def result() -> RunResult:

@@ -46,8 +46,10 @@ from eventbus.app.hosts.faults import Failure
 from eventbus.app.hosts.faults import host_fault
 from eventbus.app.hosts.faults import take_mark
 from eventbus.app.launcher import console
+from eventbus.app.launcher.decider import Ending
 from eventbus.app.launcher.hostbook import HostBook
 from eventbus.bus import Bus
+from eventbus.events import Cause
 from eventbus.events import Event
 from eventbus.events import HostEvicted
 from eventbus.events import WorkerSlow
@@ -312,6 +314,15 @@ class Eviction:
         error = _host_evicted_error()(f"host {self.host} evicted: {self.evicted}",
                                       signal.SIGTERM)
         return error
+
+    def ending(self, ending: Ending, exit_code: int) -> Ending:
+        """``AGENT_EXIT`` of an evicted node: the bad-host ``exit_code`` (requeue elsewhere),
+        which wins over a drain's (requeue: elsewhere is the more the scheduler can know);
+        a drain keeps its state and cause, and its reason says the host left too."""
+        said = f"host {self.host} evicted: {self.evicted}"
+        if ending.state == "PREEMPTED":
+            return Ending(ending.state, exit_code, f"{ending.reason}; {said}", ending.cause)
+        return Ending("FAILED", exit_code, said, str(Cause.FAILURE))
 
     def close(self, timeout: float = 2.0) -> None:
         if self.writer is not None:

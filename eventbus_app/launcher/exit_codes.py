@@ -57,8 +57,9 @@ EXIT_CODES: Mapping[str, ExitCode] = {
     "drain": ExitCode("--drain-exit-code", 75, "drained: every rank saved and stopped "
                       "after a drain signal (preemption)", "requeue", "a drained job"),
     "bad_host": ExitCode("--bad-host-exit-code", DEFAULT_BAD_HOST_EXIT_CODE,
-                         "this node's host was evicted (--evict-after host faults) or "
-                         "refused (--exclude-bad-hosts)", "requeue on other hosts",
+                         "this node's host was evicted (--evict-after host faults; during a "
+                         "drain too) or refused (--exclude-bad-hosts)",
+                         "requeue on other hosts",
                          "a bad host"),
 }
 

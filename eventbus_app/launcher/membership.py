@@ -34,7 +34,8 @@ from collections.abc import Callable
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["admit_only_with_room", "full_round", "patient_join", "wait_list_action"]
+__all__ = ["admit_only_with_room", "full_round", "job_round", "patient_join",
+           "wait_list_action"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +66,16 @@ def _state_and_max(handler: Any) -> tuple[Any, int] | None:
                                                  "closed", "redundancy_list")):
         return None
     return state, max_nodes
+
+
+def job_round(handler: Any) -> int | None:
+    """The round of torch's dynamic rendezvous ``handler`` that this node is in, read right
+    after its rendezvous: the same on every node of the group, one more at every re-form,
+    whichever node decided it (the job's attempt, see the agent). None where the handler
+    has no such state (the static backend, another handler)."""
+    found = _state_and_max(handler)
+    value = getattr(found[0], "round", None) if found is not None else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def admit_only_with_room(handler: Any) -> bool:

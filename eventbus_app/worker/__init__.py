@@ -58,6 +58,7 @@ from eventbus.app.worker.process_groups import install as end_process_groups_at_
 from eventbus.app.worker.progress import start_progress_watch
 from eventbus.app.worker.stack_dump import arm_stack_dump
 from eventbus.app.worker.stack_dump import parse_stack_signal
+from eventbus.context import ATTEMPT_ENV
 from eventbus.ledger import ENV_LEDGER_DIR
 from eventbus.wire import ENV_BELL
 from eventbus.wire import ENV_PREFIX
@@ -230,8 +231,12 @@ def _notices(env: Mapping[str, str], notes: list[str]) -> bool:
     host, port = address
     notices.start(host=host, port=port, root=root, start_after=start_after,
                   rank=optional(ENV_RANK), world_size=optional("WORLD_SIZE"),
-                  attempt=optional("TORCHELASTIC_RESTART_COUNT"))
+                  attempt=_first(optional(ATTEMPT_ENV), optional("TORCHELASTIC_RESTART_COUNT")))
     return True
+
+
+def _first(*values: int | None) -> int | None:
+    return next((v for v in values if v is not None), None)
 
 
 def _stack_dump(env: Mapping[str, str], notes: list[str]) -> str | None:

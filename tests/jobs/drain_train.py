@@ -16,7 +16,8 @@ Environment (all optional):
   writing ``restarted_rank<R>``); ``ckpt_crash`` (at step DRAIN_CKPT_AT rank 0 saves for
   DRAIN_SAVE_S and records ``CHECKPOINT_SAVED`` with ``duration_s``, writing
   ``ckpt_done`` with its time; DRAIN_CRASH_AFTER steps later rank DRAIN_RANK writes
-  ``crash_rank<R>`` and exits 1);
+  ``crash_rank<R>`` and exits 1); ``plain_segv`` (``plain``, but rank DRAIN_RANK dies of
+  a real SIGSEGV in its SIGTERM handler: a host fault during the drain);
 - ``DRAIN_BLOCKER``: ``1``: the script also subscribes to PREEMPTING a subscriber that
   blocks for good and one that raises (they must cost nobody else anything);
 - ``DRAIN_STEPS`` (default 100000), ``DRAIN_STEP_S`` (default 0.02 compute sleep a step);
@@ -52,9 +53,13 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     ckpt = out / f"ckpt_rank{rank}.pt"
-    if mode == "plain":
+    if mode in ("plain", "plain_segv"):
         def on_sigterm(signum: int, frame: object) -> None:
             (out / f"sigterm_rank{rank}").write_text(str(time.time()))
+            if mode == "plain_segv" and rank == bad_rank:
+                import ctypes
+
+                ctypes.string_at(0)  # reads address 0: a real SIGSEGV, in the drain
             sys.exit(0)
         signal.signal(signal.SIGTERM, on_sigterm)
         should_stop = None

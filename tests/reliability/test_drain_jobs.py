@@ -218,6 +218,33 @@ def test_a_script_with_its_own_sigterm_handler_gets_the_signal_at_once(tmp_path:
 
 
 @pytest.mark.timeout(180)
+def test_a_host_fault_during_the_drain_evicts_the_node_with_the_bad_host_code(
+        tmp_path: Path, figure: Callable[[int, str], None]) -> None:
+    """Row 46, an eviction while a drain is under way: rank 1 dies of SIGSEGV as the drain
+    reaches it, with ``--evict-after 1``. The drain ends as drains do (no restart, rank 0's
+    handler ran), and the node, whose host is now bad, says so (``HOST_EVICTED``) and exits
+    with the bad-host code, 76, not the drain's 75: requeue, and elsewhere."""
+    job = Job(tmp_path, "--drain-grace", "60", "--evict-after", "1",
+              "--host-ledger", str(tmp_path / "hosts.sqlite"), mode="plain_segv")
+    job.wait_for("ready_rank0", "ready_rank1")
+    job.signal()
+    code = job.finish()
+    assert code == 76, job.stderr[-4000:]
+    assert (job.out / "sigterm_rank0").exists()
+    assert len(job.events("PREEMPTING")) == 1 and not job.events("WORKER_RESTART")
+    (evicted,) = job.events("HOST_EVICTED")
+    assert evicted["faults"] == 1, evicted
+    faults = [e for e in job.events("WORKER_EXIT") if e.get("data", {}).get("host_fault")]
+    assert [e["worker_id"] for e in faults] == [1], job.events("WORKER_EXIT")
+    assert any("evicted after 1 host fault" in line for line in job.lines()), job.lines()
+    (agent_exit,) = job.events("AGENT_EXIT")
+    assert agent_exit["exit_code"] == 76, agent_exit
+    _no_agent_traceback(job)
+    figure(46, f"a SIGSEGV during a drain with --evict-after 1: exit {code}, HOST_EVICTED, "
+               f"{job.took:.1f} s from the signal")
+
+
+@pytest.mark.timeout(180)
 def test_a_rank_that_ignores_the_notice_is_killed_at_the_deadline_and_named(
         tmp_path: Path, figure: Callable[[int, str], None]) -> None:
     """Rank 1 hears PREEMPTING and carries on; rank 0 stops at its step and saves. At the
