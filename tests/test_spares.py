@@ -96,6 +96,50 @@ def test_a_stale_or_dead_spare_is_never_used(tmp_path: Path) -> None:
     pool.close()
 
 
+def test_warm_spares_cuda_asks_each_spare_for_its_local_device(tmp_path: Path) -> None:
+    """``--warm-spares cuda``: each spare is asked to make its CUDA context on its local
+    rank's device, under the worker's CUDA_VISIBLE_DEVICES (CUDA reads it once, so a worker
+    with another value is not this spare's: stale). Here torch has no CUDA: the spare makes
+    none, says nothing, and becomes the worker all the same, without the variable."""
+    started: list[dict[str, str]] = []
+    log = tmp_path / "spare.log"
+
+    def spawn(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        started.append(dict(kwargs["env"]))
+        return _capturing(log)(*args, **kwargs)
+
+    pool = SparePool(cuda=True, spawn=spawn)
+    env = _env(RANK="1", LOCAL_RANK="1", CUDA_VISIBLE_DEVICES="0,1")
+    pool.fill({1: (sys.executable, ("-u",), env), 0: (sys.executable, ("-u",), env)})
+    by_device = {e["EVENTBUS_SPARE_CUDA_DEVICE"]: e for e in started}
+    assert set(by_device) == {"0", "1"}
+    assert all(e["CUDA_VISIBLE_DEVICES"] == "0,1" for e in started)
+    assert pool.take(0, sys.executable, {**env, "CUDA_VISIBLE_DEVICES": "1"},
+                     os.getcwd()) is None
+    assert "CUDA_VISIBLE_DEVICES changed" in pool.discarded[-1]
+    script = tmp_path / "script.py"
+    script.write_text("import json, os\nprint(json.dumps(sorted(k for k in os.environ if "
+                      "k.startswith('EVENTBUS_SPARE'))))\n")
+    spare = pool.take(1, sys.executable, env, os.getcwd())
+    assert spare is not None
+    spare.assign(env, [str(script)], os.getcwd())
+    assert spare.proc.wait(timeout=120) == 0
+    lines = log.read_text().strip().splitlines()
+    assert lines[-1] == "[]" and not any("CUDA context" in line for line in lines), lines
+    pool.close()
+    assert SparePool(cuda=True, enabled=False).cuda is False
+
+
+def test_the_warm_spares_option_takes_on_off_and_cuda() -> None:
+    import argparse
+
+    from eventbus.app.launcher.options import parse_warm_spares
+
+    assert [parse_warm_spares(w) for w in ("on", "OFF", " cuda ")] == ["on", "off", "cuda"]
+    with pytest.raises(argparse.ArgumentTypeError, match="'on', 'off' or 'cuda'"):
+        parse_warm_spares("gpu")
+
+
 def test_closing_the_pool_ends_every_spare(tmp_path: Path) -> None:
     """close() ends the spares (their pipe closed: they exit; else they are killed)."""
     pool = SparePool(spawn=_capturing(tmp_path / "spares.log"))
@@ -142,6 +186,20 @@ def test_a_restart_on_warm_spares_looks_like_fresh_workers_to_the_script(
         assert all(k in PER_ATTEMPT or k.startswith(("EVENTBUS_", "TORCHELASTIC_"))
                    for k in changed), changed
         assert "EVENTBUS_SPARE_FD" not in spare["env"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(360)
+def test_warm_spares_cuda_on_a_node_without_cuda_says_so_and_restarts_on_spares(
+        tmp_path: Path) -> None:
+    """--warm-spares cuda where torch sees no CUDA device (this machine): one line says
+    so, and attempt 1 still runs on the spares."""
+    done, facts = _probe_job(tmp_path, "--warm-spares", "cuda")
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "eventbus: --warm-spares cuda: torch sees no CUDA device on this node" in \
+        done.stderr
+    assert facts["attempt1_rank0"]["warm"] and facts["attempt1_rank1"]["warm"]
+    assert "EVENTBUS_SPARE_CUDA_DEVICE" not in facts["attempt1_rank0"]["env"]
 
 
 @pytest.mark.slow

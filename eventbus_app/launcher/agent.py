@@ -203,7 +203,7 @@ class EventAgent(LocalElasticAgent):
         drain_signals: Sequence[str] = options.DEFAULT_DRAIN_SIGNALS,
         drain_grace_s: float = options.DEFAULT_DRAIN_GRACE_S,
         drain_exit_code: int = options.DEFAULT_DRAIN_EXIT_CODE,
-        warm_spares: bool = True,
+        warm_spares: bool | str = True,
         evict_after: int = DEFAULT_EVICT_AFTER,
         host_ledger: str | None = None,
         bad_host_exit_code: int = DEFAULT_BAD_HOST_EXIT_CODE,

@@ -163,10 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"--stall-timeout auto never goes below SECONDS (default "
              f"{options.AUTO_FLOOR_S:g}); lower it for jobs whose every quiet period is short")
     group.add_argument(
-        "--warm-spares", metavar="on|off", type=options.parse_on_off, default=None,
+        "--warm-spares", metavar="on|off|cuda", type=options.parse_warm_spares, default=None,
         help="keep one spare worker process per local rank, interpreter started and torch "
-             "imported, that becomes the worker of the next attempt on a restart (default: "
-             f"${options.ENV_WARM_SPARES}, else on; docs/run.md, 'Warm spares')")
+             "imported, that becomes the worker of the next attempt on a restart; cuda: "
+             "each spare also makes its CUDA context on its local device while it waits "
+             f"(default: ${options.ENV_WARM_SPARES}, else on; docs/run.md, 'Warm spares')")
     group.add_argument(
         "--slow-factor", metavar="FACTOR|off", type=options.parse_slow_factor,
         default=options.DEFAULT_SLOW_FACTOR,
@@ -390,9 +391,13 @@ def main(argv: Sequence[str] | None = None, *,
     warm_spares = args.warm_spares
     if warm_spares is None:
         try:
-            warm_spares = options.parse_on_off(os.environ.get(options.ENV_WARM_SPARES, "on"))
+            warm_spares = options.parse_warm_spares(
+                os.environ.get(options.ENV_WARM_SPARES, "on"))
         except argparse.ArgumentTypeError as exc:
             parser.error(f"${options.ENV_WARM_SPARES}: {exc}")
+    if warm_spares == "cuda" and not _cuda_seen():
+        console.write("--warm-spares cuda: torch sees no CUDA device on this node; the "
+                      "spares wait without a CUDA context")
     agents: list[Any] = []
     try:
         with event_agent(bus=bus, reactors=reactors, plugins=plugins,
@@ -494,3 +499,13 @@ def _goodput_line(tracker: Any) -> None:
         return
     if result is not None and result.wall_s > 0:
         console.write(result.sentence() + " (eventbus goodput FILE for the table)")
+
+
+def _cuda_seen() -> bool:
+    """Whether torch sees a CUDA device here (without making a context in the agent)."""
+    import torch
+
+    try:
+        return bool(torch.cuda.device_count() > 0)
+    except Exception:
+        return False

@@ -35,6 +35,7 @@ __all__ = [
     "parse_drain_signals",
     "parse_progress",
     "parse_on_off",
+    "parse_warm_spares",
     "parse_slow_factor",
     "parse_stall_auto_floor",
     "parse_stall_timeout",
@@ -97,6 +98,20 @@ def parse_stall_auto_floor(text: str) -> float:
 
 #: the default of ``--warm-spares`` where the command line does not say (on, off)
 ENV_WARM_SPARES = "EVENTBUS_WARM_SPARES"
+
+
+#: ``--warm-spares`` values: ``cuda`` is ``on``, and each spare makes its CUDA context on
+#: its local device while it waits (docs/run.md, "Warm spares")
+WARM_SPARES = ("on", "off", "cuda")
+
+
+def parse_warm_spares(text: str) -> str:
+    """``--warm-spares``: ``on``, ``off`` or ``cuda`` (any case); anything else is a usage
+    error that names the three."""
+    word = text.strip().lower()
+    if word in WARM_SPARES:
+        return word
+    raise argparse.ArgumentTypeError(f"expected 'on', 'off' or 'cuda', got {text!r}")
 
 
 def parse_on_off(text: str) -> bool:

@@ -51,7 +51,7 @@ class Restarts:
     spares to torch's process context while it starts the workers.
     """
 
-    def __init__(self, bus: Bus, *, warm_spares: bool = True,
+    def __init__(self, bus: Bus, *, warm_spares: bool | str = True,
                  clock: Callable[[], float] = time.monotonic,
                  recovery: Recovery | None = None, spares: SparePool | None = None,
                  serve: Callable[[SparePool, Launched], AbstractContextManager[None]] = serving
@@ -62,7 +62,8 @@ class Restarts:
         #: the restart's anatomy (recovery.py): RECOVERED once a restart reached its step
         self.recovery = recovery if recovery is not None else Recovery()
         #: one waiting worker per local rank for the next attempt (spares.py)
-        self.spares = spares if spares is not None else SparePool(enabled=warm_spares)
+        self.spares = spares if spares is not None else SparePool(
+            enabled=warm_spares not in (False, "off"), cuda=warm_spares == "cuda")
         self._launched: Launched = {}
         #: (attempt, rank) of the ranks whose first step is done (their marks came): the
         #: spares start once this node's workers all took theirs

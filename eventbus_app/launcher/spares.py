@@ -35,6 +35,8 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
+from eventbus.app.worker.spare import ENV_SPARE_CUDA_DEVICE
+
 __all__ = ["PER_ATTEMPT", "SPARE_MODULE", "Spare", "SparePool", "interpreter_options",
            "serving", "worker_argv"]
 
@@ -63,8 +65,13 @@ class Spare:
     """One waiting spare: its process, the pipe's write end, what it was started with."""
 
     def __init__(self, proc: subprocess.Popen[bytes], pipe: int, *, base: dict[str, str],
-                 executable: str, cwd: str, started: float) -> None:
+                 executable: str, cwd: str, started: float, cuda: bool = False,
+                 cuda_visible: str | None = None) -> None:
         self.proc = proc
+        #: whether it makes a CUDA context while it waits, and the ``CUDA_VISIBLE_DEVICES``
+        #: it makes it under (CUDA reads it once: a worker with another is not this spare's)
+        self.cuda = cuda
+        self.cuda_visible = cuda_visible
         self.pipe = pipe
         self.base = base
         self.executable = executable
@@ -83,6 +90,9 @@ class Spare:
             return f"the interpreter changed ({self.executable} -> {executable})"
         if cwd != self.cwd:
             return "the working directory changed"
+        if self.cuda and env.get("CUDA_VISIBLE_DEVICES") != self.cuda_visible:
+            return ("CUDA_VISIBLE_DEVICES changed: the spare's CUDA context is under "
+                    f"{self.cuda_visible!r}")
         new = _base(env)
         if new != self.base:
             changed = sorted(k for k in set(new) | set(self.base)
@@ -124,9 +134,12 @@ class Spare:
 class SparePool:
     """The spares of one agent, one per local rank."""
 
-    def __init__(self, *, enabled: bool = True, clock: Callable[[], float] = time.monotonic,
+    def __init__(self, *, enabled: bool = True, cuda: bool = False,
+                 clock: Callable[[], float] = time.monotonic,
                  spawn: Callable[..., subprocess.Popen[bytes]] = subprocess.Popen) -> None:
         self.enabled = enabled
+        #: ``--warm-spares cuda``: each spare makes its CUDA context on its local device
+        self.cuda = enabled and cuda
         self._clock = clock
         self._spawn = spawn
         self._spares: dict[int, Spare] = {}
@@ -152,7 +165,7 @@ class SparePool:
             if spare is not None:
                 self.discarded.append(f"local rank {local_rank}: it died")
             try:
-                self._spares[local_rank] = self._start(executable, options, env)
+                self._spares[local_rank] = self._start(local_rank, executable, options, env)
             except OSError as exc:
                 logger.warning("eventbus: no warm spare for local rank %d (%s); its next "
                                "worker starts fresh", local_rank, exc)
@@ -161,11 +174,17 @@ class SparePool:
             count += 1
         return count
 
-    def _start(self, executable: str, options: Sequence[str], env: Mapping[str, str]) -> Spare:
+    def _start(self, local_rank: int, executable: str, options: Sequence[str],
+               env: Mapping[str, str]) -> Spare:
         read, write = os.pipe()
         os.set_inheritable(read, True)
         base = _base(env)
         spare_env = {**base, "EVENTBUS_SPARE_FD": str(read)}
+        visible = env.get("CUDA_VISIBLE_DEVICES")
+        if self.cuda:
+            spare_env[ENV_SPARE_CUDA_DEVICE] = str(local_rank)
+            if visible is not None:
+                spare_env["CUDA_VISIBLE_DEVICES"] = visible
         try:
             proc = self._spawn([executable, *options, "-m", SPARE_MODULE], env=spare_env,
                                pass_fds=(read,), start_new_session=True)
@@ -177,7 +196,7 @@ class SparePool:
         os.set_inheritable(write, False)
         self.started += 1
         return Spare(proc, write, base=base, executable=executable, cwd=os.getcwd(),
-                     started=self._clock())
+                     started=self._clock(), cuda=self.cuda, cuda_visible=visible)
 
     def take(self, local_rank: int, executable: str, env: Mapping[str, str],
              cwd: str) -> Spare | None:

@@ -27,9 +27,12 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["ENV_SPARE_FD", "WARM_MODULES", "main"]
+__all__ = ["ENV_SPARE_CUDA_DEVICE", "ENV_SPARE_FD", "WARM_MODULES", "main"]
 
 ENV_SPARE_FD = "EVENTBUS_SPARE_FD"
+#: set by the agent for ``--warm-spares cuda`` (launcher/spares.py; the value is the local
+#: rank); the spare drops it before the script
+ENV_SPARE_CUDA_DEVICE = "EVENTBUS_SPARE_CUDA_DEVICE"
 #: what a spare imports while it waits: what a DDP worker imports before its first step
 #: (torch 1-2 s here; ``DistributedDataParallel``'s first construction touches
 #: ``torch._dynamo``, another 0.8 s and some 800 modules)
@@ -54,6 +57,30 @@ def _read_assignment(fd: int) -> dict[str, Any] | None:
     return found if isinstance(found, dict) else None
 
 
+def _cuda_context(local_rank: str | None) -> int | None:
+    """``--warm-spares cuda``: make the CUDA context on the local rank's device now (the
+    device the script's ``torch.cuda.set_device(LOCAL_RANK)`` names; modulo the devices
+    seen), so the worker's first CUDA call does not pay for it. The device index, or None
+    where none was asked, torch has no CUDA, or it failed (the spare waits without one:
+    the worker makes its own, as a fresh one does)."""
+    if local_rank is None or not local_rank.isdigit():
+        return None
+    try:
+        import torch
+
+        count = torch.cuda.device_count()
+        if count < 1:
+            return None
+        index = int(local_rank) % count
+        torch.cuda.set_device(index)
+        torch.zeros(1, device=f"cuda:{index}")  # the context, and the allocator's first block
+        return index
+    except Exception as exc:  # a spare that cannot make it still waits: used without one
+        print(f"eventbus: the warm spare of local rank {local_rank} made no CUDA context "
+              f"({type(exc).__name__}: {exc}); its worker makes its own", file=sys.stderr)
+        return None
+
+
 def main() -> int:
     """Warm up, wait for the assignment, become the worker."""
     try:
@@ -67,6 +94,7 @@ def main() -> int:
             importlib.import_module(name)
         except Exception:  # a spare that cannot warm up still waits: it is used cold
             break
+    cuda = _cuda_context(os.environ.pop(ENV_SPARE_CUDA_DEVICE, None))
     import eventbus.app.worker as bootstrap  # the bootstrap's imports
 
     assignment = _read_assignment(fd)
@@ -83,6 +111,7 @@ def main() -> int:
     from eventbus.context import refresh_context
 
     refresh_context()  # the job context was read from the spare's environment at import
+    del cuda  # the context stays: the script's own CUDA calls find it made
     return bootstrap.main([str(a) for a in argv])
 
 
