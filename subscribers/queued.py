@@ -17,7 +17,8 @@ is due: an idle sink costs no CPU and takes the GIL from no one. The enqueue tha
 the queue empty wakes it, through a descriptor (an ``eventfd``, or a pipe where there is
 none) that the thread polls: one ``write`` system call, made before the event is appended,
 so that a signal handler raising inside the enqueue either loses the wake-up with the
-event or leaves a spare wake-up, never an event queued with its wake-up lost. Batches go
+event or leaves a spare wake-up, never an event queued with its wake-up lost
+(:mod:`~eventbus.subscribers.doorbell`). Batches go
 at most one per ``flush_interval``: a first event after a quiet spell is handed over at
 once, and within ``flush_interval`` of the last batch the next one grows until then (cut
 short by a full batch, ``flush`` or ``close``).
@@ -30,7 +31,6 @@ import collections
 import contextlib
 import logging
 import os
-import select
 import signal
 import threading
 import time
@@ -47,6 +47,7 @@ import attrs
 from eventbus._compiled import speedups as _speedups
 from eventbus._reporting import RateLimiter
 from eventbus.events import Event
+from eventbus.subscribers.doorbell import Doorbell
 
 __all__ = ["BASE_BYTES", "CONTAINER_ITEM_BYTES", "FREE_VALUE_TYPES", "Overflow",
            "PER_KEY_BYTES", "QueueSettings", "QueuedSink", "backlogged", "estimate_size",
@@ -252,14 +253,9 @@ class QueuedSink:
         #: flush() calls waiting now: the thread hands over what it has without waiting
         #: for the batch to grow
         self._flushing = 0
-        #: the thread's wake-up descriptors (read end, write end: one eventfd is both),
-        #: made with the thread; None before, after the thread ended, and where the
-        #: platform has no poll() (the thread then polls the queue every flush_interval)
-        self._wake_r: int | None = None
-        self._wake_w: int | None = None
-        #: times the thread came back from a wait (a wake-up or a timeout): what an idle
-        #: sink must not add to
-        self.wakeups = 0
+        #: the thread's wake-up (doorbell.py): its descriptors are made with the thread
+        self._bell = Doorbell(self._cond, fallback_s=self.settings.flush_interval,
+                              needed=lambda: bool(self._flushing or self._closed))
         #: the count the fast path admits below: max_events, or 0 once closed (one test
         #: per event covers both)
         self._limit = self._max_events
@@ -283,6 +279,12 @@ class QueuedSink:
         self._noted_drops = 0
         self._drop_reports = RateLimiter()
         self._sync_direct()
+
+    @property
+    def wakeups(self) -> int:
+        """Times the thread came back from a wait (a wake-up or a timeout): what an idle
+        sink must not add to."""
+        return self._bell.wakeups
 
     @property
     def enqueued(self) -> int:
@@ -374,19 +376,7 @@ class QueuedSink:
         if self._thread is None:
             self._start()
         else:
-            self._wake()
-
-    def _wake(self) -> None:
-        # With the lock held (the thread closes the descriptors under it): one system
-        # call, nothing else. A full pipe or counter means a wake-up is pending already.
-        fd = self._wake_w
-        if fd is None:
-            self._cond.notify()  # no poll() here: the thread waits on the condition
-            return
-        try:  # noqa: SIM105  (no context manager object: nothing the collector tracks)
-            os.write(fd, _WAKE_BYTES)
-        except OSError:
-            pass
+            self._bell.ring()
 
     def _enqueue_slow(self, event: Event, size: int) -> None:
         # Called with the lock held. Every event it gets is queued or dropped: counted.
@@ -425,7 +415,7 @@ class QueuedSink:
         # A drop into an idle queue (an event over max_bytes, say) is reported by the
         # thread, which sleeps with no timeout while the queue is empty: wake it.
         if self._thread is not None and not self._queue:
-            self._wake()
+            self._bell.ring()
 
     def _drop(self, reason: str, n: int) -> None:
         # One statement with no call in it once the reason is known: a drop nested in
@@ -448,7 +438,7 @@ class QueuedSink:
         with _signals_held():
             thread = threading.Thread(target=self._run, name=f"eventbus-sink:{self.name}",
                                       daemon=True)
-            self._wake_r, self._wake_w = _wake_descriptors()
+            self._bell.open()
             self._thread = thread
             thread.start()
 
@@ -490,41 +480,12 @@ class QueuedSink:
                 sizes.append(BASE_BYTES)
         self.queued_bytes = sum(sizes)
 
-    def _sleep(self, timeout: float | None) -> None:
-        # The thread's one way to wait, without the lock: until a wake-up, or ``timeout``
-        # seconds (None: no limit). Where there is no poll(), a timed wait on the
-        # condition, never longer than flush_interval.
-        self.wakeups += 1
-        fd = self._wake_r
-        if fd is None:
-            limit = self.settings.flush_interval
-            with self._cond:
-                if not self._flushing and not self._closed:
-                    self._cond.wait(limit if timeout is None else min(timeout, limit))
-            return
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        poller.poll(None if timeout is None else min(_POLL_MAX_MS, max(0, int(timeout * 1000))))
-        self._drain_wakes()
-
-    def _drain_wakes(self) -> None:
-        fd = self._wake_r
-        if fd is None:
-            return
-        with contextlib.suppress(OSError):
-            os.read(fd, 4096)  # an eventfd's 8-byte count, or what the pipe holds
-
-    def _idle_timeout(self) -> float | None:
-        # An idle thread sleeps with no limit unless a drop report is being held back.
-        return self.settings.report_interval if self._drop_reports.held else None
-
     def _run(self) -> None:
         try:
             self._loop()
         finally:
             with self._cond:
-                _close_wake(self._wake_r, self._wake_w)
-                self._wake_r = self._wake_w = None
+                self._bell.close()
 
     def _loop(self) -> None:
         interval = self.settings.flush_interval
@@ -534,9 +495,10 @@ class QueuedSink:
                 if idle and self._closed:
                     self._cond.notify_all()
                     return
-                timeout = self._idle_timeout()
+                # idle, it sleeps with no limit unless a drop report is held back
+                timeout = self.settings.report_interval if self._drop_reports.held else None
             if idle:
-                self._sleep(timeout)
+                self._bell.wait(timeout)
                 self._maybe_report()
                 continue
             # Events queued. Batches go at most one per flush_interval: within that time of
@@ -544,13 +506,13 @@ class QueuedSink:
             # or it is full; a first event after a quiet spell (a heartbeat) goes at once.
             # Spare wake-ups are drained first, the state read after: a wake-up written
             # since is not missed.
-            self._drain_wakes()
+            self._bell.drain()
             with self._cond:
                 wait = interval - (time.monotonic() - self._handed_at)
                 grow = wait > 0 and not self._flushing and not self._closed and \
                     0 < len(self._queue) < self._max_batch
             if grow:
-                self._sleep(wait)
+                self._bell.wait(wait)
             with self._cond:
                 if not self._queue:
                     continue
@@ -609,7 +571,7 @@ class QueuedSink:
                 self._start()
             self._flushing += 1
             try:
-                self._wake()
+                self._bell.ring()
                 while self._queue or self._in_flight:
                     left = deadline - time.monotonic()
                     if left <= 0 or self._thread is None or not self._thread.is_alive():
@@ -640,7 +602,7 @@ class QueuedSink:
                 self._sizes.clear()
                 self.queued_bytes = 0
             self._cond.notify_all()
-            self._wake()
+            self._bell.ring()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread() \
                 and thread.is_alive():
@@ -672,41 +634,14 @@ class QueuedSink:
         # counts into no counter of its parent's. The wake-up descriptors it inherited are
         # the parent thread's: closed here (the parent's stay open), new ones come with
         # the child's own thread.
-        inherited = (self._wake_r, self._wake_w)
+        inherited = self._bell
         self._init_state()
-        _close_wake(*inherited)
+        inherited.close()
         if self._counter is not None:
             self.count_into(None)
 
     def __repr__(self) -> str:
         return f"<QueuedSink {self.name} pending={self.pending}>"
-
-
-#: poll()'s longest timeout (a C int of milliseconds); a longer one is as good as none
-_POLL_MAX_MS = 2**31 - 1
-#: what one wake-up writes: an eventfd takes an 8-byte count, a pipe any byte
-_WAKE_BYTES = (1).to_bytes(8, "little") if hasattr(os, "eventfd") else b"\x01"
-
-
-def _wake_descriptors() -> tuple[int | None, int | None]:
-    """A new thread's wake-up descriptors: one non-blocking eventfd (Linux), else a
-    non-blocking pipe, both close-on-exec; (None, None) where there is no poll()."""
-    if not hasattr(select, "poll"):
-        return None, None
-    if hasattr(os, "eventfd"):
-        fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        return fd, fd
-    r, w = os.pipe()
-    os.set_blocking(r, False)
-    os.set_blocking(w, False)
-    return r, w
-
-
-def _close_wake(r: int | None, w: int | None) -> None:
-    for fd in {r, w}:
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(fd)
 
 
 def flush_all(timeout: float = 5.0) -> bool:
