@@ -35,7 +35,6 @@ import threading
 import time
 from collections.abc import Callable
 from collections.abc import Collection
-from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -45,6 +44,7 @@ from eventbus.bus import Bus
 from eventbus.events import EventsLost
 from eventbus.ledger import ExitLedger
 from eventbus.ledger import RecordCount
+from eventbus.publishers.sender_book import SenderBook
 from eventbus.store_client import QueueClient
 from eventbus.store_client import connect_store
 from eventbus.store_client import queue_empty_error
@@ -79,16 +79,6 @@ MAX_PIPELINED_POPS = 256
 #: ... or this many with a ``hold``, asked again before each batch: a node's push holds up
 #: to 4,000 events, the agent's JSONL queue is held from half of its 100,000 on
 MAX_HELD_POPS = 8
-
-
-@attrs.define
-class _Sender:
-    key: str
-    #: the sequence number expected next
-    expected: int = 0
-    dropped: dict[str, int] = attrs.field(factory=dict)
-    ended: bool = False
-    delivered: int = 0
 
 
 @attrs.define
@@ -161,7 +151,9 @@ class StoreReceiver:
         self.report_interval = report_interval
         self.on_end = on_end
         self._queues: dict[str, _Queue] = {}
-        self._senders: dict[str, _Sender] = {}
+        #: what each sender numbered, dropped and ended, against what arrived
+        #: (sender_book.py); called under this receiver's lock
+        self.book = SenderBook(bus, max_senders=max_senders, report_interval=report_interval)
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -169,15 +161,13 @@ class StoreReceiver:
         #: values popped, events delivered
         self.values = 0
         self.delivered = 0
-        #: rejected events (or values) per reason
-        self.rejected: dict[str, int] = {}
-        #: gaps, duplicates and sender-side drops, per reason
-        self.lost: dict[str, int] = {}
+        #: rejected events (or values) per reason; gaps, duplicates and sender-side drops,
+        #: per reason (the book's counts)
+        self.rejected = self.book.rejected
+        self.lost = self.book.lost
         self.store_errors = 0
         #: queues found holding values at exit (see report_leftovers), by key
         self.leftovers: dict[str, int] = {}
-        self._pending_rejects: dict[tuple[str, str], int] = {}
-        self._reject_reports = RateLimiter()
         self._error_reports = RateLimiter()
         self._decoder = BatchDecoder(max_value_bytes=max_value_bytes)
         #: the doorbell queue, the keys rung since the last drain, and the wake-up
@@ -262,7 +252,7 @@ class StoreReceiver:
             self._next_queue = start + 1
             if self.pipelined:
                 popped = self._pipelined_round(queues, every=every, now=now, ends=ends)
-                self._flush_rejects()
+                self.book.flush_rejects()
                 return popped
             visited = 0
             cut = False
@@ -301,7 +291,7 @@ class StoreReceiver:
                     break
             if cut:
                 self._next_queue = start + visited
-            self._flush_rejects()
+            self.book.flush_rejects()
         return popped
 
     def _reschedule(self, queue: _Queue, now: float, *, values_left: bool, got: int) -> None:
@@ -526,76 +516,30 @@ class StoreReceiver:
         try:
             return self._handle(key, raw, kind, rank)
         except WireError as rej:
-            self._reject(key, rej.reason, rej.count)
+            self.book.reject(key, rej.reason, rej.count)
         except Exception as exc:  # a bug, not bad input: count it as such, keep going
-            self._reject(key, f"receiver error: {type(exc).__name__}", 1)
+            self.book.reject(key, f"receiver error: {type(exc).__name__}", 1)
             logger.exception("store receiver: unexpected error on a value from %s", key)
         return 0
 
     def _handle(self, key: str, raw: object, kind: SenderKind, rank: int) -> int:
         batch = self._decoder.batch(raw, kind=kind, rank=rank)
-        sender, first, entries = batch.sender, batch.first, batch.entries
-        n = len(entries)
-        state = self._senders.get(sender)
-        if state is None:
-            if len(self._senders) >= self.max_senders:
-                raise WireError("too many senders", max(n, 1))
-            state = self._senders[sender] = _Sender(key)
-        skip = 0
-        if first > state.expected:
-            self._lost(sender, key, first - state.expected, "gap",
-                       {"expected_seq": state.expected, "got_seq": first})
-            state.expected = first
-        elif first < state.expected:
-            skip = min(n, state.expected - first)
-            if skip:
-                self._lost(sender, key, skip, "duplicate",
-                           {"expected_seq": state.expected, "got_seq": first})
-        state.expected = max(state.expected, first + n)
-        for reason, count in batch.dropped.items():
-            delta = count - state.dropped.get(reason, 0)
-            if delta > 0:
-                state.dropped[reason] = count
-                self._lost(sender, key, delta, f"dropped by sender: {reason}", {})
-
+        entries = batch.entries
+        state, skip = self.book.arrived(batch.sender, key, batch.first, len(entries),
+                                        batch.dropped)
         delivered = self._decoder.publish_all(
             entries[skip:] if skip else entries, batch.contexts, self.bus.publish,
-            lambda reason: self._reject(key, reason, 1))
+            lambda reason: self.book.reject(key, reason, 1))
         state.delivered += delivered
         self.delivered += delivered
         if batch.end and not state.ended:
             state.ended = True
             if self.on_end is not None:
                 try:
-                    self.on_end(key, sender)
+                    self.on_end(key, batch.sender)
                 except Exception:
                     logger.exception("store receiver: on_end callback failed")
         return delivered
-
-    # -- reports ------------------------------------------------------------------------
-    def _lost(self, sender: str, key: str, count: int, reason: str,
-              extra: Mapping[str, Any]) -> None:
-        kind = reason.split(":", 1)[0]
-        self.lost[kind] = self.lost.get(kind, 0) + count
-        logger.warning("store receiver: %s: %d events %s", sender, count, reason)
-        self.bus.publish(EventsLost(source=sender, count=count, reason=reason,
-                                    data={"queue": key, **extra}))
-
-    def _reject(self, key: str, reason: str, count: int) -> None:
-        self.rejected[reason] = self.rejected.get(reason, 0) + count
-        self._pending_rejects[(key, reason)] = self._pending_rejects.get((key, reason), 0) + count
-
-    def _flush_rejects(self, *, force: bool = False) -> None:
-        # Garbage can arrive fast: report it aggregated, at most once per report_interval.
-        if not self._pending_rejects:
-            return
-        if self._reject_reports.allow(self.report_interval, force=force) is None:
-            return
-        pending, self._pending_rejects = self._pending_rejects, {}
-        for (key, reason), count in sorted(pending.items()):
-            logger.warning("store receiver: rejected %d events from %s: %s", count, key, reason)
-            self.bus.publish(EventsLost(source=key, count=count, reason=f"rejected: {reason}",
-                                        data={"queue": key}))
 
     def stats(self) -> dict[str, Any]:
         """Values popped, events delivered, rejected and lost (per reason), senders."""
@@ -608,9 +552,7 @@ class StoreReceiver:
                 "store_errors": self.store_errors,
                 "holds": self.holds,
                 "queues": list(self._queues),
-                "senders": {s: {"key": st.key, "next_seq": st.expected, "ended": st.ended,
-                                "delivered": st.delivered, "dropped": dict(st.dropped)}
-                            for s, st in self._senders.items()},
+                "senders": self.book.stats(),
             }
 
     def report_leftovers(self, *, counted_elsewhere: Collection[str] = ()) -> int:
@@ -647,77 +589,29 @@ class StoreReceiver:
         return total
 
     def settle(self, ledger: ExitLedger, *, why: str) -> int:
-        """Report what ``ledger``'s sender numbered or dropped that never arrived here.
-
-        For a sender whose end marker did not arrive: ``numbered`` less the next number
-        expected (below it, every event was delivered or already reported) becomes one
-        ``EVENTS_LOST`` ("not delivered: ``why``"), and each drop count above what its
-        pushes carried one "dropped by sender"; the sender is then settled, so a second
-        call reports nothing. Returns the events reported. A sender whose end marker
-        arrived has told everything already: 0.
-        """
+        """:meth:`SenderBook.settle <eventbus.publishers.sender_book.SenderBook.settle>`,
+        under the receiver's lock: what ``ledger``'s sender numbered or dropped that never
+        arrived, reported; returns the events reported."""
         with self._lock:
-            state = self._senders.get(ledger.sender)
-            if state is None:
-                state = self._senders[ledger.sender] = _Sender(ledger.key)
-            if state.ended:
-                return 0
-            reported = 0
-            extra = {"numbered": ledger.numbered, "next_seq": state.expected,
-                     "from": "exit ledger"}
-            missing = ledger.numbered - state.expected
-            if missing > 0:
-                self._lost(ledger.sender, ledger.key, missing, f"not delivered: {why}",
-                           extra)
-                state.expected = ledger.numbered
-                reported += missing
-            for reason, count in sorted(ledger.dropped.items()):
-                delta = count - state.dropped.get(reason, 0)
-                if delta > 0:
-                    state.dropped[reason] = count
-                    self._lost(ledger.sender, ledger.key, delta,
-                               f"dropped by sender: {reason}", {"from": "exit ledger"})
-                    reported += delta
-            return reported
+            return self.book.settle(ledger, why=why)
 
     def settle_count(self, count: RecordCount, *, why: str) -> int:
-        """Report what ``count``'s sender recorded that never arrived here, from its record
-        counter (:func:`eventbus.ledger.read_counters`), read after the sender died.
-
-        Every event the sender recorded got a number (delivered here, or reported as a gap)
-        or was counted as dropped (reported from its pushes or its exit ledger), or was
-        still in its queue when it died. For a sender whose end marker did not arrive, the
-        last kind is the count less the next number expected less the drops reported:
-        one ``EVENTS_LOST`` ("not delivered: ``why``"). Call it after :meth:`settle` with
-        the sender's exit ledger, if any. The sender is then settled: a second call
-        reports nothing. Returns the events reported.
-        """
+        """:meth:`SenderBook.settle_count
+        <eventbus.publishers.sender_book.SenderBook.settle_count>`, under the receiver's
+        lock: what ``count``'s sender recorded that never arrived, reported."""
         with self._lock:
-            state = self._senders.get(count.sender)
-            if state is None:
-                state = self._senders[count.sender] = _Sender(count.key)
-            if state.ended:
-                return 0
-            dropped = sum(state.dropped.values())
-            missing = count.recorded - state.expected - dropped
-            if missing <= 0:
-                return 0
-            self._lost(count.sender, count.key, missing, f"not delivered: {why}",
-                       {"recorded": count.recorded, "next_seq": state.expected,
-                        "dropped": dropped, "from": "record counter"})
-            state.expected += missing
-            return missing
+            return self.book.settle_count(count, why=why)
 
     def unended(self) -> list[str]:
         """Senders seen without their end marker (killed, or still running)."""
         with self._lock:
-            return [s for s, st in self._senders.items() if not st.ended]
+            return self.book.unended()
 
     def close(self) -> None:
         """Stop draining and report what is still pending."""
         self.stop()
         with self._lock:
-            self._flush_rejects(force=True)
+            self.book.flush_rejects(force=True)
             popper, self._popper = self._popper, None
             if popper is not None:
                 popper.close()
