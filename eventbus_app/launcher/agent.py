@@ -322,9 +322,9 @@ class EventAgent(LocalElasticAgent):
 
     @property
     def attempt(self) -> int:
-        """The attempt the current worker group belongs to (``TORCHELASTIC_RESTART_COUNT``
-        of its workers). Set at each rendezvous: a STOP zeroes the restarts left, which
-        must not renumber the attempt that failed."""
+        """The attempt the current worker group belongs to, the same on every node (its
+        workers' ``EVENTBUS_ATTEMPT``; see :meth:`_next_attempt`). Set at each rendezvous:
+        a STOP zeroes the restarts left, which must not renumber the attempt that failed."""
         return self._attempt
 
     @property
@@ -339,11 +339,10 @@ class EventAgent(LocalElasticAgent):
         the others' after a restart another node decided: theirs re-form, counting none,
         and the workers' events, store queues and the judge's heartbeats would be filed
         under different attempts). Otherwise torch's restart count."""
-        spec = self._worker_group.spec
-        counted = int(spec.max_restarts - self._remaining_restarts)
         if self._rounds:
-            return self._attempt + 1 if self._formed else 0
-        return counted
+            return self._attempt + 1
+        spec = self._worker_group.spec
+        return int(spec.max_restarts - self._remaining_restarts)
 
     # -- reactors and decisions (decider.py decides; the agent applies) ------------------
     def add_reactor(self, reactor: Reactor) -> Subscription:
