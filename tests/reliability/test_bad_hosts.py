@@ -15,6 +15,7 @@ Each agent records its outcomes in one SQLite host ledger, read back at the end.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -85,6 +86,11 @@ class Nodes:
         outputs = {}
         for host, proc in self.procs.items():
             if proc.poll() is None:
+                # its workers first: they live in sessions of their own, and one that hangs
+                # (--fault hang) would outlive a failed test by an hour
+                for pid in _descendants(proc.pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
                 os.killpg(proc.pid, signal.SIGKILL)
             text = proc.communicate(timeout=30)[0]
             if os.environ.get("EVENTBUS_TEST_KEEP"):
@@ -100,6 +106,24 @@ class Nodes:
 
     def ledger_rows(self) -> list[HostOutcome]:
         return sorted(read_outcomes(str(self.ledger)), key=lambda o: (o.host, o.attempt))
+
+
+def _descendants(root: int) -> list[int]:
+    """The live processes below ``root`` (from /proc; empty where there is none)."""
+    parents: dict[int, int] = {}
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    parents[int(name)] = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = [], [root]
+    while frontier:
+        children = [pid for pid, ppid in parents.items() if ppid in frontier]
+        found.extend(children)
+        frontier = children
+    return found
 
 
 @pytest.fixture
