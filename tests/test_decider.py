@@ -33,7 +33,7 @@ def _stall(rank: int = 1) -> eventbus.WorkerStalled:
 def test_no_answer_restarts_while_restarts_are_left() -> None:
     """No reactor: torchrun's policy, a restart with one restart fewer, cause failure."""
     decider = _decider()
-    outcome = decider.decide([_failure()], restarts_left=2, next_attempt=0)
+    outcome = decider.decide([_failure()], restarts_left=2, next_attempt=1)
     assert outcome.action == "restart" and outcome.cause == Cause.FAILURE
     assert outcome.line == ("rank 1 failed (exit code 3); restarting the group as attempt 1 "
                             "(1 restart left)")
@@ -47,7 +47,7 @@ def test_no_restart_left_fails_the_job_with_the_failures_cause() -> None:
     """With no restart left the outcome is "fail"; AGENT_EXIT ends FAILED with exit 1 and
     the failure's sentence and cause (a stall's cause is stall)."""
     decider = _decider()
-    outcome = decider.decide([_stall()], restarts_left=0, next_attempt=2)
+    outcome = decider.decide([_stall()], restarts_left=0, next_attempt=3)
     assert outcome.action == "fail" and outcome.cause == Cause.STALL
     assert "no restart is left (--max-restarts 2): the job fails" in outcome.line
     ending = decider.ending(succeeded=False)
@@ -64,7 +64,7 @@ def test_a_reactor_stop_stops_with_restarts_left_and_says_so_as_a_field() -> Non
         return Decision.STOP
 
     decider.add_reactor(stop_all)
-    outcome = decider.decide([_failure()], restarts_left=2, next_attempt=0)
+    outcome = decider.decide([_failure()], restarts_left=2, next_attempt=1)
     assert outcome.action == "stop" and outcome.cause == Cause.STOP and outcome.announce
     assert outcome.stop_by == (f"{__name__}.test_a_reactor_stop_stops_with_restarts_left_and_"
                                "says_so_as_a_field.<locals>.stop_all",)
@@ -78,7 +78,7 @@ def test_restart_answer_names_its_reactor_in_the_restart_reason() -> None:
     """RESTART is taken while restarts are left; the WORKER_RESTART reason names it."""
     decider = _decider()
     decider.add_reactor(lambda event: Decision.RESTART)
-    outcome = decider.decide([_failure()], restarts_left=1, next_attempt=1)
+    outcome = decider.decide([_failure()], restarts_left=1, next_attempt=2)
     assert outcome.action == "restart" and len(outcome.restart_by) == 1
     assert "RESTART from" in decider.next_restart()[0]
 
@@ -91,7 +91,7 @@ def test_another_nodes_stop_is_a_remote_stop_cause() -> None:
     remote[0] = "rank 3 failed; STOP from x"
     assert decider.stop_for_remote() is not None
     assert decider.stop_for_remote() is None  # the console line once
-    outcome = decider.decide([_failure()], restarts_left=2, next_attempt=0)
+    outcome = decider.decide([_failure()], restarts_left=2, next_attempt=1)
     assert outcome.action == "stop" and not outcome.announce
     ending = decider.ending(succeeded=False)
     assert (ending.exit_code, ending.cause) == (7, "remote_stop")
@@ -104,7 +104,7 @@ def test_an_agent_that_raised_ends_with_cause_error_unless_stopped() -> None:
     ending = decider.ending(succeeded=None, error=RuntimeError("rendezvous closed"))
     assert (ending.cause, ending.reason) == ("error", "RuntimeError: rendezvous closed")
     decider.add_reactor(lambda event: Decision.STOP)
-    decider.decide([_failure()], restarts_left=2, next_attempt=0)
+    decider.decide([_failure()], restarts_left=2, next_attempt=1)
     ending = decider.ending(succeeded=None, error=RuntimeError("closed"))
     assert ending.cause == "stop" and ending.reason is not None
     assert ending.reason.endswith("(then the agent raised RuntimeError: closed)")
@@ -125,7 +125,7 @@ def test_reactors_see_only_the_deciders_failures(caplog: pytest.LogCaptureFixtur
     decider.add_reactor(seen.append)
     decider.bus.publish(_failure())
     assert seen == []
-    decider.decide([_failure(rank=2)], restarts_left=1, next_attempt=0)
+    decider.decide([_failure(rank=2)], restarts_left=1, next_attempt=1)
     assert [e.worker_id for e in seen] == [2]  # type: ignore[attr-defined]
 
 
@@ -139,7 +139,7 @@ def test_a_raising_reactor_counts_as_no_decision(caplog: pytest.LogCaptureFixtur
     decider.add_reactor(broken)
     decider.add_reactor(lambda event: Decision.STOP)
     with caplog.at_level(logging.ERROR, logger="eventbus"):
-        outcome = decider.decide([_failure()], restarts_left=2, next_attempt=0)
+        outcome = decider.decide([_failure()], restarts_left=2, next_attempt=1)
     assert outcome.action == "stop" and decider.reactor_errors == 1
     assert any(r.exc_info for r in caplog.records if "raised" in r.getMessage())
 
@@ -150,5 +150,5 @@ def test_close_unsubscribes_every_reactor() -> None:
     calls: list[object] = []
     decider.add_reactor(calls.append)
     decider.close()
-    decider.decide([_failure()], restarts_left=1, next_attempt=0)
+    decider.decide([_failure()], restarts_left=1, next_attempt=1)
     assert calls == []

@@ -120,7 +120,7 @@ def test_the_decider_ends_a_drained_job_preempted_with_the_drain_code() -> None:
         assert ending.reason is not None and ending.reason.startswith("SIGTERM on node 0")
     # a failure during a drain restarts nothing, and says why
     outcome = decider.decide([WorkerExit(worker_id=1, exit_code=1)], restarts_left=3,
-                             next_attempt=1)
+                             next_attempt=2)
     assert outcome.action == "fail"
     assert outcome.line.endswith("the job is draining (SIGTERM on node 0): no restart")
 

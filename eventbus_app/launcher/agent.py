@@ -371,7 +371,7 @@ class EventAgent(LocalElasticAgent):
             if isinstance(event, WorkerExit):
                 self.exits.decided(self.attempt, event.worker_id, event.data.get("error_file"))
         outcome = self.decider.decide(failures, restarts_left=self._remaining_restarts,
-                                      next_attempt=self._next_attempt(),
+                                      next_attempt=self.attempt + 1,
                                       report_only=report_only)
         self.eviction.reactors_ran(failures)
         if not report_only:

@@ -230,7 +230,7 @@ class Decider:
         by = f"RESTART from {', '.join(restarts)}: " if restarts else ""
         reason = f"{summary}; RESTART from {', '.join(restarts)}" if restarts else summary
         self._restart = (reason, cause)
-        line = (f"{culprits}; {by}restarting the group as attempt {next_attempt + 1} "
+        line = (f"{culprits}; {by}restarting the group as attempt {next_attempt} "
                 f"({restarts_text(restarts_left - 1)})")
         return Outcome("restart", cause, line, restart_by=restarts)
 
