@@ -110,3 +110,12 @@ def test_a_handler_that_is_not_torchs_dynamic_one_is_left_alone() -> None:
     handler = Static()
     assert not membership.admit_only_with_room(handler)
     assert "num_nodes_waiting" not in vars(handler)
+
+
+def test_the_jobs_attempt_is_the_round_the_node_is_in() -> None:
+    """membership.job_round: what the agent takes as the job's attempt (the same on every
+    node of the round); None where the rendezvous keeps no rounds."""
+    state, _ = _full_round_with_one_left_out()
+    state.round = 3
+    assert membership.job_round(_Handler(state)) == 3
+    assert membership.job_round(object()) is None

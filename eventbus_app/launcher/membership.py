@@ -29,16 +29,12 @@ list), both leave torch's behaviour as it is.
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Callable
 from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["admit_only_with_room", "full_round", "job_round", "patient_join",
            "wait_list_action"]
-
-logger = logging.getLogger(__name__)
-
 
 def full_round(state: Any, max_nodes: int) -> bool:
     """Whether the rendezvous ``state`` (torch's ``_RendezvousState``) is a complete round
@@ -55,11 +51,13 @@ def wait_list_action(state: Any, node: Any, max_nodes: int) -> str | None:
     return "leave_wait_list" if full_round(state, max_nodes) else None
 
 
+def _state(handler: Any) -> Any:
+    return getattr(getattr(handler, "_state_holder", None), "state", None)
+
+
 def _state_and_max(handler: Any) -> tuple[Any, int] | None:
-    holder = getattr(handler, "_state_holder", None)
-    settings = getattr(handler, "_settings", None)
-    state = getattr(holder, "state", None)
-    max_nodes = getattr(settings, "max_nodes", None)
+    state = _state(handler)
+    max_nodes = getattr(getattr(handler, "_settings", None), "max_nodes", None)
     if state is None or not isinstance(max_nodes, int):
         return None
     if not all(hasattr(state, name) for name in ("participants", "wait_list", "complete",
@@ -73,8 +71,7 @@ def job_round(handler: Any) -> int | None:
     after its rendezvous: the same on every node of the group, one more at every re-form,
     whichever node decided it (the job's attempt, see the agent). None where the handler
     has no such state (the static backend, another handler)."""
-    found = _state_and_max(handler)
-    value = getattr(found[0], "round", None) if found is not None else None
+    value = getattr(_state(handler), "round", None)
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
