@@ -72,8 +72,11 @@ def _cuda_context(local_rank: str | None) -> int | None:
         if count < 1:
             return None
         index = int(local_rank) % count
-        torch.cuda.set_device(index)
-        torch.zeros(1, device=f"cuda:{index}")  # the context, and the allocator's first block
+        # The context and the allocator's first block, on that device only. No
+        # set_device(): the script's current device must be a fresh process's (device 0
+        # until it sets one), and torch's device guard puts the current device back
+        # without making a context on device 0.
+        torch.zeros(1, device=f"cuda:{index}")
         return index
     except Exception as exc:  # a spare that cannot make it still waits: used without one
         print(f"eventbus: the warm spare of local rank {local_rank} made no CUDA context "
@@ -94,7 +97,8 @@ def main() -> int:
             importlib.import_module(name)
         except Exception:  # a spare that cannot warm up still waits: it is used cold
             break
-    cuda = _cuda_context(os.environ.pop(ENV_SPARE_CUDA_DEVICE, None))
+    # the context, once made, stays: the script's own CUDA calls find it
+    _cuda_context(os.environ.pop(ENV_SPARE_CUDA_DEVICE, None))
     import eventbus.app.worker as bootstrap  # the bootstrap's imports
 
     assignment = _read_assignment(fd)
@@ -111,7 +115,6 @@ def main() -> int:
     from eventbus.context import refresh_context
 
     refresh_context()  # the job context was read from the spare's environment at import
-    del cuda  # the context stays: the script's own CUDA calls find it made
     return bootstrap.main([str(a) for a in argv])
 
 
