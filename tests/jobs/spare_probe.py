@@ -76,6 +76,11 @@ def main() -> None:
         time.sleep(float(os.environ.get("PROBE_WAIT_S", "8")))
         if rank == "1":
             os._exit(1)
+    # DDP's reducer holds the process group: freed here, before the group is destroyed
+    # while the peer is still there. Freed at the end of main(), after the peer exited,
+    # its gloo group's destructor once hung joining its threads (a spare's attempt 1,
+    # 1 run in about 10; the stack was torch's ~ProcessGroupGloo under ~Reducer).
+    del model, optimizer
     dist.barrier()
     dist.destroy_process_group()
 
