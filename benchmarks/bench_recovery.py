@@ -111,6 +111,13 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _progress(prefix: str, job: dict[str, Any]) -> None:
+    """One job's progress line on stderr: ``prefix``, then its time to recover or why not."""
+    print(f"{prefix}: " + (f"first step {job['step']:.2f} s after the crash" if job["ok"]
+                           else f"FAILED (rc {job['rc']}): {job.get('tail', '')}"),
+          file=sys.stderr, flush=True)
+
+
 def run(*, quick: bool = False) -> dict[str, Any]:
     """``ROUNDS`` rounds (2 with ``quick``), the launchers interleaved; the medians."""
     rounds = 2 if quick else ROUNDS
@@ -120,10 +127,7 @@ def run(*, quick: bool = False) -> dict[str, Any]:
         for launcher in order:
             job = one(launcher)
             jobs.append(job)
-            print(f"bench_recovery: round {index + 1}/{rounds} {launcher}: "
-                  + (f"first step {job['step']:.2f} s after the crash" if job["ok"]
-                     else f"FAILED (rc {job['rc']}): {job.get('tail', '')}"),
-                  file=sys.stderr, flush=True)
+            _progress(f"bench_recovery: round {index + 1}/{rounds} {launcher}", job)
     rows = []
     medians: dict[str, float | None] = {}
     for launcher in LAUNCHERS:
@@ -168,10 +172,7 @@ def under_load(restarts: int = 20, launcher: str = "eventbus run") -> dict[str, 
         for index in range(restarts):
             job = one(launcher)
             jobs.append(job)
-            print(f"bench_recovery under load: {launcher} {index + 1}/{restarts}: "
-                  + (f"first step {job['step']:.2f} s after the crash" if job["ok"]
-                     else f"FAILED (rc {job['rc']}): {job.get('tail', '')}"),
-                  file=sys.stderr, flush=True)
+            _progress(f"bench_recovery under load: {launcher} {index + 1}/{restarts}", job)
     finally:
         for proc in busy:
             proc.kill()
