@@ -147,6 +147,38 @@ def test_a_drain_or_the_end_silences_the_watch(kind: str, fields: dict[str, Any]
     assert watch.check() is None and not heard
 
 
+def test_a_resume_just_before_the_end_is_still_told() -> None:
+    """The job moves again and ends before the watch's next tick (CI saw it: steps 5-7
+    and the exit inside one second): ``JOB_UNSTUCK`` still goes out, once, after the
+    ``AGENT_EXIT``; nothing else does."""
+    clock = Clock()
+    bus, watch, heard = watch_on(clock, after_s=10.0)
+    bus.publish(make_event("METRIC", rank=0, step=4, data={"loss": 1.0}))
+    clock.now += 12
+    assert str(watch.check().type) == "JOB_STUCK"  # type: ignore[union-attr]
+    bus.publish(make_event("METRIC", rank=0, step=5, data={"loss": 1.0}))
+    bus.publish(make_event("AGENT_EXIT", state="SUCCEEDED", exit_code=0))
+    unstuck = watch.check()
+    assert unstuck is not None and str(unstuck.type) == "JOB_UNSTUCK"
+    assert unstuck.step == 5 and unstuck.stuck_s == 12.0  # type: ignore[attr-defined]
+    clock.now += 1000
+    assert watch.check() is None
+    assert [str(e.type) for e in heard] == ["JOB_STUCK", "JOB_UNSTUCK"]
+
+
+def test_closing_the_watch_tells_a_resume_it_had_not_told() -> None:
+    clock = Clock()
+    bus, watch, heard = watch_on(clock, after_s=10.0)
+    bus.publish(beat(0, step=1))
+    clock.now += 11
+    assert watch.check() is not None
+    bus.publish(beat(0, step=2))
+    watch.close()  # the sinks close next: they hear it
+    assert [str(e.type) for e in heard] == ["JOB_STUCK", "JOB_UNSTUCK"]
+    watch.close()
+    assert len(heard) == 2
+
+
 def test_the_watch_on_its_own_thread_alerts_and_is_closed_by_the_sinks_plugin() -> None:
     """Under ``eventbus run``: the SinksPlugin starts it with its thread (the real clock:
     0.2 s here), and closing the plugin stops it."""
@@ -248,9 +280,12 @@ def test_a_real_job_that_stops_stepping_alerts_on_the_webhook_and_w_and_b(
     text = stuck[0]["text"]
     assert text.startswith("no rank made a step for "), text
     assert f"ranks 0, 1 on node-17 at stuck_job.py:{quiet_line}" in text, text
-    after = kinds[posts.index(stuck[0]) + 1:]
-    assert after[:1] == ["JOB_UNSTUCK"], kinds
-    unstuck = posts[posts.index(stuck[0]) + 1]["text"]
+    # the next alert is the resume (told at once; a resume that only the end's flush told
+    # comes after the AGENT_EXIT post)
+    after = posts[posts.index(stuck[0]) + 1:]
+    alerts_after = [p for p in after if p["event"]["type"] in ("JOB_STUCK", "JOB_UNSTUCK")]
+    assert [p["event"]["type"] for p in alerts_after][:1] == ["JOB_UNSTUCK"], kinds
+    unstuck = alerts_after[0]["text"]
     assert unstuck.startswith("progress resumed: rank "), unstuck
     # the step's all_reduce (a collective: progress) may be heard before its METRIC
     assert re.search(r"on node-17 made (step 5|a step) after ", unstuck), unstuck

@@ -28,7 +28,9 @@ ranks' last known places, from their last heartbeats (``data["where"]``, or the 
 Time is the watch's own clock (``clock``, ``time.monotonic`` by default), read when an
 event arrives: the tests drive it with a fake one and call :meth:`StuckWatch.check`
 themselves (``start=False``); under ``eventbus run`` a daemon thread calls it about every
-second. Events are published from that thread, never from inside a delivery.
+second, and at once when progress resumes. Events are published from that thread (or
+:meth:`StuckWatch.close`, which tells a resume the thread had no time to tell before the
+job ended), never from inside a delivery.
 """
 
 from __future__ import annotations
@@ -118,6 +120,7 @@ class StuckWatch:
         self.published: list[Event] = []
         self._subscription = bus.subscribe(ALL, on_event=self.observe)
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set when progress resumes: tell it at once
         self._thread: threading.Thread | None = None
         if start:
             self._thread = threading.Thread(target=self._run, name="eventbus-stuck-watch",
@@ -207,15 +210,16 @@ class StuckWatch:
         self._last_progress = now
         if self._stuck_from is not None and self._resumed is None:
             self._resumed = (rank, step, host, now - self._stuck_from)
+            self._wake.set()
 
     # -- the clock --------------------------------------------------------------------------
     def check(self, now: float | None = None) -> Event | None:
         """Publish ``JOB_UNSTUCK`` if progress resumed, else ``JOB_STUCK`` if ``after_s``
-        passed without progress and the job is not already stuck; returns it (or None)."""
+        passed without progress and the job is not already stuck; returns it (or None).
+        After a drain or the end, only a resume seen before it is still told (a job that
+        moved again and then finished must not stay "stuck" in the channel)."""
         now = self.clock() if now is None else now
         with self._lock:
-            if self._over:
-                return None
             if self._resumed is not None:
                 rank, step, host, stuck_s = self._resumed
                 self._resumed = None
@@ -224,6 +228,8 @@ class StuckWatch:
                                           "worker_id": rank,
                                           "data": {"host": host} if host else {}}
                 kind = EventType.JOB_UNSTUCK
+            elif self._over:
+                return None
             elif self._stuck_from is None and now - self._last_progress >= self.after_s:
                 self._stuck_from = self._last_progress
                 places = self._places(now)
@@ -262,15 +268,28 @@ class StuckWatch:
 
     def _run(self) -> None:
         tick = min(1.0, max(0.05, self.after_s / 4))
-        while not self._stop.wait(tick):
+        while not self._stop.is_set():
+            self._wake.wait(tick)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
             try:
                 self.check()
             except Exception:  # a watchdog's bug must never end the job
                 logger.exception("eventbus: the --alert-after watch failed a check")
 
     def close(self) -> None:
-        """Stop watching: unsubscribe and end the thread."""
-        self._subscription.cancel()
+        """Stop watching: end the thread, tell a resume it had not told yet (the
+        sinks still hear it: they close after this), and unsubscribe."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=2.0)
+        with self._lock:
+            pending = self._resumed is not None
+        if pending:
+            try:
+                self.check()
+            except Exception:
+                logger.exception("eventbus: the --alert-after watch failed its last check")
+        self._subscription.cancel()
