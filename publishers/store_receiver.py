@@ -13,13 +13,13 @@ own client blocks on the doorbell queue, where senders push the key of the queue
 pushed to: that queue is popped at once, so a batch waits for no poll interval. Without a
 ring (an old sender, a lost ring) queues are still polled, backing off while idle.
 
-Given ``pipelined=True`` (with ``host`` and ``port``), a round goes through a
-:class:`eventbus.store_client.QueueClient` of the receiver's own: the length of every due queue in
-one write, answers read as a stream, then exactly as many pops as each queue holds values,
-in batches of one write each (each pop's answer carries what is left). A poll of an idle
-queue then costs about a microsecond of the receiver's CPU instead of a store round trip
-(~30 us), and emptying a queue costs no pop that finds it empty: what lets group rank 0
-poll a thousand node queues often (docs/scale.md).
+Given ``pipelined=True`` (with ``host`` and ``port``), a round goes through a client of
+the receiver's own (:mod:`eventbus.publishers.pipelined_pops`): the length of every due
+queue in one write, answers read as a stream, then exactly as many pops as each queue
+holds values, in batches of one write each (each pop's answer carries what is left). A
+poll of an idle queue then costs about a microsecond of the receiver's CPU instead of a
+store round trip (~30 us), and emptying a queue costs no pop that finds it empty: what
+lets group rank 0 poll a thousand node queues often (docs/scale.md).
 
 The agent of ``eventbus run`` runs receivers through its store transport plugin
 (:mod:`eventbus.app.launcher.store_transport`).
@@ -44,8 +44,8 @@ from eventbus.bus import Bus
 from eventbus.events import EventsLost
 from eventbus.ledger import ExitLedger
 from eventbus.ledger import RecordCount
+from eventbus.publishers.pipelined_pops import PipelinedPops
 from eventbus.publishers.sender_book import SenderBook
-from eventbus.store_client import QueueClient
 from eventbus.store_client import connect_store
 from eventbus.store_client import queue_empty_error
 from eventbus.wire import MAX_VALUE_BYTES
@@ -71,14 +71,6 @@ BELL_WAIT_S = 3600.0
 #: next round resumes at the next queue), so that the lock it holds is let go of: with a
 #: backlog of large values in a thousand queues a whole round took a minute
 MAX_ROUND_S = 0.25
-
-#: a pipelined round asks at most this many queues' lengths in one write, and sends at
-#: most this many pops in one write ...
-MAX_PIPELINED_LENGTHS = 4096
-MAX_PIPELINED_POPS = 256
-#: ... or this many with a ``hold``, asked again before each batch: a node's push holds up
-#: to 4,000 events, the agent's JSONL queue is held from half of its 100,000 on
-MAX_HELD_POPS = 8
 
 
 @attrs.define
@@ -183,10 +175,9 @@ class StoreReceiver:
         self.max_round_s = max_round_s
         #: where the next round starts (see drain_once)
         self._next_queue = 0
-        #: pipelined pops (see the module's docstring): the client, made at the first round
+        #: pipelined pops (see the module's docstring): made at the first round
         self.pipelined = pipelined
-        self._popper: QueueClient | None = None
-        self._next_popper = 0.0
+        self._pops: PipelinedPops | None = None
         self._connect_timeout = connect_timeout
 
     # -- queues -------------------------------------------------------------------------
@@ -308,96 +299,36 @@ class StoreReceiver:
 
     def _pipelined_round(self, queues: list[_Queue], *, every: bool, now: float,
                          ends: float) -> int:
-        """drain_once's round with pipelined calls (the lock held): the length of every due
-        queue in one write, then exactly that many pops of each queue that holds values, in
-        batches (:data:`MAX_PIPELINED_POPS`, or :data:`MAX_HELD_POPS` with a ``hold``, asked
-        again before each), until every queue is emptied, has given
-        ``max_pops_per_queue``, ``hold`` holds, or the round's time is up. Each pop's answer
-        says how many values its queue still holds: a queue pushed to meanwhile gets more.
-
-        A connection that breaks mid-round loses the values popped and not read yet (the
-        store has let go of them): their senders' numbering reports them as a gap."""
-        popper = self._popper
-        if popper is None:
-            if now < self._next_popper:
-                return 0
-            self._next_popper = now + self.reconnect_interval
+        """drain_once's round with pipelined calls (the lock held): see
+        :meth:`PipelinedPops.round <eventbus.publishers.pipelined_pops.PipelinedPops.round>`;
+        then each queue reached is scheduled, and dropped if retired and emptied."""
+        if self._pops is None:
             assert self.host is not None and self.port is not None
-            try:
-                popper = self._popper = QueueClient(self.host, self.port,
-                                                    timeout=self._connect_timeout)
-            except Exception as exc:
-                self._store_error(exc)
-                return 0
-        limit = max(1, self.max_pops_per_queue)
-        hold = self.hold
-        step = MAX_PIPELINED_POPS if hold is None else MAX_HELD_POPS
+            self._pops = PipelinedPops(self.host, self.port,
+                                       connect_timeout=self._connect_timeout,
+                                       reconnect_interval=self.reconnect_interval)
         due = [queue for queue in queues if every or now >= queue.next_poll]
-        #: per queue: values popped this round, and what its last answer says is left
-        got: dict[str, int] = {}
-        left: dict[str, int] = {}
-        #: queues with pops to make: (queue, how many), and which queues are in it
-        wanted: collections.deque[tuple[_Queue, int]] = collections.deque()
-        queued: set[str] = set()
-        popped = 0
-        try:
-            for first in range(0, len(due), MAX_PIPELINED_LENGTHS):
-                part = due[first:first + MAX_PIPELINED_LENGTHS]
-                for queue, n in zip(part, popper.lengths([q.key for q in part]), strict=True):
-                    left[queue.key] = n
-                    if n > 0:
-                        wanted.append((queue, min(n, limit)))
-                        queued.add(queue.key)
-            while wanted:
-                if popped and time.monotonic() >= ends:
-                    break  # the round's time is up: what is left is due again at once
-                if hold is not None and hold():
-                    # a sink downstream is behind: the rest stays in the store
-                    self.holds += 1
-                    self._held = True
-                    break
-                batch: list[tuple[_Queue, int]] = []
-                pops = 0
-                while wanted and pops < step:
-                    queue, n = wanted.popleft()
-                    take = min(n, step - pops)
-                    batch.append((queue, take))
-                    pops += take
-                    if take < n:
-                        wanted.appendleft((queue, n - take))
-                    else:
-                        queued.discard(queue.key)
-                answers = popper.pop_many([queue.key for queue, n in batch for _ in range(n)])
-                for queue, n in batch:
-                    key = queue.key
-                    for _ in range(n):
-                        length, raw = next(answers)
-                        if raw is None:
-                            left[key] = 0
-                            continue
-                        left[key] = length - 1
-                        got[key] = got.get(key, 0) + 1
-                        popped += 1
-                        self.handle_value(key, raw, kind=queue.kind, rank=queue.rank)
-                    more = min(left[key], limit - got.get(key, 0))
-                    if more > 0 and key not in queued:  # pushed to since its length
-                        wanted.append((queue, more))
-                        queued.add(key)
-        except Exception as exc:
-            self._popper = None
-            popper.close()
-            self._store_error(exc)
-            return popped
+        done = self._pops.round(
+            due, limit=self.max_pops_per_queue, hold=self.hold, ends=ends, now=now,
+            handle=lambda queue, raw: self.handle_value(queue.key, raw, kind=queue.kind,
+                                                        rank=queue.rank))
+        if done.held:
+            self.holds += 1
+            self._held = True
+        if done.error is not None:
+            self._store_error(done.error)
+            return done.popped
+        left, queued = done.left, done.queued
         for queue in due:
             key = queue.key
             if key not in left:
                 continue  # not reached (the round's time was up): still due
             self._reschedule(queue, now, values_left=left[key] > 0 or key in queued,
-                             got=got.get(key, 0))
+                             got=done.got.get(key, 0))
             if left[key] <= 0 and key not in queued and queue.retire_at is not None \
                     and now >= queue.retire_at:
                 del self._queues[key]
-        return popped
+        return done.popped
 
     def drain(self, *, timeout: float) -> bool:
         """Drain until every queue is empty or ``timeout`` passes; True if all were empty.
@@ -499,9 +430,8 @@ class StoreReceiver:
         if self.host is not None and self.port is not None:
             # libuv clients never reconnect by themselves: make a new one later.
             self.client = None
-            popper, self._popper = self._popper, None
-            if popper is not None:
-                popper.close()
+            if self._pops is not None:
+                self._pops.close()
         if self._error_reports.allow(STORE_ERROR_REPORT_INTERVAL_S) is not None:
             logger.warning("store receiver: the store failed (%s); %d errors so far, retrying",
                            exc, self.store_errors)
@@ -612,6 +542,5 @@ class StoreReceiver:
         self.stop()
         with self._lock:
             self.book.flush_rejects(force=True)
-            popper, self._popper = self._popper, None
-            if popper is not None:
-                popper.close()
+            if self._pops is not None:
+                self._pops.close()

@@ -594,12 +594,13 @@ def test_a_pipelined_receiver_whose_connection_breaks_reconnects_and_loses_nothi
     dst, got = _bus_with_log("dst")
     rx = _pipelined_receiver(store, dst, 3, reconnect_interval=0.0)
     assert rx.drain_once(every=True) == 0
-    popper = rx._popper
+    assert rx._pops is not None
+    popper = rx._pops.client
     assert popper is not None and popper._sock is not None
     popper._sock.shutdown(2)  # the connection is gone; the client does not know yet
     _node_values(store, {1: 3, 2: 1, 3: 2})
     assert rx.drain_once(every=True) == 0
-    assert rx.store_errors == 1 and rx._popper is None
+    assert rx.store_errors == 1 and rx._pops.client is None
     assert rx.drain(timeout=10)
     assert sorted((e.group_rank, e.epoch) for e in got) == [
         (1, 0), (1, 1), (1, 2), (2, 0), (3, 0), (3, 1)]
@@ -612,7 +613,7 @@ def test_a_pipelined_receiver_asks_hold_again_every_few_pops(store: Any) -> None
     """With a ``hold`` (the agent's JSONL flow control), a pipelined round pops at most
     MAX_HELD_POPS values between two questions: a sink that falls behind mid-round leaves
     the rest in the store, as with one pop at a time."""
-    from eventbus.publishers.store_receiver import MAX_HELD_POPS
+    from eventbus.publishers.pipelined_pops import MAX_HELD_POPS
 
     dst, got = _bus_with_log("dst")
     _node_values(store, {1: 30, 2: 30})
