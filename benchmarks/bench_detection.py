@@ -20,7 +20,8 @@ is gone). Two measurements:
    (tests/jobs/, tiny models built from a config, nothing downloaded), and the quiet phases
    of row 41 (tests/reliability/jobs/quiet_job.py: every rank validating, rank 0 saving
    to slow storage, rank 0 evaluating alone, a ``torch.compile`` recompile, a late batch,
-   and Lightning's and transformers' own validation), each lasting 3 x the floor. Lightning
+   Lightning's validation, a transformers ``Trainer`` evaluation of one long batch and
+   rank 0 writing samples alone after it), each lasting 3 x the floor. Lightning
    and transformers are optional, and a kind whose trainer does not import is skipped and
    named. Every script runs unchanged, with no eventbus call (the trainer scripts with
    ``EVENTBUS_CALLBACK=off``): what the heartbeats alone tell the agent. Every
@@ -40,7 +41,7 @@ hand-run marker, and into docs/run.md's "Job health", each time between the mark
 ``<!-- detection:begin -->`` and ``<!-- detection:end -->`` (a rerun replaces it).
 
     python -m benchmarks.bench_detection --quick   # 2 hangs, one healthy run per kind
-    python -m benchmarks.bench_detection --write   # 20 + 50 jobs (about 35 minutes)
+    python -m benchmarks.bench_detection --write   # 20 + 55 jobs (about 40 minutes)
 """
 
 from __future__ import annotations
@@ -146,12 +147,22 @@ KINDS: tuple[Kind, ...] = (
           "VAL_S": "{quiet}", "VAL_EVERY": "30"},
          {"MAX_STEPS": "40", "STEP_S": "0.05", "EVENTBUS_CALLBACK": "off",
           "VAL_S": "{quiet}", "VAL_EVERY": "20"}),
+    # one evaluation batch of the quiet phase: the Trainer gathers the loss after each
+    # batch, so with short batches its ranks are never silent
     Kind("transformers-eval", "jobs/hf_train.py", "transformers, accelerate",
-         "transformers `Trainer` with an evaluation of the quiet phase, unchanged script",
+         "transformers `Trainer` whose evaluation is one batch of the quiet phase (every "
+         "rank), unchanged script",
          {"MAX_STEPS": "60", "STEP_S": "0.05", "EVENTBUS_CALLBACK": "off",
-          "EVAL_S": "{quiet}", "EVAL_EVERY": "30"},
+          "EVAL_S": "{quiet}", "EVAL_BATCHES": "1", "EVAL_EVERY": "30"},
          {"MAX_STEPS": "40", "STEP_S": "0.05", "EVENTBUS_CALLBACK": "off",
-          "EVAL_S": "{quiet}", "EVAL_EVERY": "20"}),
+          "EVAL_S": "{quiet}", "EVAL_BATCHES": "1", "EVAL_EVERY": "20"}),
+    Kind("transformers-samples", "jobs/hf_train.py", "transformers, accelerate",
+         "transformers `Trainer`, rank 0 alone writing samples for the quiet phase after "
+         "each evaluation (an `on_evaluate` callback), rank 1 in the next step's all_reduce",
+         {"MAX_STEPS": "60", "STEP_S": "0.05", "EVENTBUS_CALLBACK": "off", "EVAL_S": "1",
+          "EVAL_BATCHES": "1", "SAMPLE_S": "{quiet}", "EVAL_EVERY": "30"},
+         {"MAX_STEPS": "40", "STEP_S": "0.05", "EVENTBUS_CALLBACK": "off", "EVAL_S": "1",
+          "EVAL_BATCHES": "1", "SAMPLE_S": "{quiet}", "EVAL_EVERY": "20"}),
 )
 
 

@@ -13,13 +13,20 @@ Environment (all optional):
 - ``READY_AT`` (default 10): each rank writes ``ready_rank<R>`` once its global step reaches it;
 - ``EVENTBUS_CALLBACK=off``: without eventbus's callback (the script unchanged);
 - ``RESUME``: a checkpoint folder to resume from (``trainer.train(resume_from_checkpoint=)``);
-- ``EVAL_S``: an evaluation of about that many seconds (20 batches, each
-  ``EVAL_S / 20`` s of forward passes) every ``EVAL_EVERY`` (default 20) steps; unset: none.
+- ``EVAL_S``: an evaluation of about that many seconds (``EVAL_BATCHES`` batches, default
+  20, each ``EVAL_S / EVAL_BATCHES`` s of forward passes) every ``EVAL_EVERY`` (default 20)
+  steps; unset: none. The Trainer gathers the loss across ranks after every batch: with
+  ``EVAL_BATCHES=1`` the ranks are silent (no collective, no step) for the whole ``EVAL_S``,
+  as in a generation-based evaluation whose batches are long;
+- ``SAMPLE_S``: after each evaluation, rank 0 alone writes samples for that many seconds
+  (forward passes, in an ``on_evaluate`` callback, as people do to look at generations)
+  while the other ranks go on to the next step and wait for it in DDP's all_reduce.
 
 Files: ``pid_rank<R>`` (the worker's pid, first thing); ``ready_rank<R>``;
 ``end_rank<R>.json`` when ``train`` returns: ``global_step``, ``start_step`` (the global step
 at the first step's start: the steps already taken), ``first_end_step`` (the global step at
-that step's end), the world size and process index the Trainer saw, and the pid.
+that step's end), the world size and process index the Trainer saw, and the pid;
+``samples_rank0`` (the global step) once rank 0 wrote its samples (``SAMPLE_S``).
 """
 
 import json
@@ -49,7 +56,8 @@ MAX_STEPS = int(os.environ.get("MAX_STEPS", "100000"))
 STEP_S = float(os.environ.get("STEP_S", "0.02"))
 READY_AT = int(os.environ.get("READY_AT", "10"))
 EVAL_S = float(os.environ.get("EVAL_S", "0"))
-EVAL_BATCHES = 20
+EVAL_BATCHES = int(os.environ.get("EVAL_BATCHES", "20"))
+SAMPLE_S = float(os.environ.get("SAMPLE_S", "0"))
 
 
 class SlowEval(transformers.Trainer):
@@ -99,6 +107,21 @@ class Probe(transformers.TrainerCallback):
             (OUT / f"ready_rank{args.process_index}").write_text(str(state.global_step))
 
 
+class Samples(transformers.TrainerCallback):
+    """Rank 0 alone runs SAMPLE_S s of forward passes after each evaluation."""
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not state.is_world_process_zero:
+            return
+        model = kwargs["model"]
+        ids = torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(0))
+        deadline = time.monotonic() + SAMPLE_S
+        with torch.no_grad():
+            while time.monotonic() < deadline:
+                model(input_ids=ids)
+        (OUT / "samples_rank0").write_text(str(state.global_step))
+
+
 def main() -> None:
     config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=64,
                                      n_positions=32, bos_token_id=0, eos_token_id=0)
@@ -112,7 +135,8 @@ def main() -> None:
         prediction_loss_only=True)
     probe = Probe()
     trainer = SlowEval(model=transformers.GPT2LMHeadModel(config), args=args,
-                       train_dataset=Tokens(), callbacks=[*CALLBACKS, probe],
+                       train_dataset=Tokens(),
+                       callbacks=[*CALLBACKS, probe, *([Samples()] if SAMPLE_S > 0 else [])],
                        eval_dataset=Tokens(size=EVAL_BATCHES * 4 * 2) if EVAL_S > 0 else None)
     trainer.train(resume_from_checkpoint=os.environ.get("RESUME") or None)
     end = {"global_step": trainer.state.global_step, "start_step": probe.start_step,

@@ -95,19 +95,34 @@ def test_a_quiet_phase_past_the_auto_floor_is_never_a_stall(
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("trainer", ["lightning", "transformers"])
+@pytest.mark.parametrize("trainer", ["lightning", "transformers", "transformers-samples"])
 def test_a_trainer_validation_past_the_auto_floor_is_never_a_stall(
         tmp_path: Path, trainer: str, figure: Any) -> None:
     """A real Lightning or transformers Trainer run, its script unchanged (no eventbus
-    callback), whose validation or evaluation takes 80 s: no stall, no restart, rc 0."""
+    callback), quiet for 80 s at each of its two evaluations: no stall, no restart, rc 0,
+    and rank 0 really was silent past the floor (each case exercises the evidence rule).
+
+    lightning: a validation epoch of 80 s (every rank). transformers: a Trainer
+    evaluation of one 80 s batch (the Trainer gathers the loss after each batch: with short
+    batches the ranks are never silent). transformers-samples: rank 0 alone writes samples
+    for 80 s in an ``on_evaluate`` callback while rank 1 waits in the next step's
+    all_reduce."""
     pytest.importorskip("lightning.pytorch" if trainer == "lightning" else "transformers")
     script = JOBS / ("lightning_train.py" if trainer == "lightning" else "hf_train.py")
-    long = {"VAL_S": "80"} if trainer == "lightning" else {"EVAL_S": "80"}
+    long = {"lightning": {"VAL_S": "80"},
+            "transformers": {"EVAL_S": "80", "EVAL_BATCHES": "1"},
+            "transformers-samples": {"EVAL_S": "1", "EVAL_BATCHES": "1",
+                                     "SAMPLE_S": "80"}}[trainer]
     run = _job(tmp_path, script, MAX_STEPS="40", STEP_S="0.02", EVENTBUS_CALLBACK="off",
                VAL_EVERY="20", EVAL_EVERY="20", timeout=580, **long)
     _never_stalled(run)
     assert (run.out / "end_rank0.json").exists(), run.describe()
-    figure(41, f"{trainer} validation of 80 s under auto: 0 stalls, rc 0")
+    quiet = _quiet_for(run, 0)
+    assert quiet > 60.0, f"rank 0 was never silent past the floor ({quiet:.1f} s)"
+    if trainer == "transformers-samples":
+        assert (run.out / "samples_rank0").exists(), run.describe()
+        assert _quiet_for(run, 1) > 60.0, "rank 1 never waited for rank 0's samples"
+    figure(41, f"{trainer}: rank 0 silent {quiet:.0f} s under auto (floor 60 s): 0 stalls")
 
 
 @pytest.mark.slow
