@@ -74,6 +74,7 @@ from eventbus.app.launcher import membership
 from eventbus.app.launcher import options
 from eventbus.app.launcher.decider import REACTOR_ANSWERS
 from eventbus.app.launcher.decider import Decider
+from eventbus.app.launcher.decider import Ending
 from eventbus.app.launcher.decider import Outcome
 from eventbus.app.launcher.decider import Reactor
 from eventbus.app.launcher.drain_monitor import DrainMonitor
@@ -220,6 +221,8 @@ class EventAgent(LocalElasticAgent):
         #: whether a group formed yet, and whether the rendezvous numbers its rounds
         self._formed = False
         self._rounds = False
+        #: the rendezvous closed while this node waited to join (see _left_out)
+        self._was_left_out = False
         self._heap_frozen = False
         if reliable_restarts and os.environ.setdefault(RELIABLE_RESTARTS_ENV, "1") != "1":
             logger.warning(
@@ -408,6 +411,9 @@ class EventAgent(LocalElasticAgent):
             if self.drain.active:
                 self.eviction.announce()  # a host fault during the drain (when one came)
                 return self.draining.result()
+            if result is None:  # the rendezvous closed while this node waited to join
+                result = self._left_out()
+                return result
             if result.is_failed() and self.eviction.evicted is not None:
                 # no restart was left: leave without closing the rendezvous all the same
                 raise self.eviction.evict(spec.rdzv_handler, self.attempt)
@@ -432,6 +438,15 @@ class EventAgent(LocalElasticAgent):
             self._finish(result, error)
             self.drain.uninstall()
 
+    def _left_out(self) -> RunResult:
+        """torch's ``run()`` gives None (``RendezvousGracefulExitError``) to a spare, or a
+        node that lost its place at a re-form, when the job ends without it; its
+        ``launch_agent`` then fails on the None. Exit 0 instead, no clean finish counted."""
+        self._was_left_out = True
+        console.write(f"node {self.eviction.host} was left out: the rendezvous closed while "
+                      f"it waited to join (the job went on without it and ended); exit 0")
+        return RunResult(state=WorkerState.SUCCEEDED)
+
     def _finish(self, result: RunResult | None, error: BaseException | None) -> None:
         """The agent's end: plugins' ``before_exit``, then ``AGENT_EXIT`` with the job's
         state, exit code, reason and cause (:meth:`Decider.ending`), then every part
@@ -444,7 +459,7 @@ class EventAgent(LocalElasticAgent):
                     self.drain.stop_step = plugin.stop_step()
             drain_data = {"drain": self.drain.facts()}
         self.eviction.attempt_ended(self.attempt, clean=result is not None and not (
-            result.is_failed() or self.drain.active))
+            result.is_failed() or self.drain.active or self._was_left_out))
         plugin_api.before_exit(self.plugins, timeout=self.plugin_exit_timeout)
         self.eviction.close()
         if result is not None:
@@ -454,6 +469,9 @@ class EventAgent(LocalElasticAgent):
             ending = self.decider.ending(succeeded=None, error=error)
         if self.eviction.announced:  # the bad-host code, after a drain too (eviction.py)
             ending = self.eviction.ending(ending, self.bad_host_exit_code)
+        elif self._was_left_out and ending.exit_code == 0:
+            ending = Ending(ending.state, 0, "left out: the rendezvous closed while this "
+                            "node waited to join", None)
         self.remote_stop.close()
         self.bus.record(EventType.AGENT_EXIT, state=ending.state, exit_code=ending.exit_code,
                         reason=ending.reason, cause=ending.cause, data=drain_data)

@@ -44,7 +44,8 @@ class ExitCode:
 
 #: name -> row, in the order of the table
 EXIT_CODES: Mapping[str, ExitCode] = {
-    "success": ExitCode(None, 0, "every worker finished", "nothing", "a job that succeeded"),
+    "success": ExitCode(None, 0, "every worker finished (or this node waited, a spare, and "
+                        "the job ended without it)", "nothing", "a job that succeeded"),
     "failure": ExitCode(None, 1, "a worker failed and the restarts are spent, or the "
                         "launcher failed", "look at the failure; retry if it may pass",
                         "a failed job"),

@@ -16,6 +16,7 @@ Each agent records its outcomes in one SQLite host ledger, read back at the end.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import signal
@@ -41,7 +42,8 @@ class Nodes:
     """The agents of one job, started and ended by the test."""
 
     def __init__(self, tmp_path: Path, *, job_args: list[str], max_restarts: int = 3,
-                 agent_args: tuple[str, ...] = ("--stall-timeout", "off")) -> None:
+                 agent_args: tuple[str, ...] = ("--stall-timeout", "off"),
+                 nnodes: str = "2:3", rdzv_conf: str = "") -> None:
         self.tmp = tmp_path
         self.out = tmp_path / "out"
         self.out.mkdir()
@@ -50,6 +52,9 @@ class Nodes:
         self.job_args = job_args
         self.max_restarts = max_restarts
         self.agent_args = list(agent_args)
+        self.nnodes = nnodes
+        self.rdzv_conf = "last_call_timeout=2,join_timeout=120" + (
+            f",{rdzv_conf}" if rdzv_conf else "")
         self.procs: dict[str, subprocess.Popen[str]] = {}
         self.started: dict[str, float] = {}
 
@@ -57,9 +62,9 @@ class Nodes:
         cmd = [sys.executable, "-m", "eventbus", "run",
                "--events-jsonl", str(self.tmp / f"{host}.jsonl"),
                "--host-ledger", str(self.ledger), *self.agent_args,
-               "--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+               "--nnodes", self.nnodes, "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--rdzv-id", "bad-hosts",
-               "--rdzv-conf", "last_call_timeout=2,join_timeout=120",
+               "--rdzv-conf", self.rdzv_conf,
                "--max-restarts", str(self.max_restarts), "--monitor-interval", "0.1",
                str(JOB), "--out", str(self.out), *self.job_args]
         env = {**job_env(), "EVENTBUS_HOSTNAME": host}
@@ -276,13 +281,15 @@ def test_restarts_spent_on_a_hang_end_with_the_hang_exit_code(tmp_path: Path) ->
 @pytest.mark.timeout(400)
 def test_a_spare_node_waiting_beyond_max_takes_the_evicted_nodes_place(
         nodes: Callable[..., Nodes], figure: Callable[[int, str], None]) -> None:
-    """Four nodes for `--nnodes 2:3`: node-d comes while the first three run, so torch keeps
-    it waiting (its redundancy list). node-c is evicted; node-d takes its place and the job
-    ends on three nodes, rc 0 everywhere but node-c."""
+    """Four nodes for `--nnodes 2:3`: node-d comes while the first three run their second
+    attempt (after node-c's first fault), so torch keeps it waiting (its redundancy list).
+    node-c faults again and is evicted; node-d takes its place and the job ends on three
+    nodes, rc 0 everywhere but node-c. (Started during the first attempt, node-d may take
+    node-c's place at the first re-form instead: node-c is then left out, the next test.)"""
     job = nodes(job_args=["--bad-host", "node-c", "--fault", "segv", "--steps", "200",
-                          "--fault-at", "30"])
+                          "--fault-at", "60"])
     joined, outputs = _node_d_replaces_node_c(job, 200,
-                                              when=lambda: bool(_attempts(job.out, "node-c")))
+                                              when=lambda: 1 in _attempts(job.out, "node-c"))
     # the waiting node never made the running group re-form while it was full (before
     # membership.py, 13 re-forms in 40 s, each leaving another node out)
     reforms = {host: sum(1 for e in job.events(host) if e["type"] == "WORKER_RESTART"
@@ -292,6 +299,45 @@ def test_a_spare_node_waiting_beyond_max_takes_the_evicted_nodes_place(
     figure(46, f"a spare waiting beyond MAX took node-c's place: attempts {sorted(joined)} "
                f"on node-d, world {max(w for _, w in joined.values())}; membership "
                f"re-forms {reforms}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_node_left_waiting_when_the_job_ends_exits_0_and_says_so(
+        nodes: Callable[..., Nodes], figure: Callable[[int, str], None]) -> None:
+    """`--nnodes 1:1`: node-a runs the job; node-b, started once node-a's attempt ran,
+    finds the round full and waits (torch's redundancy list) until node-a ends and the
+    rendezvous closes under it. torch's run() then returns None and its launch_agent fails
+    on it (exit 1, an AttributeError); node-b ends with 0 and one line saying it was left
+    out, its AGENT_EXIT says so, and the ledger counts no clean finish for it.
+
+    The rendezvous's store is the test's own TCPStore (``is_host=false`` on both): the
+    store held by node-a's agent would go with it, and node-b would see a broken
+    connection instead of a closed rendezvous."""
+    from torch.distributed import TCPStore
+
+    job = nodes(job_args=["--steps", "60"], nnodes="1:1", rdzv_conf="is_host=false")
+    store = TCPStore("127.0.0.1", job.port, is_master=True, wait_for_workers=False,
+                     timeout=datetime.timedelta(seconds=60))
+    job.start("node-a")
+    deadline = time.monotonic() + 120
+    while not _attempts(job.out, "node-a") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    job.start("node-b")
+    codes = job.wait(200)
+    outputs = job.kill()
+    assert codes == {"node-a": 0, "node-b": 0}, outputs
+    assert not _attempts(job.out, "node-b"), outputs  # it never ran a worker
+    assert "eventbus: node node-b was left out: the rendezvous closed while it waited to " \
+        "join" in outputs["node-b"], outputs["node-b"]
+    assert "Traceback" not in outputs["node-b"], outputs["node-b"]
+    (end,) = [e for e in job.events("node-b") if e["type"] == "AGENT_EXIT"]
+    assert end["exit_code"] == 0 and end["reason"].startswith("left out"), end
+    rows = [r for r in job.ledger_rows() if r.host == "node-b"]
+    assert rows and not any(r.clean for r in rows), rows
+    del store
+    figure(46, "a node left waiting when the job ended: exit 0, 'left out' (torch: exit 1, "
+               "AttributeError)")
 
 
 @pytest.mark.slow
