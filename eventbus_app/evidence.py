@@ -6,7 +6,9 @@ verdict needs evidence that it waits. Each idle heartbeat (``WORKER_PROGRESS``) 
 by the worker's progress watch from the main thread (eventbus_app/worker/activity.py):
 
 * ``still_s``: how long the main thread's Python stack (every frame's code and line) has
-  stayed the same, and ``still_cpu_s``, the CPU time that thread used meanwhile;
+  stayed the same, ``still_cpu_s``, the CPU time that thread used meanwhile, and
+  ``still_fair_cpu_s``, the CPU a thread runnable all along would have had meanwhile on
+  this machine (less than ``still_s`` while every core is busy; absent where unknown);
 * ``io`` (``"save"`` or ``"load"``), ``io_s``, ``io_kind``: a checkpoint save or load
   under way (``torch.save``/``torch.load``, ``torch.distributed.checkpoint``,
   safetensors);
@@ -27,8 +29,9 @@ by the worker's progress watch from the main thread (eventbus_app/worker/activit
    evaluation on rank 0 alone): never a stall;
 5. ``collective``: the stack stood still in a collective that is pending (the flight
    recorder's ``pgs``): a stall;
-6. ``spinning`` (the still stack used at least :data:`SPIN_CPU_SHARE` of a core) or
-   ``blocked`` (a lock, a sleep, a queue): a stall.
+6. ``spinning`` (the still stack's thread used at least :data:`SPIN_CPU_SHARE` of the CPU
+   a runnable thread would have had: a core on an idle machine, its share of the cores on
+   a busy one) or ``blocked`` (a lock, a sleep, a queue): a stall.
 
 The window is the timeout (or the silence as of the beat, if shorter), less
 :data:`STILL_SLACK_S` for the samples' rhythm (at least half of it); the evidence is read as
@@ -70,7 +73,8 @@ __all__ = [
 #: few seconds; the silence starts at the last progress, a tick before the first still
 #: sample)
 STILL_SLACK_S = 2.5
-#: a still stack that used at least this share of one core is spinning, not blocked
+#: a still stack whose thread used at least this share of the CPU it could have had (one
+#: core, or its share of the cores while they are all busy) is spinning, not blocked
 SPIN_CPU_SHARE = 0.5
 #: a rank idle for less than this is not "doing" anything the page shows
 SILENT_AFTER_S = 1.0
@@ -192,6 +196,11 @@ def classify(data: Mapping[str, Any] | None, *, silent_s: float, timeout_s: floa
     cpu = _num(activity.get("still_cpu_s")) or 0.0
     share = cpu / still if still > 0 else 0.0
     facts["cpu_share"] = round(share, 3)
+    # spinning is judged against the CPU the thread could have had, where the beat says
+    fair = _num(activity.get("still_fair_cpu_s"))
+    if fair:
+        share = cpu / fair
+        facts["runnable_share"] = round(share, 3)
     pending = pending_collective(data)
     if pending is not None:
         facts["collective"] = pending

@@ -6,6 +6,9 @@ worker's sampler (eventbus_app/worker/activity.py) on real threads."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 import types
@@ -19,6 +22,7 @@ from eventbus.app import evidence
 from eventbus.app.launcher.judge import Judge
 from eventbus.app.launcher.watches import StallWatch
 from eventbus.app.worker.activity import ActivitySampler
+from eventbus.app.worker.activity import fair_share
 from eventbus.app.worker.activity import frame_facts
 
 TIMEOUT = 60.0
@@ -76,6 +80,20 @@ def test_a_still_stack_without_cpu_is_blocked_and_with_cpu_spinning() -> None:
     spinning = _classify({"still_s": 60.5, "still_cpu_s": 59.0})
     assert spinning.waiting_on == "spinning" and spinning.stalls
     assert spinning.facts["cpu_share"] == pytest.approx(59.0 / 60.5, abs=1e-3)
+
+
+def test_a_spin_on_a_busy_machine_is_judged_against_the_cpu_it_could_have_had() -> None:
+    """Every core busy: the spinning thread had a third of a core (20 s of 60.5), which is
+    all a runnable thread could have had (20.2 s): spinning. A blocked thread on the same
+    machine used none of it. Without that figure (an older worker), a third of a core is
+    blocked, as before."""
+    spinning = _classify({"still_s": 60.5, "still_cpu_s": 20.0, "still_fair_cpu_s": 20.2})
+    assert spinning.waiting_on == "spinning"
+    assert spinning.facts["cpu_share"] == pytest.approx(20.0 / 60.5, abs=1e-3)
+    assert spinning.facts["runnable_share"] == pytest.approx(20.0 / 20.2, abs=1e-3)
+    blocked = _classify({"still_s": 60.5, "still_cpu_s": 0.02, "still_fair_cpu_s": 5.0})
+    assert blocked.waiting_on == "blocked"
+    assert _classify({"still_s": 60.5, "still_cpu_s": 20.0}).waiting_on == "blocked"
 
 
 def test_a_still_stack_in_a_pending_collective_waits_in_it() -> None:
@@ -251,8 +269,6 @@ def _sample_thread(target: Any, seconds: float = 0.6) -> dict[str, Any]:
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     started.wait(5)
-    import sys
-
     clock_id = time.pthread_getcpuclockid(thread.ident or 0)
     sampler = ActivitySampler(frames=lambda: sys._current_frames().get(thread.ident or 0),
                               cpu=lambda: time.clock_gettime(clock_id))
@@ -306,6 +322,81 @@ def test_the_sampler_sees_a_spin_in_one_line_as_still_with_cpu() -> None:
     report = _sample_thread(_spinner, seconds=1.0)
     assert report["still_s"] >= 0.8
     assert report["still_cpu_s"] > 0.1
+
+
+def test_the_sampler_adds_up_the_cpu_a_runnable_thread_could_have_had() -> None:
+    """At each sample of a still stack: the time since the last sample times the share of a
+    core a runnable thread gets then; started again when the stack moves, and left out of
+    the report once the share is unknown."""
+    now = [0.0]
+    frames: list[Any] = [types.SimpleNamespace(f_code=_one.__code__, f_lineno=1,
+                                               f_back=None)]
+    shares: list[float | None] = [0.5]
+    sampler = ActivitySampler(clock=lambda: now[0], frames=lambda: frames[0],
+                              cpu=lambda: now[0] / 4, share=lambda: shares[0])
+    for t in (0.0, 1.0, 2.0):
+        now[0] = t
+        sampler.sample()
+    shares[0] = 0.25
+    now[0] = 4.0
+    sampler.sample()
+    report = sampler.report()
+    assert report is not None
+    assert report["still_fair_cpu_s"] == pytest.approx(1.0 + 2.0 * 0.25)
+    assert report["still_cpu_s"] == pytest.approx(1.0)
+    frames[0] = types.SimpleNamespace(f_code=_two.__code__, f_lineno=1, f_back=None)
+    now[0] = 5.0
+    sampler.sample()
+    report = sampler.report()
+    assert report is not None and "still_fair_cpu_s" not in report  # nothing yet
+    now[0] = 6.0
+    sampler.sample()
+    report = sampler.report()
+    assert report is not None and report["still_fair_cpu_s"] == pytest.approx(0.25)
+    shares[0] = None
+    now[0] = 7.0
+    sampler.sample()
+    report = sampler.report()
+    assert report is not None and "still_fair_cpu_s" not in report
+
+
+def test_fair_share_reads_the_machines_runnable_threads(tmp_path: Any) -> None:
+    """The cores over /proc/loadavg's running count, at most one core; None where the file
+    says nothing."""
+    cores = os.cpu_count() or 1
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text(f"3.10 2.00 1.50 {4 * cores}/412 9876\n")
+    assert fair_share(str(loadavg)) == pytest.approx(0.25)
+    loadavg.write_text("0.00 0.00 0.00 1/80 9876\n")
+    assert fair_share(str(loadavg)) == 1.0
+    loadavg.write_text("garbage\n")
+    assert fair_share(str(loadavg)) is None
+    assert fair_share(str(tmp_path / "missing")) is None
+    if os.path.exists("/proc/loadavg"):
+        share = fair_share()
+        assert share is not None and 0 < share <= 1
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/loadavg"), reason="Linux's /proc/loadavg")
+def test_a_spin_with_every_core_busy_is_still_spinning() -> None:
+    """Two busy processes per core and one more: the spinning thread gets about a third of
+    a core, yet most of what a runnable thread could have had, so the evidence says
+    spinning (before, under bench_detection's load, every spin read as blocked)."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(2 * (os.cpu_count() or 1) + 1)]
+    try:
+        time.sleep(0.3)
+        report = _sample_thread(_spinner, seconds=1.5)
+    finally:
+        for hog in hogs:
+            hog.kill()
+        for hog in hogs:
+            hog.wait(10)
+    found = _classify(report, silent_s=report["still_s"] + 0.5)
+    assert found.waiting_on == "spinning", found.facts
+    still = _sample_thread(_sleeper)
+    blocked = _classify(still, silent_s=still["still_s"] + 0.5)
+    assert blocked.waiting_on == "blocked", blocked.facts
 
 
 def test_the_sampler_sees_a_loop_that_calls_functions_move() -> None:

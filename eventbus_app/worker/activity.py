@@ -8,11 +8,12 @@ and puts :meth:`ActivitySampler.report` into its idle heartbeats as
 a busy rank pays nothing for the sampler.
 
 One sample reads the main thread's frames (``sys._current_frames()``: code and line of
-every frame, at most :data:`MAX_FRAMES`) and the thread's CPU clock
-(``time.pthread_getcpuclockid``), and keeps no frame: a frame held between samples would
-keep the script's locals (its tensors) alive, with one exception below. A Python loop that
-calls nothing is always sampled at its backward jump (the only place it lets another thread
-take the GIL), so a spin in one line reads as one still stack.
+every frame, at most :data:`MAX_FRAMES`), the thread's CPU clock
+(``time.pthread_getcpuclockid``) and the machine's runnable threads (``/proc/loadavg``),
+and keeps no frame: a frame held between samples would keep the script's locals (its
+tensors) alive, with one exception below. A Python loop that calls nothing is always
+sampled at its backward jump (the only place it lets another thread take the GIL), so a
+spin in one line reads as one still stack.
 
 The same code and lines are not always the same place: a loop that calls one function whose
 time is all in one GIL-releasing op (a validation loop of one big matmul, a ``.item()`` that
@@ -22,6 +23,14 @@ object until the next sample and compares identity: a new call is a new frame ob
 held one cannot be reused meanwhile), a hung call the same one. The held frame keeps its
 locals alive for at most one tick after its call ended, and only while the rank is idle
 with a still stack.
+
+A spinning thread gets a whole core only on an idle machine: with every core busy it gets
+its share of them (a third of a core with three runnable threads per core). So beside the
+CPU the thread used while its stack stood still (``still_cpu_s``), the sampler adds up the
+CPU a thread runnable all along would have had (``still_fair_cpu_s``: at each sample, the
+cores over the machine's runnable threads, at most one core, times the time since the last
+sample). A thread that used most of that was runnable all along, spinning; a blocked one
+used none of it, however busy the machine.
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["HOLD_AFTER_S", "MAX_FRAMES", "ActivitySampler", "frame_facts"]
+__all__ = ["HOLD_AFTER_S", "MAX_FRAMES", "ActivitySampler", "fair_share", "frame_facts"]
 
 #: frames of the main thread read per sample (a deeper stack is compared on these)
 MAX_FRAMES = 256
@@ -129,20 +138,37 @@ def _thread_cpu(ident: int | None) -> Callable[[], float] | None:
     return lambda: time.clock_gettime(clock)
 
 
+def fair_share(loadavg: str = "/proc/loadavg") -> float | None:
+    """The share of one core a runnable thread gets now: the machine's cores over its
+    runnable threads (the fourth field of ``/proc/loadavg``, ``running/total``; the
+    sampler's own thread, running as it reads, stands for the main thread it samples), at
+    most 1. None where the file is missing or says nothing."""
+    try:
+        with open(loadavg, "rb") as f:
+            running = int(f.read(128).split()[3].split(b"/")[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    cores = os.cpu_count() or 1
+    return min(1.0, cores / max(1, running))
+
+
 class ActivitySampler:
     """The main thread's evidence since the rank went idle (see the module docstring).
 
-    ``clock``, ``frames`` and ``cpu`` are injectable for tests: ``frames()`` returns the
-    main thread's innermost frame, ``cpu()`` its CPU seconds."""
+    ``clock``, ``frames``, ``cpu`` and ``share`` are injectable for tests: ``frames()``
+    returns the main thread's innermost frame, ``cpu()`` its CPU seconds, ``share()`` the
+    share of a core a runnable thread gets now (:func:`fair_share`; None: unknown)."""
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic,
                  frames: Callable[[], types.FrameType | None] | None = None,
-                 cpu: Callable[[], float] | None = None) -> None:
+                 cpu: Callable[[], float] | None = None,
+                 share: Callable[[], float | None] = fair_share) -> None:
         self._clock = clock
         main = threading.main_thread().ident
         self._frames = frames if frames is not None else (
             lambda: sys._current_frames().get(main or 0))
         self._cpu = cpu if cpu is not None else _thread_cpu(main)
+        self._share = share
         self.samples = 0
         #: set by a sample that saw a save, a load or a compile begin: the watch beats at
         #: once, so that the agent knows before the call may hold the GIL for long
@@ -160,6 +186,9 @@ class ActivitySampler:
         self._still_t = 0.0
         self._still_cpu = 0.0
         self._cpu_now = 0.0
+        #: the CPU a runnable thread would have had since the stack stood still (None:
+        #: the machine's runnable threads are unknown)
+        self._fair: float | None = 0.0
         self._since: dict[str, float] = {}
         self._facts: dict[str, str] = {}
         self._last_t: float | None = None
@@ -170,13 +199,19 @@ class ActivitySampler:
         frame = self._frames()
         signature, facts = frame_facts(frame)
         cpu = self._cpu() if self._cpu is not None else 0.0
+        share = self._share()
         self.samples += 1
         held, self._held = self._held, None
         if signature != self._signature or (held is not None and held is not frame):
             self._signature = signature
             self._still_t, self._still_cpu = now, cpu
-        elif now - self._still_t >= HOLD_AFTER_S:
-            self._held = frame
+            self._fair = 0.0
+        else:
+            if self._fair is not None and self._last_t is not None:
+                self._fair = None if share is None else (
+                    self._fair + max(0.0, now - self._last_t) * share)
+            if now - self._still_t >= HOLD_AFTER_S:
+                self._held = frame
         del held, frame
         self._cpu_now = cpu
         for key in ("io", "fetch", "compiling"):
@@ -198,6 +233,8 @@ class ActivitySampler:
         out: dict[str, Any] = {
             "still_s": round(max(0.0, now - self._still_t), 3),
             "still_cpu_s": round(max(0.0, self._cpu_now - self._still_cpu), 4)}
+        if self._fair is not None and self._fair > 0:
+            out["still_fair_cpu_s"] = round(self._fair, 4)
         facts, since = self._facts, self._since
         if "io" in facts:
             out.update(io=facts["io"], io_kind=facts["io_kind"],
