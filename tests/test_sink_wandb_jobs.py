@@ -91,6 +91,7 @@ def test_a_crash_and_a_restart_make_one_run(tmp_path: Path) -> None:
     assert failed[4].startswith("rank 1 failed (exit code 3"), failed
     # goodput, live and at the end
     assert 0 < run.summary["eventbus/goodput_ratio"] <= 1
+    assert run.summary["eventbus/goodput_s"] >= 0.3  # attempt 1's steps, 0.2 s apart
     assert "eventbus/badput_s/restart" in run.summary
     assert run.summary["eventbus/end"] == "the job succeeded" and run.exit_code == 0
     print(f"wandb offline: ended {ended - events[-1]['timestamp']:.1f} s after the last "

@@ -1,7 +1,7 @@
 """A 2-worker gloo job that reports metrics: rank 1 exits 3 on attempt 0 after its metrics.
 
 Each rank records ``METRIC`` steps ``3*A .. 3*A+2`` (A = the attempt) with
-``loss = rank + step / 10``; on the last attempt every rank waits for ``<out>/release``
+``loss = rank + step / 10``, :data:`STEP_S` apart; on the last attempt every rank waits for ``<out>/release``
 (at most ``--hold`` seconds) before it ends, so a test can scrape the agent meanwhile.
 Each rank of the last attempt writes ``$EVENTBUS_WANDB_RUN_ID`` to
 ``<out>/attempt<A>_rank<R>.wandb_id``.
@@ -22,6 +22,11 @@ import eventbus
 from eventbus.subscribers.queued import flush_all
 
 
+#: the time a step takes: the kept steps of the last attempt are the job's goodput (three
+#: steps recorded in the same millisecond made a goodput ratio that rounds to 0)
+STEP_S = 0.2
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -34,6 +39,8 @@ def main() -> int:
     t = torch.ones(1)
     dist.all_reduce(t)
     for step in range(3 * attempt, 3 * attempt + 3):
+        if step > 3 * attempt:
+            time.sleep(STEP_S)
         eventbus.record(eventbus.EventType.METRIC, step=step, data={"loss": rank + step / 10})
     if attempt == 0 and rank == 1:
         flush_all(5.0)
