@@ -1,9 +1,9 @@
 """A 2-worker gloo job that reports metrics: rank 1 exits 3 on attempt 0 after its metrics.
 
 Each rank records ``METRIC`` steps ``3*A .. 3*A+2`` (A = the attempt) with
-``loss = rank + step / 10``, :data:`STEP_S` apart; on the last attempt every rank waits for ``<out>/release``
-(at most ``--hold`` seconds) before it ends, so a test can scrape the agent meanwhile.
-Each rank of the last attempt writes ``$EVENTBUS_WANDB_RUN_ID`` to
+``loss = rank + step / 10``, :data:`STEP_S` apart; on the last attempt every rank waits for
+``<out>/release`` (at most ``--hold`` seconds) before it ends, so a test can scrape the
+agent meanwhile. Each rank of the last attempt writes ``$EVENTBUS_WANDB_RUN_ID`` to
 ``<out>/attempt<A>_rank<R>.wandb_id``.
 """
 
@@ -20,7 +20,6 @@ import torch.distributed as dist
 
 import eventbus
 from eventbus.subscribers.queued import flush_all
-
 
 #: the time a step takes: the kept steps of the last attempt are the job's goodput (three
 #: steps recorded in the same millisecond made a goodput ratio that rounds to 0)
