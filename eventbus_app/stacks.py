@@ -4,7 +4,7 @@ eventbus's own threads, marked, with their top frame only.
 
 Two shapes are read: ``faulthandler``'s dump (the stall watch's stack dump, innermost call
 first) and a heartbeat's stack in ``traceback``'s format
-(:func:`eventbus.app.worker.progress.format_stacks`, innermost call last).
+(:func:`eventbus.app.worker.where.format_stacks`, innermost call last).
 
 A base module of the application: torch-free, it imports only the core, so the agent's
 console (``launcher/console.py``), the sentences (``sentences.py``) and ``eventbus tail``
@@ -35,7 +35,7 @@ MAX_STACK_LINES = 60
 _HEADER = re.compile(
     r"^(Current thread|Thread) (0x[0-9a-fA-F]+)(.*)\(most recent call first\):\s*$")
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+|\?+) in (?P<func>.*)$')
-#: a heartbeat's stack (eventbus.app.worker.progress.format_stacks): traceback's format,
+#: a heartbeat's stack (eventbus.app.worker.where.format_stacks): traceback's format,
 #: one header per thread, ``Thread 0x.. "name" (main), most recent call last:``
 _TB_HEADER = re.compile(
     r'^Thread (0x[0-9a-fA-F]+)(?P<rest>.*), most recent call last:\s*$')
@@ -76,7 +76,7 @@ def parse_stack(text: str) -> tuple[list[str], list[StackThread]]:
     (every other line kept with the thread it follows).
 
     A heartbeat's stack (traceback's format, ``most recent call last``, as
-    :func:`eventbus.app.worker.progress.format_stacks` writes it) is read too: its frames
+    :func:`eventbus.app.worker.where.format_stacks` writes it) is read too: its frames
     come back in faulthandler's shape and order (``File "x.py", line N in f``, innermost
     first, the source lines left out), its thread marked ``(main)`` is the main thread and
     one marked ``(eventbus's own)`` gets :data:`EVENTBUS_MARK`."""

@@ -304,7 +304,7 @@ def test_where_of_skips_torch_and_the_standard_library() -> None:
     assert stacks.where_of("no stack: the worker did not answer") is None
 
 
-#: a heartbeat's stack (eventbus.app.worker.progress.format_stacks): traceback's format,
+#: a heartbeat's stack (eventbus.app.worker.where.format_stacks): traceback's format,
 #: innermost call last, with source lines; the main thread first, eventbus's own marked
 HEARTBEAT_STACK = f'''Thread 0x7f0000000001 "MainThread" (main), most recent call last:
   File "<frozen runpy>", line 88, in _run_code
@@ -347,13 +347,13 @@ def test_a_real_heartbeat_stack_names_the_callers_line() -> None:
     """format_stacks() of this very process: where_of names this test's line."""
     import threading
 
-    from eventbus.app.worker import progress
+    from eventbus.app.worker import where
 
     stop = threading.Event()
     helper = threading.Thread(target=stop.wait, name="eventbus-test-thread", daemon=True)
     helper.start()
     try:
-        text = progress.format_stacks(); line = sys._getframe().f_lineno  # noqa: E702
+        text = where.format_stacks(); line = sys._getframe().f_lineno  # noqa: E702
     finally:
         stop.set()
         helper.join(timeout=5)

@@ -72,11 +72,8 @@ import logging
 import os
 import random
 import sys
-import sysconfig
 import threading
 import time
-import traceback
-import types
 from collections.abc import Callable
 from collections.abc import Iterable
 from typing import Any
@@ -96,6 +93,8 @@ from eventbus.app.worker import notices
 from eventbus.app.worker.activity import ActivitySampler
 from eventbus.app.worker.marks import worker_marks
 from eventbus.app.worker.saves import SaveWatch
+from eventbus.app.worker.where import format_stacks
+from eventbus.app.worker.where import user_frame
 
 __all__ = [
     "BEAT_S",
@@ -109,9 +108,7 @@ __all__ = [
     "TICK_S",
     "ProgressWatch",
     "StepCounter",
-    "format_stacks",
     "start_progress_watch",
-    "user_frame",
 ]
 
 THREAD_NAME = "eventbus-progress"
@@ -140,8 +137,6 @@ BEAT_S = 1.0
 IDLE_BEAT_S = 2.0
 STACK_AFTER_S = 1.0
 PENDING_AFTER_S = 0.2
-#: characters of ``data["stack"]`` kept (the event's string limit is 16,384)
-MAX_STACK_CHARS = 12_000
 
 
 class StepCounter:
@@ -173,78 +168,6 @@ class StepCounter:
         if self.handle is not None:
             self.handle.remove()
             self.handle = None
-
-
-# -- where the main thread is ------------------------------------------------------------
-
-def _skipped_roots() -> tuple[str, ...]:
-    roots = {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}  # the app
-    for name in ("eventbus", "eventbus.publishers", "eventbus.subscribers"):
-        module = sys.modules.get(name)
-        if module is not None and getattr(module, "__file__", None):
-            roots.add(os.path.dirname(os.path.abspath(str(module.__file__))))
-    for key in ("stdlib", "platstdlib"):
-        with contextlib.suppress(KeyError):
-            roots.add(sysconfig.get_paths()[key])
-    roots = {os.path.realpath(r) for r in roots} | roots
-    return tuple(r.rstrip(os.sep) + os.sep for r in roots)
-
-
-_SKIP: tuple[str, ...] | None = None
-_torch_root: str | None = None
-
-
-def _is_library(filename: str) -> bool:
-    global _SKIP, _torch_root
-    if _SKIP is None:
-        _SKIP = _skipped_roots()
-    if _torch_root is None:
-        torch = sys.modules.get("torch")
-        if torch is not None and getattr(torch, "__file__", None):
-            _torch_root = os.path.dirname(os.path.abspath(str(torch.__file__))) + os.sep
-    if filename.startswith("<") or filename.startswith(_SKIP):
-        return True
-    return _torch_root is not None and filename.startswith(_torch_root)
-
-
-def user_frame(frame: types.FrameType | None) -> str | None:
-    """``"train.py:18 in main"``: the innermost frame of ``frame``'s stack outside torch,
-    eventbus and the standard library (the innermost one if every frame is)."""
-    innermost = frame
-    while frame is not None:
-        code = frame.f_code
-        if not _is_library(code.co_filename):
-            return f"{os.path.basename(code.co_filename)}:{frame.f_lineno} in {code.co_name}"
-        frame = frame.f_back
-    if innermost is None:
-        return None
-    code = innermost.f_code
-    return f"{os.path.basename(code.co_filename)}:{innermost.f_lineno} in {code.co_name}"
-
-
-def format_stacks(limit: int = 40) -> str:
-    """Every thread's Python stack, innermost call last: the main thread first, then the
-    others, eventbus's own threads (named ``eventbus-*``) last and marked so."""
-    frames = sys._current_frames()
-    names = {t.ident: t.name for t in threading.enumerate()}
-    main_ident = threading.main_thread().ident
-    me = threading.get_ident()
-
-    def order(ident: int) -> tuple[int, int]:
-        own = names.get(ident, "").startswith("eventbus") or ident == me
-        return (0 if ident == main_ident else 2 if own else 1, ident)
-
-    parts = []
-    for ident in sorted(frames, key=order):
-        name = names.get(ident, "?")
-        mark = " (main)" if ident == main_ident else \
-            " (eventbus's own)" if order(ident)[0] == 2 else ""
-        stack = "".join(traceback.format_stack(frames[ident], limit=limit))
-        parts.append(f'Thread {ident:#x} "{name}"{mark}, most recent call last:\n{stack}')
-    text = "\n".join(parts)
-    if len(text) > MAX_STACK_CHARS:
-        text = text[:MAX_STACK_CHARS] + "\n... (cut)"
-    return text
 
 
 # -- the watch ----------------------------------------------------------------------------
