@@ -46,17 +46,14 @@ import datetime
 import hashlib
 import importlib.metadata
 import importlib.util
-import json
 import logging
 import os
 import re
 import secrets
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
-from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
@@ -72,6 +69,7 @@ from eventbus.app.sinks.base import numbers_of
 from eventbus.app.sinks.base import rank_of
 from eventbus.app.sinks.base import resolve_target
 from eventbus.app.sinks.base import sink_text
+from eventbus.app.sinks.wandb_process import WriterProcess
 from eventbus.events import Event
 from eventbus.subscribers.queued import QueueSettings
 
@@ -186,19 +184,7 @@ class WandbSink(EventSink):
         self.goodput_source: Callable[[], Any] | None = None
         #: the W&B run id, once known (:meth:`run_id_for`)
         self.wandb_id: str | None = None
-        #: what the writer said of the run once it started: id, url, dir, resumed, offline
-        self.run_info: dict[str, Any] = {}
         self._id_lock = threading.Lock()
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._pipe_lock = threading.Lock()
-        self._readers: list[threading.Thread] = []
-        self._stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
-        self._counts_lock = threading.Lock()
-        self.sent = 0  # events handed to the writer
-        self.delivered = 0  # ... that it wrote
-        self.lost = 0  # ... that it reported lost
-        self._status = "not started"
-        self._dead = False
         self._close_deadline: float | None = None
         # the content's state (the queue thread's alone)
         self._step: dict[int | None, int] = {}  # a rank's own counter for METRICs without step
@@ -218,6 +204,17 @@ class WandbSink(EventSink):
         super().__init__(label=f"{origin}={project}" if origin else project,
                          settings=settings or SINK_QUEUE.with_options(
                              {"close_timeout": WANDB_CLOSE_TIMEOUT_S}))
+        #: the writer process: the pipe, its reports and their counts (wandb_process.py)
+        self._writer = WriterProcess(python, name=str(self.name), failed=self._writer_failed)
+
+    def _writer_failed(self, reason: str, n: int) -> None:
+        self.delivery_failed(reason, n, what="W&B")
+
+    @property
+    def run_info(self) -> dict[str, Any]:
+        """What the writer said of the run once it started: id, url, dir, resumed,
+        offline (empty before)."""
+        return self._writer.run_info
 
     # -- the run id -------------------------------------------------------------------------
     def run_id_for(self, run_id: str | None) -> str:
@@ -278,7 +275,7 @@ class WandbSink(EventSink):
         if not events:
             return
         ops: list[dict[str, Any]] = []
-        if self._proc is None and not self._dead:
+        if not self._writer.started:
             first = next((e for e in events if e.context.run_id), events[0])
             ops.append(self._init_op(first))
         now = self.clock()
@@ -318,7 +315,7 @@ class WandbSink(EventSink):
             summary = self._summary()
             if summary:
                 ops.append({"op": "summary", "values": summary})
-        self._send(ops)
+        self._writer.send(ops)
 
     def _init_op(self, event: Event) -> dict[str, Any]:
         ctx = event.context
@@ -461,96 +458,13 @@ class WandbSink(EventSink):
         return values
 
     # -- the writer process -----------------------------------------------------------------
-    def _start_writer(self) -> bool:
-        """Start the writer (once); False when it cannot be started."""
-        if self._proc is not None or self._dead:
-            return not self._dead
-        try:
-            self._proc = subprocess.Popen(
-                [self.python, "-m", "eventbus.app.sinks.wandb_writer"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                close_fds=True)
-        except OSError as exc:
-            self._dead = True
-            self._status = f"the W&B writer could not start ({exc})"
-            return False
-        self._status = "starting"
-        for target, name in ((self._read_reports, "reports"), (self._read_stderr, "stderr")):
-            thread = threading.Thread(target=target, name=f"eventbus-wandb-{name}",
-                                      daemon=True)
-            thread.start()
-            self._readers.append(thread)
-        return True
-
-    def _send(self, ops: Sequence[Mapping[str, Any]]) -> None:
-        """Hand ``ops`` to the writer (blocks while its pipe is full: the queue thread is
-        the one that waits, never the agent)."""
-        if not ops:
-            return
-        n = sum(int(op.get("n", 0)) for op in ops)
-        if not self._start_writer():
-            self.delivery_failed(self._status, n, what="W&B")
-            return
-        assert self._proc is not None and self._proc.stdin is not None
-        data = b"".join(json.dumps(op, default=str).encode() + b"\n" for op in ops)
-        with self._pipe_lock:
-            try:
-                self._proc.stdin.write(data)
-                self._proc.stdin.flush()
-            except (OSError, ValueError):
-                self._dead = True
-                self.delivery_failed(self._writer_gone(), n, what="W&B")
-                return
-        with self._counts_lock:
-            self.sent += n
-
-    def _writer_gone(self) -> str:
-        proc = self._proc
-        code = proc.poll() if proc is not None else None
-        tail = next((line for line in reversed(self._stderr_tail) if line.strip()), "")
-        return f"the W&B writer exited (code {code})" + (f": {tail.strip()[:200]}"
-                                                          if tail else "")
-
-    def _read_reports(self) -> None:
-        proc = self._proc
-        assert proc is not None and proc.stdout is not None
-        for raw in proc.stdout:
-            try:
-                report = json.loads(raw)
-            except ValueError:
-                continue
-            if not isinstance(report, dict):
-                continue
-            if "delivered" in report:
-                with self._counts_lock:
-                    self.delivered += int(report["delivered"])
-            if "lost" in report:
-                n = int(report["lost"])
-                with self._counts_lock:
-                    self.lost += n
-                self.delivery_failed(str(report.get("reason") or "unknown"), n, what="W&B")
-            if "status" in report:
-                self._status = str(report["status"])
-            if isinstance(report.get("started"), dict):
-                self.run_info = dict(report["started"])
-                self._status = "writing"
-                where = self.run_info.get("url") or self.run_info.get("dir")
-                logger.info("sink %s: W&B run %s%s (%s)", self.name, self.run_info.get("id"),
-                            " resumed" if self.run_info.get("resumed") else "", where)
-
-    def _read_stderr(self) -> None:
-        proc = self._proc
-        assert proc is not None and proc.stderr is not None
-        for raw in proc.stderr:
-            self._stderr_tail.append(raw.decode(errors="replace"))
-
     def close(self, timeout: float | None = None) -> bool:
         """True when W&B wrote every event in time (not only when the queue emptied)."""
         budget = self.settings.close_timeout if timeout is None else timeout
         self._close_deadline = time.monotonic() + budget
         delivered = super().close(timeout)
-        with self._counts_lock:
-            return delivered and self.delivered == self.sent
+        sent, written, _ = self._writer.counts()
+        return delivered and written == sent
 
     def shutdown(self) -> None:
         """End the run (the failures still undecided alert first), within what the close
@@ -559,46 +473,21 @@ class WandbSink(EventSink):
         deadline = self._close_deadline or time.monotonic() + WANDB_CLOSE_TIMEOUT_S
         if self._held and self._released.is_set():  # released, and no batch came since
             self.write([])
-        proc = self._proc
-        if proc is None:
+        if not self._writer.spawned:
             return
         ops = self._decided("the agent's decision was not seen")
         ops.append({"op": "end", "exit_code": self._exit_code, "n": 0})
         if self._table_dirty:
             ops.insert(0, {"op": "table"})
-        if not self._dead:
-            data = b"".join(json.dumps(op, default=str).encode() + b"\n" for op in ops)
-            if self._pipe_lock.acquire(timeout=max(0.0, deadline - time.monotonic() - 0.5)):
-                try:
-                    assert proc.stdin is not None
-                    proc.stdin.write(data)
-                    proc.stdin.close()
-                except (OSError, ValueError):
-                    pass
-                finally:
-                    self._pipe_lock.release()
-        try:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic() - 0.3))
-        except subprocess.TimeoutExpired:
-            status = self._status
-            proc.kill()
-            proc.wait()
-            logger.warning("sink %s: the W&B writer did not finish within the close budget "
-                           "(%s); stopped (its run's files are left for `wandb sync`)",
-                           self.name, status)
-        for thread in self._readers:  # the writer's last reports (EOF once it is gone)
-            thread.join(timeout=max(0.2, deadline - time.monotonic()))
-        with self._counts_lock:
-            missing = self.sent - self.delivered - self.lost
-        if missing > 0:
-            self.count_lost(f"not written by W&B before the close ({self._status})", missing)
-            with self._counts_lock:
-                self.lost += missing
+        missing = self._writer.finish(ops, deadline)
+        if missing:
+            self.count_lost(f"not written by W&B before the close ({self._writer.status})",
+                            missing)
 
     def stats(self) -> dict[str, Any]:
         out = super().stats()
-        with self._counts_lock:
-            out.update(sent=self.sent, written=self.delivered, lost=self.lost)
+        sent, written, lost = self._writer.counts()
+        out.update(sent=sent, written=written, lost=lost)
         out["wandb_id"] = self.wandb_id
-        out["writer"] = self._status
+        out["writer"] = self._writer.status
         return out
