@@ -95,6 +95,23 @@ def test_the_stalled_event_carries_the_facts_and_the_stacks() -> None:
     assert "judged_by" not in data
 
 
+def test_the_stalled_event_reports_the_silence_the_verdict_rests_on() -> None:
+    """A heartbeat that arrives between the verdict and the event (while the stacks are
+    taken) dates the rank's last progress by its arrival, later than it was: the event
+    still reports the silence and timeout it was judged on, never one under the timeout
+    (a CI run saw ``silent_s`` 2.911 with a 3 s timeout)."""
+    clock = Clock()
+    judge, watch = _hung_rank_1(clock)
+    ranks = judge.ranks_to_watch(0, [0, 1], is_judge=True)
+    verdict = judge.verdict(0, judge.overdue(0, ranks), is_judge=True, ranks=ranks)
+    assert verdict is not None
+    clock.now += 0.4
+    watch.observe(_beat(1, enq=25, comp=25, idle_s=2.0, where="train.py:18 in spin"))
+    assert (watch.silent_s(0, 1) or 0.0) < 5.0  # read again, the silence looks shorter
+    (event,) = judge.stalled_events(0, verdict, live={1: (1, 101)}, stacks={1: "s1"})
+    assert event.silent_s == 6.0 and event.timeout_s == 5.0
+
+
 def test_a_rank_on_another_node_has_its_heartbeats_stack() -> None:
     """A stalled rank this node does not run gets the stack its last heartbeat carried."""
     clock = Clock()

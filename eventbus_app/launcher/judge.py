@@ -70,13 +70,18 @@ class Verdict:
     the attempt the verdict covers (they are not judged again in the attempt).
 
     ``evidence``: each stalled rank's. ``report_only``: every stalled rank waits for data
-    (reported; no restart unless a reactor asks)."""
+    (reported; no restart unless a reactor asks). ``silences``: each stalled rank's silence
+    and timeout when it was judged, the figures ``WORKER_STALLED`` reports (a heartbeat
+    that arrives while the stacks are taken dates the last progress by its arrival, a
+    transport poll later than it was: the silence read again would be shorter than the
+    one the verdict rests on)."""
 
     analysis: culprit.Analysis
     stalled: tuple[int, ...]
     ranks: tuple[int, ...]
     evidence: Mapping[int, Evidence] = attrs.field(factory=dict)
     report_only: bool = False
+    silences: Mapping[int, tuple[float, float]] = attrs.field(factory=dict)
 
 
 class Judge:
@@ -171,18 +176,22 @@ class Judge:
         watch = self.stall
         assert watch is not None
         weighed = {rank: self.evidence_of(attempt, rank) for rank in candidates}
+        silences = {rank: (watch.silent_s(attempt, rank) or 0.0,
+                           watch.timeout_for(attempt, rank)) for rank in candidates}
         stalling = [r for r in candidates if weighed[r].stalls]
         if any(weighed[r].waiting_on == "collective" for r in stalling) and \
                 self._someone_works(attempt, set(watch.beats(attempt)) - set(stalling)):
             stalling = [r for r in stalling if weighed[r].waiting_on != "collective"]
         if stalling:
             return Verdict(analysis, tuple(stalling), ranks,
-                           {r: weighed[r] for r in stalling})
+                           {r: weighed[r] for r in stalling},
+                           silences={r: silences[r] for r in stalling})
         waiting = [r for r in candidates if weighed[r].reported
                    and not self._data_seen(attempt, r)]
         if waiting:
             return Verdict(analysis, tuple(waiting), ranks,
-                           {r: weighed[r] for r in waiting}, report_only=True)
+                           {r: weighed[r] for r in waiting}, report_only=True,
+                           silences={r: silences[r] for r in waiting})
         return None
 
     def _someone_works(self, attempt: int, others: Iterable[int]) -> bool:
@@ -309,7 +318,8 @@ class Judge:
         events = []
         for rank in verdict.stalled:
             local_rank, pid = live.get(rank, (None, None))
-            silent = watch.silent_s(attempt, rank)
+            silent, timeout = verdict.silences.get(rank, (
+                watch.silent_s(attempt, rank) or 0.0, watch.timeout_for(attempt, rank)))
             beat = beats.get(rank)
             data: dict[str, Any] = {
                 "attempt": attempt,
@@ -332,8 +342,8 @@ class Judge:
             if judged_by is not None:
                 data["judged_by"] = judged_by
             events.append(WorkerStalled(
-                worker_id=rank, silent_s=round(silent if silent is not None else 0.0, 3),
-                timeout_s=watch.timeout_for(attempt, rank), worker_local_rank=local_rank,
+                worker_id=rank, silent_s=round(silent, 3),
+                timeout_s=timeout, worker_local_rank=local_rank,
                 worker_pid=pid, data=data))
         return events
 
