@@ -23,7 +23,9 @@ below call:
 * :class:`~eventbus.app.launcher.restarts.Restarts`: from a failure to the next attempt's
   first step: the recovery's phases, ``WORKER_RESTART``, the warm spares;
 * :class:`~eventbus.app.launcher.drain_monitor.DrainMonitor`: the drain's acts;
-* :class:`~eventbus.app.launcher.remote_stop.RemoteStop`: the job-wide STOP.
+* :class:`~eventbus.app.launcher.remote_stop.RemoteStop`: the job-wide STOP;
+* :class:`~eventbus.app.launcher.formation.Formation`: the attempt each rendezvous forms,
+  the same on every node, and what plugins get after it.
 
 What stays here: the torch overrides, where a failure is decided (:meth:`EventAgent._decide`)
 and where the agent ends with its exit code (:meth:`EventAgent._finish`).
@@ -52,7 +54,6 @@ child's exit status without reaping it (torch still reaps and reports it as usua
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import os
 import re
@@ -85,6 +86,8 @@ from eventbus.app.launcher.exits import ExitBook
 from eventbus.app.launcher.failures import ERROR_FILE_ERRORS as _ERROR_FILE_ERRORS
 from eventbus.app.launcher.failures import Failures
 from eventbus.app.launcher.failures import failure_message as _failure_message  # noqa: F401
+from eventbus.app.launcher.formation import Formation
+from eventbus.app.launcher.formation import rendezvous_info
 from eventbus.app.launcher.health import Health
 from eventbus.app.launcher.hostbook import DEFAULT_EVICT_AFTER
 from eventbus.app.launcher.notices import NoticeBoard
@@ -130,17 +133,6 @@ logger = logging.getLogger("eventbus")
 RELIABLE_RESTARTS_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 _FAILED_STATES = (WorkerState.FAILED, WorkerState.UNHEALTHY)
-
-
-def _find_tcp_store(store: Any) -> Any:
-    """The TCPStore under a chain of PrefixStores, or None."""
-    seen = 0
-    while store is not None and seen < 16:
-        if hasattr(store, "port") and hasattr(store, "host"):
-            return store
-        store = getattr(store, "underlying_store", None)
-        seen += 1
-    return None
 
 
 def default_plugins() -> list[AgentPlugin]:
@@ -217,13 +209,10 @@ class EventAgent(LocalElasticAgent):
         self.plugin_exit_timeout = plugin_exit_timeout
         self.stop_exit_code = int(stop_exit_code)
         self.stall_stop_grace_s = float(stall_stop_grace_s)
-        self._attempt = 0
-        #: whether a group formed yet, and whether the rendezvous numbers its rounds
-        self._formed = False
-        self._rounds = False
+        #: the attempt each rendezvous forms, job-wide (formation.py)
+        self.formation = Formation()
         #: the rendezvous closed while this node waited to join (see _left_out)
         self._was_left_out = False
-        self._heap_frozen = False
         if reliable_restarts and os.environ.setdefault(RELIABLE_RESTARTS_ENV, "1") != "1":
             logger.warning(
                 "%s=%s is set: restarts share the rendezvous store with the dead "
@@ -326,9 +315,10 @@ class EventAgent(LocalElasticAgent):
     @property
     def attempt(self) -> int:
         """The attempt the current worker group belongs to, the same on every node (its
-        workers' ``EVENTBUS_ATTEMPT``; see :meth:`_next_attempt`). Set at each rendezvous:
-        a STOP zeroes the restarts left, which must not renumber the attempt that failed."""
-        return self._attempt
+        workers' ``EVENTBUS_ATTEMPT``; :class:`~eventbus.app.launcher.formation.Formation`).
+        Set at each rendezvous: a STOP zeroes the restarts left, which must not renumber
+        the attempt that failed."""
+        return self.formation.attempt
 
     @property
     def remaining_restarts(self) -> int:
@@ -336,16 +326,11 @@ class EventAgent(LocalElasticAgent):
         return int(self._remaining_restarts)
 
     def _next_attempt(self) -> int:
-        """The attempt the group about to form will be. Job-wide where torch's rendezvous
-        has rounds: the round, read after the rendezvous (:func:`membership.job_round`),
-        predicted before it as one more than now (a node's own restart count differs from
-        the others' after a restart another node decided: theirs re-form, counting none,
-        and the workers' events, store queues and the judge's heartbeats would be filed
-        under different attempts). Otherwise torch's restart count."""
-        if self._rounds:
-            return self._attempt + 1
-        spec = self._worker_group.spec
-        return int(spec.max_restarts - self._remaining_restarts)
+        """The attempt the group about to form will be (:meth:`Formation.next_attempt
+        <eventbus.app.launcher.formation.Formation.next_attempt>`)."""
+        return self.formation.next_attempt(
+            max_restarts=self._worker_group.spec.max_restarts,
+            remaining_restarts=self.remaining_restarts)
 
     # -- reactors and decisions (decider.py decides; the agent applies) ------------------
     def add_reactor(self, reactor: Reactor) -> Subscription:
@@ -497,14 +482,10 @@ class EventAgent(LocalElasticAgent):
             raise
         duration = time.perf_counter() - started
         self.restarts.rendezvous(wall, wall + duration)
-        predicted, round_ = self._next_attempt(), membership.job_round(
-            worker_group.spec.rdzv_handler)
-        self._rounds = round_ is not None
-        self._attempt = round_ if round_ is not None else predicted
-        if self._formed and self._attempt != predicted:
-            self.health.new_attempt(self._attempt)  # rounds went by without this node
-        self._formed = True
-        os.environ[ATTEMPT_ENV] = str(self._attempt)  # the workers' (context.py)
+        if self.formation.formed_as(worker_group.spec.rdzv_handler,
+                                    predicted=self._next_attempt()):
+            self.health.new_attempt(self.attempt)  # rounds went by without this node
+        os.environ[ATTEMPT_ENV] = str(self.attempt)  # the workers' (context.py)
         _set_context(worker_group, self.attempt)
         self.bus.record(
             EventType.RENDEZVOUS, state="SUCCEEDED", name=name, duration_s=duration,
@@ -521,45 +502,15 @@ class EventAgent(LocalElasticAgent):
             * int(worker_group.spec.local_world_size or 1))
         if self.plugins:
             self._after_rendezvous(worker_group)
-        self._freeze_heap()
+        self.formation.freeze_heap()
         self.drain.node = int(worker_group.group_rank or 0)
         if self.drain.active:  # checked after the plugins read the notices' head
             raise _DrainEnded
 
-    def _freeze_heap(self) -> None:
-        """Once, after the first rendezvous: move the agent's heap so far (torch, the
-        rendezvous, the plugins: it lives as long as the agent) out of the collector's
-        reach. Every full collection then scans only what came later; without it, the
-        collections the workers' event stream triggers scan torch's heap each time
-        (measured on the 4-worker flood of benchmarks/bench_store.py: about 1 s of
-        collections, pauses up to 0.3 s, against 0.05 s and 9 ms)."""
-        if self._heap_frozen:
-            return
-        self._heap_frozen = True
-        gc.freeze()
-
     def rendezvous_info(self, worker_group: WorkerGroup | None = None) -> RendezvousInfo:
         """What plugins get after a rendezvous (see :class:`RendezvousInfo`)."""
-        wg = worker_group or self._worker_group
-        handler = wg.spec.rdzv_handler
-        # The handler's own store is the long-lived one: the c10d backend's store at the
-        # rendezvous endpoint, or the static backend's store; its port is the real one
-        # even when the endpoint asked for port 0.
-        tcp = _find_tcp_store(getattr(handler, "_store", None)) or _find_tcp_store(wg.store)
-        if tcp is None:
-            raise RuntimeError(
-                f"the {handler.get_backend()} rendezvous has no TCPStore the agent can find; "
-                "agent plugins need the c10d or static rendezvous backend")
-        return RendezvousInfo(
-            store_host=str(tcp.host), store_port=int(tcp.port),
-            run_id=handler.get_run_id(), group_rank=int(wg.group_rank or 0),
-            group_world_size=int(wg.group_world_size or 1), restart_count=self.attempt,
-            local_world_size=int(wg.spec.local_world_size),
-            world_size=int(wg.workers[0].world_size) if wg.workers else 0,
-            global_ranks=tuple(w.global_rank for w in wg.workers), bus=self.bus,
-            master_addr=wg.master_addr,
-            master_port=int(wg.master_port) if wg.master_port is not None else None,
-        )
+        return rendezvous_info(worker_group or self._worker_group, attempt=self.attempt,
+                               bus=self.bus)
 
     def _after_rendezvous(self, worker_group: WorkerGroup) -> None:
         try:
