@@ -125,3 +125,18 @@ def test_demo_writes_the_trace_and_the_picture(
     assert {e["args"]["epoch"] for e in epochs if e["args"]["finished"]} == {0, 1, 2, 3}
     png = (out / "timeline.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 20_000
+
+
+@pytest.mark.slow
+def test_the_demos_restart_is_recovered_phase_by_phase(
+        demo: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    """The demo's script updates its weights by hand (no torch.optim) and records METRIC
+    steps: its restart still gets RECOVERED (the first METRIC step is each rank's first
+    step), with the worker's phases measured, and the agent's console line."""
+    result, out = demo
+    (recovered,) = [e for e in _events(out) if e["type"] == "RECOVERED"]
+    assert recovered["attempt"] == 1 and recovered["total_s"] > 0
+    phases = recovered["data"]["phases"]
+    for phase in ("rendezvous", "start", "init", "first_step"):
+        assert isinstance(phases[phase], float), phases
+    assert "eventbus: attempt 1 recovered in" in result.stdout

@@ -154,6 +154,29 @@ def test_marks_go_out_after_the_first_step_a_few_times() -> None:
     assert sent[-1] is None and all(s is not None for s in sent[:-1])
 
 
+def test_the_first_metric_step_is_the_first_step_of_a_script_without_torch_optim() -> None:
+    """A script that updates its weights by hand (the demo's) takes no optimizer step: its
+    first METRIC with a step marks the first step. A METRIC without a step does not; the
+    subscription ends at the one that does; an optimizer step that came first is kept."""
+    now = [20.0]
+    marks = Marks(clock=lambda: now[0])
+    bus = eventbus.Bus("marks")
+    sub = marks.watch_metric_steps(bus)
+    bus.record(eventbus.EventType.METRIC, data={"loss": 1.0})
+    assert "step" not in marks.at and marks.as_data() is None
+    now[0] = 21.5
+    bus.record(eventbus.EventType.METRIC, step=3, data={"loss": 0.9})
+    assert marks.at["step"] == 21.5 and not sub.active
+    assert bus.subscriptions() == []
+    assert (marks.as_data() or {})["step"] == 21.5
+
+    stepped = Marks(clock=lambda: now[0])
+    stepped.note("step", 20.5)  # torch's optimizer hook, before the first METRIC
+    stepped.watch_metric_steps(bus)
+    bus.record(eventbus.EventType.METRIC, step=4)
+    assert stepped.at["step"] == 20.5
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_real_restart_publishes_recovered_with_every_phase(tmp_path: Path) -> None:

@@ -13,12 +13,13 @@ of the new attempt completed its first step, :meth:`Recovery.ready` gives the
 - ``import``: to ``import torch`` done;
 - ``init``: to ``init_process_group`` returned;
 - ``restore``: the checkpoint loads before the first step;
-- ``first_step``: the rest, to the first optimizer step completed.
+- ``first_step``: the rest, to the first step completed (an optimizer step, or the first
+  ``METRIC`` step the script records: eventbus_app/worker/marks.py).
 
 The worker phases are the critical rank's: the one whose first step came last. A phase
 whose ends were not both seen is None, never guessed; ``total_s`` runs from the failure
-seen to the last rank's first step. A restart whose workers take no optimizer step gives
-no event (there is no first step to reach).
+seen to the last rank's first step. A restart whose workers take no optimizer step and
+record no ``METRIC`` step gives no event (there is no first step to reach).
 """
 
 from __future__ import annotations

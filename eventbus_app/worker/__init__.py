@@ -58,6 +58,7 @@ from eventbus.app.worker.process_groups import install as end_process_groups_at_
 from eventbus.app.worker.progress import start_progress_watch
 from eventbus.app.worker.stack_dump import arm_stack_dump
 from eventbus.app.worker.stack_dump import parse_stack_signal
+from eventbus.bus import get_default_bus
 from eventbus.context import ATTEMPT_ENV
 from eventbus.ledger import ENV_LEDGER_DIR
 from eventbus.wire import ENV_BELL
@@ -448,8 +449,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     attach()
     # the restart anatomy's marks (#42): torch imported, the process group ready, the
-    # checkpoint loads, the first step; then the script's first line
+    # checkpoint loads, the first step (an optimizer's, or the first METRIC step the
+    # script records); then the script's first line
     worker_marks.install()
+    worker_marks.watch_metric_steps(get_default_bus())
     # the script's process groups end before the interpreter does (a failing script leaves
     # gloo's threads running into finalization, where they abort the worker)
     end_process_groups_at_exit()

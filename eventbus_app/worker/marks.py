@@ -2,7 +2,7 @@
 
 The agent's restart anatomy (eventbus_app/launcher/recovery.py) needs, for each worker of
 a new attempt, when it reached the script, when torch was imported, when its process
-group was ready, how long it spent loading checkpoints, and when its first optimizer step
+group was ready, how long it spent loading checkpoints, and when its first step
 completed. The bootstrap notes them with no call in the script, on the worker's wall clock
 (``time.time()``, comparable with the agent's on one machine):
 
@@ -15,7 +15,10 @@ completed. The bootstrap notes them with no call in the script, on the worker's 
   ``torch.distributed`` re-exports it);
 - ``restore_s``: seconds spent in ``torch.load`` and ``torch.distributed.checkpoint``'s
   ``load`` before the first step (the save watch times them);
-- ``step``: the first optimizer step completed (the progress watch's step hook).
+- ``step``: the first step completed: the first optimizer step (torch's global step post
+  hook), or the first ``METRIC`` with a step that the script records, whichever comes
+  first. A script that updates its weights by hand (no ``torch.optim``, as the demo's
+  does) and reports its steps has a first step too.
 
 The progress watch sends them as ``data["marks"]`` in its beats from the first step on,
 until :data:`SEND_BEATS` beats carried them (the store is at-most-once). A mark not seen
@@ -34,6 +37,11 @@ import types
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
+
+from eventbus.bus import Bus
+from eventbus.bus import Subscription
+from eventbus.events import Event
+from eventbus.events import EventType
 
 __all__ = ["SEND_BEATS", "Marks", "worker_marks"]
 
@@ -157,6 +165,18 @@ class Marks:
 
         register(first_step)
 
+    def watch_metric_steps(self, bus: Bus) -> Subscription:
+        """Note ``step`` at the first ``METRIC`` with a step that the script records on
+        ``bus`` (unless an optimizer step came first). One subscription that ends at that
+        event: the script's later records pay nothing for it."""
+        note = self.note
+
+        def first_metric_step(event: Event) -> None:
+            note("step")
+
+        return bus.subscribe(EventType.METRIC, on_event=first_metric_step, once=True,
+                             where=_has_step)
+
     def uninstall(self) -> None:
         if self._finder is not None:
             self._finder.remove()
@@ -190,6 +210,10 @@ class Marks:
         out = {name: round(t, 6) for name, t in self.at.items()}
         out["restore_s"] = round(self.restore_s, 6)
         return out
+
+
+def _has_step(event: Event) -> bool:
+    return getattr(event, "step", None) is not None
 
 
 def _like(wrapper: Any, original: Any) -> None:
