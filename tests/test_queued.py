@@ -637,7 +637,8 @@ while time.monotonic() < deadline and interrupted < enough:
     keep_within_bounds()
 armed = False
 stop.set()
-consistent = len(sink._queue) == len(sink._sizes) and sink.queued_bytes == sum(sink._sizes)
+with sink._lock:  # read as the thread leaves them: a take runs under this lock
+    consistent = len(sink._queue) == len(sink._sizes) and sink.queued_bytes == sum(sink._sizes)
 assert sink.flush(30)
 from_handler = sum(1 for e in handled if e.type == EventType.CHECKPOINT_SAVED)
 print("interrupted", interrupted, "leaked", leaked, "consistent", consistent,
