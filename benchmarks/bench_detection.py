@@ -70,7 +70,7 @@ from types import FrameType
 from typing import Any
 
 from benchmarks.__main__ import HAND_RUN_MARKER
-from eventbus.app.launcher.watches import StallWatch
+from eventbus.app.health.watches import StallWatch
 from eventbus.subscribers.jsonl import read_jsonl
 
 __all__ = ["BEGIN", "END", "KINDS", "Hang", "Healthy", "Load", "main", "percentile",

@@ -55,10 +55,10 @@ from eventbus import EventType
 from eventbus import JobContext
 from eventbus import Metric
 from eventbus import WorkerProgress
-from eventbus.app.launcher import culprit
-from eventbus.app.launcher.watches import StallWatch
-from eventbus.app.launcher.watches import StragglerWatch
-from eventbus.app.launcher.watches import observer
+from eventbus.app.health import culprit
+from eventbus.app.health.watches import StallWatch
+from eventbus.app.health.watches import StragglerWatch
+from eventbus.app.health.watches import observer
 from eventbus.app.worker.stack_dump import arm_stack_dump
 from eventbus.app.worker.stack_dump import default_stack_signal
 

@@ -8,14 +8,14 @@ format), and everything the agent of group rank 0 runs is real:
 
 * a ``torch.distributed.TCPStore`` master on a free port, in the agent's process (as on
   the rendezvous host), closed at the end;
-* the :class:`~eventbus.app.launcher.store_transport.StoreTransport`, started by its
+* the :class:`~eventbus.app.launcher.transport.store.StoreTransport`, started by its
   ``after_rendezvous`` with group rank 0's :class:`~eventbus.app.plugins.RendezvousInfo`:
   its worker receiver (8 worker queues, with the doorbell) and its job receiver (one queue
   per other node, polled with pipelined pops), both
   :class:`~eventbus.publishers.store_receiver.StoreReceiver`;
 * a :class:`~eventbus.bus.Bus` with what the agent subscribes to it: the job view's
   :class:`~eventbus.app.ui.state.JobState` (its folder thread running, as ``--ui`` runs it)
-  and the health watches' one observer (:func:`~eventbus.app.launcher.watches.observer` of a
+  and the health watches' one observer (:func:`~eventbus.app.health.watches.observer` of a
   ``StallWatch("auto")`` and a ``StragglerWatch``), plus a probe that notes each heartbeat's
   arrival (one ``list.append``).
 
@@ -178,9 +178,9 @@ def culprit_cost(ranks: int, *, repeats: int = 3, members: bool = True) -> dict[
     """The agent's stall check at a stall over ``ranks`` ranks (median ms of ``repeats``):
     ``Judge.overdue`` + ``Judge.verdict`` (the culprit analysis included) and, apart,
     ``culprit.progress_of`` over every rank's beat and ``culprit.analyze``."""
-    from eventbus.app.launcher import culprit
-    from eventbus.app.launcher.judge import Judge
-    from eventbus.app.launcher.watches import StallWatch
+    from eventbus.app.health import culprit
+    from eventbus.app.health.judge import Judge
+    from eventbus.app.health.watches import StallWatch
 
     events, expected = stalled_beats(ranks, members=members)
     now = [1_000.0]
@@ -231,11 +231,11 @@ def _agent(ranks: int, window: float, warmup: float, members: bool,
 
     from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
-    from eventbus.app.launcher.options import DEFAULT_SLOW_FACTOR
-    from eventbus.app.launcher.store_transport import StoreTransport
-    from eventbus.app.launcher.watches import StallWatch
-    from eventbus.app.launcher.watches import StragglerWatch
-    from eventbus.app.launcher.watches import observer
+    from eventbus.app.health.watches import StallWatch
+    from eventbus.app.health.watches import StragglerWatch
+    from eventbus.app.health.watches import observer
+    from eventbus.app.launcher.cli.options import DEFAULT_SLOW_FACTOR
+    from eventbus.app.launcher.transport.store import StoreTransport
     from eventbus.app.plugins import RendezvousInfo
     from eventbus.app.ui.server import dumps
     from eventbus.app.ui.state import JobState
@@ -433,10 +433,10 @@ def hour(world: int, sample: int, seconds: int, every: int) -> dict[str, Any]:
     the watches subscribed (their clocks: the simulated time), and the view folds. Reads
     the resident memory and the interpreter's allocated blocks every ``every`` simulated
     seconds."""
-    from eventbus.app.launcher.options import DEFAULT_SLOW_FACTOR
-    from eventbus.app.launcher.watches import StallWatch
-    from eventbus.app.launcher.watches import StragglerWatch
-    from eventbus.app.launcher.watches import observer
+    from eventbus.app.health.watches import StallWatch
+    from eventbus.app.health.watches import StragglerWatch
+    from eventbus.app.health.watches import observer
+    from eventbus.app.launcher.cli.options import DEFAULT_SLOW_FACTOR
     from eventbus.app.ui.state import JobState
     from eventbus.bus import ALL
     from eventbus.bus import Bus

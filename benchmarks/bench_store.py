@@ -215,7 +215,7 @@ def _agent_main(argv: list[str]) -> int:
         argv[0], int(argv[1]), argv[2], argv[3], argv[4], argv[5], argv[6], argv[7] == "1")
     from eventbus.app.launcher import main as run_main
     from eventbus.app.launcher.agent import default_plugins
-    from eventbus.app.launcher.store_transport import StoreTransport
+    from eventbus.app.launcher.transport.store import StoreTransport
     script = Path(out) / "worker.py"
     script.write_text(WORKER)
     plugins = default_plugins()

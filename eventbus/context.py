@@ -29,9 +29,10 @@ def _opt_int(value: str | None) -> int | None:
         return None
 
 
-#: the job-wide attempt ``eventbus run``'s agent gives its workers (launcher/membership.py):
-#: torch's ``TORCHELASTIC_RESTART_COUNT`` counts one node's own restarts, and nodes differ
-#: after a restart another node decided (theirs re-form, theirs count none)
+#: the job-wide attempt ``eventbus run``'s agent gives its workers
+#: (launcher/recovery/membership.py): torch's ``TORCHELASTIC_RESTART_COUNT`` counts one
+#: node's own restarts, and nodes differ after a restart another node decided (theirs
+#: re-form, theirs count none)
 ATTEMPT_ENV = "EVENTBUS_ATTEMPT"
 
 

@@ -26,7 +26,7 @@ view to :func:`node_key`, and group rank 0 acknowledges a node's end marker at
 :func:`ack_key`.
 
 A sender's exit ledger, the local file it leaves for when the store is gone, is
-:mod:`eventbus.ledger`'s.
+:mod:`eventbus.exit_ledger`'s.
 
 The store's clients (torch's, and the torch-free :class:`~eventbus.store_client.QueueClient`
 that moves these values) are :mod:`eventbus.store_client`'s. Importing this module does not

@@ -42,7 +42,7 @@ def _goodput(argv: list[str]) -> int:
 
 
 def _hosts(argv: list[str]) -> int:
-    from eventbus.app.hosts.report import main as hosts_main
+    from eventbus.app.launcher.hosts.report import main as hosts_main
 
     return hosts_main(argv)
 

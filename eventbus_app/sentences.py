@@ -30,7 +30,7 @@ record's fields as attributes. A file written before a field existed is read wit
 fallback, never with a pattern over prose.
 
 A base module of the application: torch-free, it imports only the core and
-:mod:`eventbus.app.stacks`.
+:mod:`eventbus.app.health.stacks`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from typing import Any
 from typing import Protocol
 
-from eventbus.app.stacks import where_of
+from eventbus.app.health.stacks import where_of
 from eventbus.events import Cause
 
 __all__ = [
@@ -382,7 +382,7 @@ def _worker_exit(event: EventLike, short: bool) -> str:
 def _worker_stalled(event: EventLike, short: bool) -> str:
     silent = as_number(_field(event, "silent_s"))
     data = _data(event)
-    # what the evidence says it waits on (#41): "blocked", "in barrier #16"...; a rank
+    # what the evidence says it waits on: "blocked", "in barrier #16"...; a rank
     # waiting for data is reported, not stalled
     doing = _str(data.get("doing"))
     waiting = "waiting for data" if data.get("waiting_on") == "data" else None

@@ -25,8 +25,8 @@ import attrs
 from eventbus._reporting import RateLimiter
 from eventbus.bus import Bus
 from eventbus.events import EventsLost
-from eventbus.ledger import ExitLedger
-from eventbus.ledger import RecordCount
+from eventbus.exit_ledger import ExitLedger
+from eventbus.exit_ledger import RecordCount
 from eventbus.wire import WireError
 
 __all__ = ["Sender", "SenderBook"]
@@ -160,7 +160,7 @@ class SenderBook:
 
     def settle_count(self, count: RecordCount, *, why: str) -> int:
         """Report what ``count``'s sender recorded that never arrived, from its record
-        counter (:func:`eventbus.ledger.read_counters`), read after the sender died.
+        counter (:func:`eventbus.exit_ledger.read_counters`), read after the sender died.
 
         Every event the sender recorded got a number (delivered, or reported as a gap) or
         was counted as dropped (reported from its pushes or its exit ledger), or was still

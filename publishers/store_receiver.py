@@ -22,7 +22,7 @@ store round trip (~30 us), and emptying a queue costs no pop that finds it empty
 lets group rank 0 poll a thousand node queues often (docs/scale.md).
 
 The agent of ``eventbus run`` runs receivers through its store transport plugin
-(:mod:`eventbus.app.launcher.store_transport`).
+(:mod:`eventbus.app.launcher.transport.store`).
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ import attrs
 from eventbus._reporting import RateLimiter
 from eventbus.bus import Bus
 from eventbus.events import EventsLost
-from eventbus.ledger import ExitLedger
-from eventbus.ledger import RecordCount
+from eventbus.exit_ledger import ExitLedger
+from eventbus.exit_ledger import RecordCount
 from eventbus.publishers.pipelined_pops import PipelinedPops
 from eventbus.publishers.sender_book import SenderBook
 from eventbus.store_client import connect_store

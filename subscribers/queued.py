@@ -355,7 +355,7 @@ class QueuedSink:
         lock held, before the enqueue returns. ``None`` stops counting.
 
         For a counter another process reads after this one died (a shared ``mmap``: the
-        store forwarder's record counter, :mod:`eventbus.ledger`): at any moment it equals
+        store forwarder's record counter, :mod:`eventbus.exit_ledger`): at any moment it equals
         what the sink was given, so the events queued and lost with the process are its
         value less what the sink handed on or counted as dropped. The compiled enqueue
         adds one integer increment per event; the pure-Python one a memoryview update.

@@ -23,7 +23,7 @@ What can be lost, and how it shows:
 * the process is SIGKILLed: what is still queued, at most the last ``flush_interval`` of
   events plus one in-flight batch, is lost. Given ``ledger_dir``, the loss is still counted
   exactly: the forwarder's queue counts every event it is given into the sender's record
-  counter, a small file of ``ledger_dir`` mapped shared (:func:`eventbus.ledger.open_counter`),
+  counter, a small file of ``ledger_dir`` mapped shared (:func:`eventbus.exit_ledger.open_counter`),
   which the agent reads after the worker died and compares with the numbers that reached
   it (see :meth:`eventbus.publishers.store_receiver.StoreReceiver.settle_count`). Without
   ``ledger_dir`` nothing follows the loss to reveal it; the agent logs that the sender
@@ -33,7 +33,7 @@ What can be lost, and how it shows:
 
 Exit ledger: given ``ledger_dir`` (a worker gets its agent's per-attempt directory from
 ``EVENTBUS_LEDGER_DIR``), :meth:`StoreForwarder.close` also leaves one small local file,
-``<sender>.json`` (:class:`eventbus.ledger.ExitLedger`: its queue, how many events it
+``<sender>.json`` (:class:`eventbus.exit_ledger.ExitLedger`: its queue, how many events it
 numbered, its drops per reason), written once and atomically before it tries the end
 marker. The agent reads it before it exits, so that a loss the store cannot report (the
 store died) is still reported as ``EVENTS_LOST`` with its true count. ``record()`` never
@@ -61,10 +61,10 @@ from eventbus.bus import Bus
 from eventbus.bus import Subscription
 from eventbus.bus import get_default_bus
 from eventbus.events import Event
-from eventbus.ledger import ExitLedger
-from eventbus.ledger import RecordCounter
-from eventbus.ledger import open_counter
-from eventbus.ledger import write_ledger
+from eventbus.exit_ledger import ExitLedger
+from eventbus.exit_ledger import RecordCounter
+from eventbus.exit_ledger import open_counter
+from eventbus.exit_ledger import write_ledger
 from eventbus.store_client import QueueClient
 from eventbus.subscribers.queued import QueuedSink
 from eventbus.subscribers.queued import QueueSettings

@@ -19,7 +19,7 @@ from torch.distributed.elastic.agent.server import api as agent_api
 
 import eventbus
 from eventbus import Decision
-from eventbus.app import stacks
+from eventbus.app.health import stacks
 from eventbus.app.launcher.agent import EventAgent
 from tests.conftest import keep_agent_environment
 

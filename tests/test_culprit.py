@@ -1,5 +1,5 @@
-"""The culprit analysis (eventbus_app/launcher/culprit.py) on synthetic heartbeats, and the
-health watches fed WORKER_PROGRESS heartbeats (eventbus_app/launcher/watches.py): progress
+"""The culprit analysis (eventbus_app/health/culprit.py) on synthetic heartbeats, and the
+health watches fed WORKER_PROGRESS heartbeats (eventbus_app/health/watches.py): progress
 only when a heartbeat advanced, silence from idle_s, auto learning from the reported
 intervals, and the straggler found from compute time in lock-step training."""
 
@@ -12,9 +12,9 @@ import pytest
 
 import eventbus
 from eventbus import JobContext
-from eventbus.app.launcher import culprit
-from eventbus.app.launcher import options
-from eventbus.app.launcher import watches
+from eventbus.app.health import culprit
+from eventbus.app.health import watches
+from eventbus.app.launcher.cli import options
 
 
 def _beat(rank: int, *, enq: int, comp: int, idle_s: float = 0.0, step: int | None = None,

@@ -1,4 +1,4 @@
-"""The decider (eventbus_app/launcher/decider.py) without torch or processes: reactors'
+"""The decider (eventbus_app/launcher/decisions/decider.py) without torch or processes: reactors'
 answers, the restart budget, STOP here and on another node, and how the job ends, each
 with its cause as a field."""
 
@@ -12,7 +12,7 @@ import pytest
 import eventbus
 from eventbus import Cause
 from eventbus import Decision
-from eventbus.app.launcher.decider import Decider
+from eventbus.app.launcher.decisions.decider import Decider
 
 
 def _decider(*, max_restarts: int = 2, remote: list[str | None] | None = None) -> Decider:

@@ -14,11 +14,11 @@ import pytest
 
 from eventbus import Bus
 from eventbus import Cause
-from eventbus.app.launcher import options
-from eventbus.app.launcher.decider import Decider
-from eventbus.app.launcher.drain import DEFAULT_DRAIN_EXIT_CODE
-from eventbus.app.launcher.drain import Drain
-from eventbus.app.launcher.drain import parse_drain_signals
+from eventbus.app.launcher.cli import options
+from eventbus.app.launcher.cli.options import DEFAULT_DRAIN_EXIT_CODE
+from eventbus.app.launcher.cli.options import drain_signal_names as parse_drain_signals
+from eventbus.app.launcher.decisions.decider import Decider
+from eventbus.app.launcher.drain.state import Drain
 from eventbus.events import WorkerExit
 
 

@@ -1,5 +1,5 @@
-"""Hang verdicts rest on evidence (issue #41), torch-free: the classification of a silent
-rank (eventbus_app/evidence.py) on recorded heartbeat data, the judge's verdicts on a fake
+"""Hang verdicts rest on evidence, torch-free: the classification of a silent
+rank (eventbus_app/health/evidence.py) on recorded heartbeat data, the judge's verdicts on a fake
 clock with recorded samples (a validation, a save, rank 0 evaluating alone, a slow batch,
 and the hangs: blocked, spinning, a collective, a rank that never enters one), and the
 worker's sampler (eventbus_app/worker/activity.py) on real threads."""
@@ -18,9 +18,9 @@ import pytest
 
 import eventbus
 from eventbus import JobContext
-from eventbus.app import evidence
-from eventbus.app.launcher.judge import Judge
-from eventbus.app.launcher.watches import StallWatch
+from eventbus.app.health import evidence
+from eventbus.app.health.judge import Judge
+from eventbus.app.health.watches import StallWatch
 from eventbus.app.worker.activity import ActivitySampler
 from eventbus.app.worker.activity import fair_share
 from eventbus.app.worker.activity import frame_facts

@@ -23,12 +23,12 @@ import pytest
 import eventbus
 from eventbus import ALL
 from eventbus import EventType
-from eventbus.app.launcher.store_transport import StoreTransport
+from eventbus.app.launcher.transport.store import StoreTransport
 from eventbus.app.plugins import RendezvousInfo
-from eventbus.ledger import ENV_LEDGER_DIR
-from eventbus.ledger import ExitLedger
-from eventbus.ledger import read_ledgers
-from eventbus.ledger import write_ledger
+from eventbus.exit_ledger import ENV_LEDGER_DIR
+from eventbus.exit_ledger import ExitLedger
+from eventbus.exit_ledger import read_ledgers
+from eventbus.exit_ledger import write_ledger
 from eventbus.subscribers.store_forwarder import StoreForwarder
 from eventbus.wire import namespace
 from eventbus.wire import worker_key

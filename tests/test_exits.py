@@ -1,4 +1,4 @@
-"""The exit-order bookkeeping (eventbus_app/launcher/exits.py) without processes: who failed
+"""The exit-order bookkeeping (eventbus_app/launcher/group/exits.py) without processes: who failed
 first by the error files' times, the grace for a worker still exiting, and which late
 failures were only stopped because of another."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import signal
 
-from eventbus.app.launcher.exits import ExitBook
-from eventbus.app.launcher.exits import Proc
+from eventbus.app.launcher.group.exits import ExitBook
+from eventbus.app.launcher.group.exits import Proc
 
 
 class Clock:

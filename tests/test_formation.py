@@ -1,4 +1,4 @@
-"""The attempt each rendezvous forms (eventbus_app/launcher/formation.py), without torch:
+"""The attempt each rendezvous forms (eventbus_app/launcher/recovery/formation.py), without torch:
 the rendezvous round where the handler has rounds, so that a node whose group re-formed
 without a restart of its own files its workers under the same attempt as the other
 nodes; torch's restart count where it has none; and what plugins get after it."""
@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from eventbus.app.launcher.formation import Formation
-from eventbus.app.launcher.formation import find_tcp_store
-from eventbus.app.launcher.formation import rendezvous_info
+from eventbus.app.launcher.recovery.formation import Formation
+from eventbus.app.launcher.recovery.formation import find_tcp_store
+from eventbus.app.launcher.recovery.formation import rendezvous_info
 from eventbus.bus import Bus
 
 

@@ -1,4 +1,4 @@
-"""The job-health rules without a torch job (eventbus_app/launcher/watches.py, options.py,
+"""The job-health rules without a torch job (eventbus_app/health/watches.py, options.py,
 probes.py): stall and straggler rules on a fake clock, the command line's validation, the
 worker's stack dump on a real signal, and the new event types."""
 
@@ -16,9 +16,9 @@ import pytest
 
 import eventbus
 from eventbus import JobContext
-from eventbus.app.launcher import options
-from eventbus.app.launcher import probes
-from eventbus.app.launcher import watches
+from eventbus.app.health import probes
+from eventbus.app.health import watches
+from eventbus.app.launcher.cli import options
 from eventbus.app.protocol.agent_worker import ENV_STACK_DIR
 from eventbus.app.protocol.agent_worker import ENV_STACK_SIGNAL
 from eventbus.app.protocol.agent_worker import EXPECT_SILENCE_KEY

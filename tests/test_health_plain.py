@@ -1,4 +1,4 @@
-"""Job health for a script that never imports eventbus (issue #22): real
+"""Job health for a script that never imports eventbus: real
 ``python -m eventbus run`` jobs, 2 gloo ranks on CPU, running tests/jobs/plain_train.py.
 
 The workers' progress watch (eventbus_app/worker/progress.py) is the heartbeat: a hang in

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from eventbus.app.health.watches import StallWatch
 from eventbus.app.heap import no_collection
-from eventbus.app.launcher.watches import StallWatch
 from eventbus.app.ui.state import JobState
 from tests.test_judge import Clock
 from tests.test_judge import _hung_rank_1

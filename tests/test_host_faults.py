@@ -1,4 +1,4 @@
-"""The host-fault rule (eventbus_app/hosts/faults.py) as a table: each row a failure the
+"""The host-fault rule (eventbus_app/launcher/hosts/faults.py) as a table: each row a failure the
 agent can see, and the kind it counts as against the host (None: the script's, or nobody's).
 
 The rows that must stay None matter most: a false host fault evicts a healthy node and
@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 import eventbus
-from eventbus.app.hosts import faults
-from eventbus.app.hosts.faults import Failure
-from eventbus.app.hosts.faults import host_fault
+from eventbus.app.launcher.hosts import faults
+from eventbus.app.launcher.hosts.faults import Failure
+from eventbus.app.launcher.hosts.faults import host_fault
 
 SEGFAULT_TRACE = "Signal 11 (SIGSEGV) received by PID 4242"
 NCCL_SYSTEM = ("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, "

@@ -1,7 +1,7 @@
-"""One node's host faults in a job (eventbus_app/launcher/hostbook.py): counting, the
+"""One node's host faults in a job (eventbus_app/launcher/hosts/book.py): counting, the
 eviction at ``--evict-after``, the OOM kill told from a person's ``kill -9`` by the cgroup's
 count (a real OOM kill in a real memory cgroup where this machine allows one), and the exit
-code table (eventbus_app/launcher/exit_codes.py)."""
+code table (eventbus_app/launcher/decisions/exit_codes.py)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from eventbus.app.launcher import exit_codes
-from eventbus.app.launcher import options
-from eventbus.app.launcher.hostbook import HostBook
-from eventbus.app.launcher.hostbook import oom_kill_count
+from eventbus.app.launcher.cli import options
+from eventbus.app.launcher.decisions import exit_codes
+from eventbus.app.launcher.hosts.book import HostBook
+from eventbus.app.launcher.hosts.book import oom_kill_count
 
 
 class FakeOom:
@@ -111,7 +111,7 @@ def test_a_real_oom_kill_raises_the_count_a_kill_9_does_not(tmp_path: Path) -> N
         probe = textwrap.dedent(f"""
             import os, signal, subprocess, sys
             open({str(group / 'cgroup.procs')!r}, 'w').write(str(os.getpid()))
-            from eventbus.app.launcher.hostbook import oom_kill_count
+            from eventbus.app.launcher.hosts.book import oom_kill_count
             before = oom_kill_count()
             p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])
             p.send_signal(signal.SIGKILL); p.wait()
@@ -157,7 +157,7 @@ def test_an_evicted_node_knows_whether_it_serves_the_rendezvous_store() -> None:
     process (or nobody) listens on does not."""
     import socket
 
-    from eventbus.app.launcher.eviction import serves_port
+    from eventbus.app.launcher.hosts.eviction import serves_port
 
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
@@ -172,7 +172,7 @@ def test_an_evicted_store_keeper_waits_until_the_rendezvous_closes() -> None:
     from datetime import timezone
     from types import SimpleNamespace
 
-    from eventbus.app.launcher.eviction import keep_serving
+    from eventbus.app.launcher.hosts.eviction import keep_serving
 
     syncs = []
     state = SimpleNamespace(closed=False, last_heartbeats={

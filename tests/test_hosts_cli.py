@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from eventbus.app.cli import main as eventbus_main
-from eventbus.app.hosts.history import outcomes_from_files
-from eventbus.app.hosts.ledger import HostOutcome
-from eventbus.app.hosts.ledger import write_outcomes
-from eventbus.app.hosts.report import main
-from eventbus.app.hosts.report import parse_duration
+from eventbus.app.launcher.hosts.history import outcomes_from_files
+from eventbus.app.launcher.hosts.host_ledger import HostOutcome
+from eventbus.app.launcher.hosts.host_ledger import write_outcomes
+from eventbus.app.launcher.hosts.report import main
+from eventbus.app.launcher.hosts.report import parse_duration
 from tests.conftest import ROOT
 
 DAY = 86400.0

@@ -1,4 +1,4 @@
-"""The host ledger (#43, RELIABILITY row 45): the score, the hostlist notation, the SQLite
+"""The host ledger (RELIABILITY row 45): the score, the hostlist notation, the SQLite
 and PostgreSQL stores, and the writer under faults.
 
 The faults are real: a SQLite file locked by another connection's write transaction, a
@@ -26,26 +26,26 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from eventbus.app.hosts import score as scoring
-from eventbus.app.hosts.hostlist import HostlistError
-from eventbus.app.hosts.hostlist import compress
-from eventbus.app.hosts.hostlist import expand
-from eventbus.app.hosts.ledger import DEFAULT_LEDGER_ENV
-from eventbus.app.hosts.ledger import SPOOL_ENV
-from eventbus.app.hosts.ledger import HostOutcome
-from eventbus.app.hosts.ledger import LedgerError
-from eventbus.app.hosts.ledger import LedgerWriter
-from eventbus.app.hosts.ledger import default_ledger_path
-from eventbus.app.hosts.ledger import default_spool_path
-from eventbus.app.hosts.ledger import host_score
-from eventbus.app.hosts.ledger import read_hosts
-from eventbus.app.hosts.ledger import read_outcomes
-from eventbus.app.hosts.ledger import spooled
-from eventbus.app.hosts.ledger import write_outcomes
-from eventbus.app.hosts.store import LedgerSpecError
-from eventbus.app.hosts.store import open_store
-from eventbus.app.hosts.store import parse_spec
-from eventbus.app.hosts.store import redact
+from eventbus.app.launcher.hosts import score as scoring
+from eventbus.app.launcher.hosts.host_ledger import DEFAULT_LEDGER_ENV
+from eventbus.app.launcher.hosts.host_ledger import SPOOL_ENV
+from eventbus.app.launcher.hosts.host_ledger import HostOutcome
+from eventbus.app.launcher.hosts.host_ledger import LedgerError
+from eventbus.app.launcher.hosts.host_ledger import LedgerWriter
+from eventbus.app.launcher.hosts.host_ledger import default_ledger_path
+from eventbus.app.launcher.hosts.host_ledger import default_spool_path
+from eventbus.app.launcher.hosts.host_ledger import host_score
+from eventbus.app.launcher.hosts.host_ledger import read_hosts
+from eventbus.app.launcher.hosts.host_ledger import read_outcomes
+from eventbus.app.launcher.hosts.host_ledger import spooled
+from eventbus.app.launcher.hosts.host_ledger import write_outcomes
+from eventbus.app.launcher.hosts.hostlist import HostlistError
+from eventbus.app.launcher.hosts.hostlist import compress
+from eventbus.app.launcher.hosts.hostlist import expand
+from eventbus.app.launcher.hosts.store import LedgerSpecError
+from eventbus.app.launcher.hosts.store import open_store
+from eventbus.app.launcher.hosts.store import parse_spec
+from eventbus.app.launcher.hosts.store import redact
 from tests.conftest import subprocess_env
 from tests.postgres_server import PostgresServer
 from tests.postgres_server import postgres_server  # noqa: F401  (the fixture)
@@ -123,7 +123,7 @@ def test_the_score_on_fixed_times() -> None:
 
 
 def test_the_weights_name_every_kind_of_host_fault() -> None:
-    from eventbus.app.hosts.faults import KINDS
+    from eventbus.app.launcher.hosts.faults import KINDS
 
     assert set(scoring.WEIGHTS) == set(KINDS)
 
@@ -452,7 +452,7 @@ def test_a_ledger_read_in_time_or_not_at_all(tmp_path: Path) -> None:
 
 _CHILD = textwrap.dedent("""
     import os, sys, time
-    from eventbus.app.hosts.ledger import HostOutcome, LedgerWriter
+    from eventbus.app.launcher.hosts.host_ledger import HostOutcome, LedgerWriter
     spec, me, go = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
     said = []
     time.sleep(max(0.0, go - time.time()))

@@ -208,7 +208,7 @@ def test_an_attempt_ended_for_a_stall_failed_and_a_stopped_worker_is_collateral(
 
 # -- a drain (preemption) ----------------------------------------------------------------------
 
-#: the drain's facts the agent puts in the preempted job's AGENT_EXIT (launcher/drain.py)
+#: the drain's facts the agent puts in the preempted job's AGENT_EXIT (launcher/drain/state.py)
 DRAIN_FACTS = {"signal": "SIGTERM", "node": 0, "grace_s": 3.0, "used_s": 3.027,
                "stop_step": 34, "late_ranks": [1], "failed_ranks": {}, "escalated": False}
 

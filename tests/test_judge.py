@@ -1,4 +1,4 @@
-"""The judge (eventbus_app/launcher/judge.py) without torch or processes: heartbeats on a
+"""The judge (eventbus_app/health/judge.py) without torch or processes: heartbeats on a
 fake clock decide who is stalled (the culprit, never the ranks waiting on it), when a
 verdict waits, what WORKER_STALLED carries, stragglers, and a SIGABRT's diagnosis."""
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import eventbus
 from eventbus import JobContext
-from eventbus.app.launcher.judge import Judge
-from eventbus.app.launcher.watches import StallWatch
-from eventbus.app.launcher.watches import StragglerWatch
+from eventbus.app.health.judge import Judge
+from eventbus.app.health.watches import StallWatch
+from eventbus.app.health.watches import StragglerWatch
 
 
 class Clock:

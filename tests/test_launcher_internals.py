@@ -32,7 +32,7 @@ from eventbus.app.launcher.agent import _ERROR_FILE_ERRORS
 from eventbus.app.launcher.agent import RELIABLE_RESTARTS_ENV
 from eventbus.app.launcher.agent import EventAgent
 from eventbus.app.launcher.agent import event_agent
-from eventbus.app.launcher.processes import peek_exit
+from eventbus.app.launcher.group.processes import peek_exit
 from eventbus.subscribers.jsonl import read_jsonl
 from tests.conftest import keep_agent_environment
 from tests.launcher_helpers import ROOT
@@ -133,7 +133,7 @@ def test_plugins_are_found_through_entry_points(tmp_path: Path,
     plugin (its factory called without arguments); one that fails to load is reported by
     name and skipped, never fatal; default_plugins() is the store transport plus those."""
     from eventbus.app.launcher.agent import default_plugins
-    from eventbus.app.launcher.store_transport import StoreTransport
+    from eventbus.app.launcher.transport.store import StoreTransport
     from eventbus.app.plugins import PLUGIN_ENTRY_POINT_GROUP
     from eventbus.app.plugins import entry_point_plugins
 
@@ -339,8 +339,8 @@ def test_an_agent_about_to_restart_sees_a_stop_set_during_its_grace() -> None:
 
     from torch.distributed import TCPStore
 
-    from eventbus.app.launcher.stop_signal import RESTART_GRACE_S
-    from eventbus.app.launcher.stop_signal import StopSignal
+    from eventbus.app.launcher.drain.stop_signal import RESTART_GRACE_S
+    from eventbus.app.launcher.drain.stop_signal import StopSignal
 
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                      timeout=datetime.timedelta(seconds=10))

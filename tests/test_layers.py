@@ -37,17 +37,32 @@ CORE, PUBLISHERS, SUBSCRIBERS, APP = FOLDERS.values()
 APP_ORDER: tuple[tuple[str, ...], ...] = (
     # shared by all: the stack reading, the plugin API, the agent <-> worker protocol,
     # the pause of garbage collection for large builds
-    ("stacks", "plugins", "protocol", "heap"),
-    # one sentence per event (reads stacks); what a silent rank does (reads the protocol)
-    ("sentences", "evidence"),
+    ("plugins", "protocol", "heap"),
+    # job health: the stacks, what a silent rank does, the watches, the culprit, the judge
+    ("health",),
+    # one sentence per event (reads the stacks)
+    ("sentences",),
     ("worker", "readers", "sinks"),
-    # the job view; the hosts' faults and ledger (read events like the readers)
-    ("ui", "hosts"),
+    # the job view
+    ("ui",),
     ("launcher",),
     ("cli",),
     ("app", "__main__"),
 )
 APP_LEVEL = {part: level for level, parts in enumerate(APP_ORDER) for part in parts}
+
+#: the launcher's rooms, bottom to top (docs/architecture.md, "The launcher's rooms"): a
+#: module of a sub-package imports, even lazily, only its own room and the rooms below;
+#: rooms on one level never import each other. The modules right under the launcher (the
+#: agent, the command line's parser, the job-health plugin: the wiring) may import any.
+LAUNCHER = f"{APP}.launcher"
+LAUNCHER_ORDER: tuple[tuple[str, ...], ...] = (
+    ("cli",),
+    ("group",),
+    ("decisions",),
+    ("drain", "recovery", "transport", "hosts"),
+)
+LAUNCHER_LEVEL = {room: level for level, rooms in enumerate(LAUNCHER_ORDER) for room in rooms}
 
 #: the core's only lazy import of a layer above, required by the API:
 #: get_logging_handler() returns a subscriber
@@ -255,8 +270,61 @@ def test_the_check_sees_the_imports_it_guards() -> None:
     assert ("eventbus.subscribers.log_handler", "get_logging_handler") in GRAPH["eventbus"]
     assert ("eventbus.app.cli", None) in GRAPH["eventbus.__main__"]
     assert any(t == "eventbus.publishers.store_receiver" and f is None
-               for t, f in GRAPH["eventbus.app.launcher.store_transport"])
+               for t, f in GRAPH["eventbus.app.launcher.transport.store"])
     # inside the application: a base module at module level, a lazy import of a package
     assert ("eventbus.app.sentences", None) in GRAPH["eventbus.app.sinks.base"]
     assert ("eventbus.app.readers.tail", "_tail") in GRAPH["eventbus.app.cli"]
     assert _part("eventbus.app.readers.tail") == "readers" and _part(APP) == "app"
+
+
+def _room(module: str) -> str | None:
+    """The launcher's sub-package ``module`` belongs to; None for the launcher's own
+    modules (the wiring) and for modules outside the launcher."""
+    if not module.startswith(LAUNCHER + "."):
+        return None
+    rest = module[len(LAUNCHER) + 1:].split(".")
+    return rest[0] if len(rest) > 1 or rest[0] in LAUNCHER_LEVEL else None
+
+
+def test_every_room_of_the_launcher_has_its_place() -> None:
+    """Every sub-package of the launcher is named in LAUNCHER_ORDER."""
+    unplaced = sorted({room for m in GRAPH if (room := _room(m)) is not None
+                       and room not in LAUNCHER_LEVEL})
+    assert unplaced == []
+
+
+def test_no_room_of_the_launcher_imports_one_above_or_beside_it() -> None:
+    """A room imports (even lazily, TYPE_CHECKING aside) only itself and the rooms below it,
+    never the launcher's wiring: so the rooms form no package cycle either."""
+    wrong = []
+    for m, t, function in _app_imports():
+        room = _room(m)
+        if room is None or not t.startswith(LAUNCHER):
+            continue
+        target = _room(t)
+        if target == room:
+            continue
+        if target is None or LAUNCHER_LEVEL[target] >= LAUNCHER_LEVEL[room]:
+            wrong.append((m, t, function))
+    assert sorted(wrong) == []
+
+
+#: a class past either bound is split by concern, as the judge and the decider were split
+#: out of the agent
+MAX_CLASS_LINES = 500
+MAX_CLASS_METHODS = 25
+
+
+def test_no_class_is_past_the_size_a_reader_can_hold() -> None:
+    """Every class of the four folders stays within MAX_CLASS_LINES lines and
+    MAX_CLASS_METHODS methods (its own ``def``s, properties included)."""
+    too_big = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                methods = sum(isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                              for item in node.body)
+                if lines > MAX_CLASS_LINES or methods > MAX_CLASS_METHODS:
+                    too_big.append(f"{name}.{node.name}: {lines} lines, {methods} methods")
+    assert too_big == []

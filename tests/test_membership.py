@@ -10,7 +10,7 @@ from typing import Any
 
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 
-from eventbus.app.launcher import membership
+from eventbus.app.launcher.recovery import membership
 
 
 def _node(name: str) -> Any:

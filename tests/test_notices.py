@@ -20,7 +20,7 @@ import eventbus
 import eventbus.context as context_module
 from eventbus import Bus
 from eventbus import EventType
-from eventbus.app.launcher.notices import NoticeBoard
+from eventbus.app.launcher.drain.notices import NoticeBoard
 from eventbus.app.plugins import RendezvousInfo
 from eventbus.app.protocol import notices as log
 from eventbus.app.worker.notices import NoticeReader

@@ -36,7 +36,7 @@ def test_the_core_and_its_wire_import_no_socket_nor_logging() -> None:
     """Every process imports the core and the wire (the worker hook reads the wire's
     variables): neither loads ``socket`` (the store's clients live in
     ``eventbus.store_client``, imported by a sender or receiver) nor ``logging``."""
-    code = ("import sys, eventbus, eventbus.wire, eventbus.ledger, eventbus.preemption; "
+    code = ("import sys, eventbus, eventbus.wire, eventbus.exit_ledger, eventbus.preemption; "
             "print([m for m in ('socket', 'logging', 'eventbus.store_client') "
             "if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

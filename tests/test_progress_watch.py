@@ -1,4 +1,4 @@
-"""The worker's progress watch (eventbus_app/worker/progress.py, #22): heartbeats from
+"""The worker's progress watch (eventbus_app/worker/progress.py): heartbeats from
 torch's optimizer step hook and flight recorder with no call in the script, idle beats that
 say where the main thread is, flight-recorder dumps on the agent's request, and the
 EVENTBUS_PROGRESS option."""

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 import eventbus
 from eventbus.app import worker
-from eventbus.app.launcher import options
-from eventbus.app.launcher import probes
+from eventbus.app.health import probes
+from eventbus.app.launcher.cli import options
 from eventbus.app.protocol import agent_worker as aw
 from eventbus.app.worker.progress import ProgressWatch
 from tests.conftest import ROOT

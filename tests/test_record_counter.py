@@ -19,10 +19,10 @@ import eventbus
 from eventbus import ALL
 from eventbus import Bus
 from eventbus._compiled import speedups
-from eventbus.ledger import COUNTER_BYTES
-from eventbus.ledger import counter_path
-from eventbus.ledger import open_counter
-from eventbus.ledger import read_counters
+from eventbus.exit_ledger import COUNTER_BYTES
+from eventbus.exit_ledger import counter_path
+from eventbus.exit_ledger import open_counter
+from eventbus.exit_ledger import read_counters
 from eventbus.subscribers.queued import QueuedSink
 
 PATHS = ["compiled", "pure"]
@@ -126,7 +126,7 @@ def test_a_failed_counter_leaves_no_temporary_and_close_unmaps(
     def no_map(*args: Any, **kwargs: Any) -> mmap.mmap:
         raise OSError(12, "Cannot allocate memory")
 
-    monkeypatch.setattr(mmap, "mmap", no_map)  # the module eventbus.ledger maps with
+    monkeypatch.setattr(mmap, "mmap", no_map)  # the module eventbus.exit_ledger maps with
     with pytest.raises(OSError, match="Cannot allocate"):
         open_counter(str(tmp_path), "w1:host:1:ab", "run/0/w1")
     assert sorted(p.name for p in tmp_path.iterdir()) == [Path(counter.path).name]
@@ -146,9 +146,9 @@ def test_the_agent_reports_what_a_dead_sender_had_queued_from_its_counter(
     """A sender whose queue's thread is stuck in a push (as if SIGKILLed then: no close,
     no ledger, no end marker): the agent reports exactly what it recorded and did not
     deliver, once."""
-    from eventbus.app.launcher.store_transport import StoreTransport
+    from eventbus.app.launcher.transport.store import StoreTransport
     from eventbus.app.plugins import RendezvousInfo
-    from eventbus.ledger import ENV_LEDGER_DIR
+    from eventbus.exit_ledger import ENV_LEDGER_DIR
     from eventbus.subscribers.store_forwarder import StoreForwarder
     from eventbus.wire import ENV_PREFIX
     from eventbus.wire import worker_key

@@ -1,4 +1,4 @@
-"""The restart's anatomy (#42): the agent's torch-free Recovery on a fake clock, the worker's
+"""The restart's anatomy: the agent's torch-free Recovery on a fake clock, the worker's
 start-up marks (eventbus_app/worker/marks.py) on real modules, the RECOVERED event and its
 sentence, and a real restart under ``eventbus run`` that publishes it."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import eventbus
-from eventbus.app.launcher.recovery import PHASES
-from eventbus.app.launcher.recovery import Recovery
+from eventbus.app.launcher.recovery.anatomy import PHASES
+from eventbus.app.launcher.recovery.anatomy import Recovery
 from eventbus.app.sentences import sentence
 from eventbus.app.worker.marks import SEND_BEATS
 from eventbus.app.worker.marks import Marks

@@ -1,4 +1,4 @@
-"""The restart path without torch (eventbus_app/launcher/restarts.py): the recovery's
+"""The restart path without torch (eventbus_app/launcher/recovery/restarts.py): the recovery's
 phases fed by the agent's acts and the workers' marks, ``RECOVERED`` once, the
 ``WORKER_RESTART`` and its line, and when the next attempt's spares start. A bus, a fake
 clock, a pool that only counts and a hand-over that only notes the launches."""
@@ -14,11 +14,11 @@ from collections.abc import Sequence
 import pytest
 
 import eventbus
-from eventbus.app.launcher.recovery import Recovery
-from eventbus.app.launcher.restarts import SPARES_AFTER_S
-from eventbus.app.launcher.restarts import Launched
-from eventbus.app.launcher.restarts import Restarts
-from eventbus.app.launcher.spares import SparePool
+from eventbus.app.launcher.recovery.anatomy import Recovery
+from eventbus.app.launcher.recovery.restarts import SPARES_AFTER_S
+from eventbus.app.launcher.recovery.restarts import Launched
+from eventbus.app.launcher.recovery.restarts import Restarts
+from eventbus.app.launcher.recovery.spares import SparePool
 
 
 class Clock:

@@ -10,8 +10,8 @@ import pytest
 
 from eventbus.bus import Bus
 from eventbus.events import EventType
-from eventbus.ledger import ExitLedger
-from eventbus.ledger import RecordCount
+from eventbus.exit_ledger import ExitLedger
+from eventbus.exit_ledger import RecordCount
 from eventbus.publishers.sender_book import SenderBook
 from eventbus.wire import WireError
 

@@ -109,7 +109,7 @@ def test_a_stall_says_where_from_data_or_the_stack() -> None:
 
 
 def test_a_stall_says_what_the_evidence_shows_and_data_is_a_wait() -> None:
-    """WORKER_STALLED with evidence (#41): what the rank waits on after the silence; a rank
+    """WORKER_STALLED with evidence: what the rank waits on after the silence; a rank
     waiting for data reads as such, not as stalled."""
     blocked = eventbus.WorkerStalled(worker_id=1, silent_s=61.0, data={
         "where": "train.py:18 in main", "waiting_on": "blocked", "doing": "blocked"})

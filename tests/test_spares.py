@@ -1,4 +1,4 @@
-"""Warm spares (#42): the pool (eventbus_app/launcher/spares.py) with real spare processes
+"""Warm spares: the pool (eventbus_app/launcher/recovery/spares.py) with real spare processes
 (eventbus_app/worker/spare.py), and a real ``eventbus run`` restart on the spares, where
 the script cannot tell a spare from a fresh worker (argv, ``__file__``, ``sys.path[0]``,
 cwd, environment, signal dispositions, spawn children, DataLoader workers,
@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from eventbus.app.launcher.spares import PER_ATTEMPT
-from eventbus.app.launcher.spares import SparePool
-from eventbus.app.launcher.spares import interpreter_options
-from eventbus.app.launcher.spares import worker_argv
+from eventbus.app.launcher.recovery.spares import PER_ATTEMPT
+from eventbus.app.launcher.recovery.spares import SparePool
+from eventbus.app.launcher.recovery.spares import interpreter_options
+from eventbus.app.launcher.recovery.spares import worker_argv
 from tests.launcher_helpers import JOBS
 from tests.launcher_helpers import ROOT
 from tests.launcher_helpers import job_env
@@ -133,7 +133,7 @@ def test_warm_spares_cuda_asks_each_spare_for_its_local_device(tmp_path: Path) -
 def test_the_warm_spares_option_takes_on_off_and_cuda() -> None:
     import argparse
 
-    from eventbus.app.launcher.options import parse_warm_spares
+    from eventbus.app.launcher.cli.options import parse_warm_spares
 
     assert [parse_warm_spares(w) for w in ("on", "OFF", " cuda ")] == ["on", "off", "cuda"]
     with pytest.raises(argparse.ArgumentTypeError, match="'on', 'off' or 'cuda'"):

@@ -24,8 +24,8 @@ import pytest
 import eventbus
 from eventbus import ALL
 from eventbus import EventType
-from eventbus.app.launcher.store_transport import StoreTransport
-from eventbus.app.launcher.store_transport import job_event_filter
+from eventbus.app.launcher.transport.store import StoreTransport
+from eventbus.app.launcher.transport.store import job_event_filter
 from eventbus.app.plugins import RendezvousInfo
 from eventbus.publishers.store_receiver import StoreReceiver
 from eventbus.subscribers.store_forwarder import StoreForwarder
@@ -498,7 +498,7 @@ def test_group_rank_0_polls_each_node_queue_less_often_in_a_larger_job() -> None
     """The job receiver is one thread: its polls of the other nodes' queues grow apart
     with the nodes (about job_polls_per_s in all), from the fast default of a small job to
     at most job_max_poll_interval (docs/scale.md)."""
-    from eventbus.app.launcher.store_transport import StoreTransport
+    from eventbus.app.launcher.transport.store import StoreTransport
 
     transport = StoreTransport()
     settings = transport.settings

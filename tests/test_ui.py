@@ -765,7 +765,7 @@ def test_plugin_serves_on_group_rank_0_only() -> None:
 def test_plugin_counts_the_sinks_and_the_transports_drops() -> None:
     """The live drop counters: a sink whose backend is stuck drops (its queue holds 5),
     and the store transport's receivers are read (none started here)."""
-    from eventbus.app.launcher.store_transport import StoreTransport
+    from eventbus.app.launcher.transport.store import StoreTransport
     from eventbus.app.ui import UIPlugin
     from eventbus.subscribers.queued import QueuedSink
     from eventbus.subscribers.queued import QueueSettings

@@ -1,6 +1,6 @@
 """The job view's ``doing`` and ``doing_s`` rank keys (eventbus_app/ui/rank_book.py,
 eventbus_app/ui/ranks.py): what a silent rank's latest heartbeat says its main thread is
-doing (``WORKER_PROGRESS.data["activity"]``, read by eventbus.app.evidence.doing_of), in
+doing (``WORKER_PROGRESS.data["activity"]``, read by eventbus.app.health.evidence.doing_of), in
 ``/api/state``'s full and compact rank entries, until it progresses, steps, exits or
 restarts.
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from eventbus.app.evidence import doing_of
+from eventbus.app.health.evidence import doing_of
 from eventbus.app.readers.records import Record
 from eventbus.app.readers.records import decode_line
 from eventbus.app.ui.ranks import COMPACT_ABOVE
@@ -31,7 +31,7 @@ AGENT = JobContext(group_rank=0, world_size=2, hostname="node-0", pid=900, resta
 
 #: a checkpoint save under way for 45 s, the issue's example
 SAVING = {"activity": {"io": "save", "io_s": 45.0, "io_kind": "torch.save"}}
-#: what a silent rank's heartbeat can say (eventbus_app/evidence.py's module docstring)
+#: what a silent rank's heartbeat can say (eventbus_app/health/evidence.py's module docstring)
 ACTIVITIES: dict[str, tuple[dict[str, Any], float]] = {
     "saving": (SAVING, 45.0),
     "data": ({"activity": {"data_s": 12.0, "still_s": 12.0, "still_cpu_s": 0.1}}, 12.0),

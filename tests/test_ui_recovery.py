@@ -29,7 +29,7 @@ from tests.test_ui import _stop
 
 T0 = 1_764_600_000.0
 
-#: the agent's phases of a restart, in their order, as recovery.py gives them
+#: the agent's phases of a restart, in their order, as launcher/recovery/anatomy.py gives them
 PHASES: dict[str, float | None] = {
     "detect": 0.01, "stop": 0.02, "rendezvous": 0.28, "start": 0.12, "import": 0.86,
     "init": 0.01, "restore": None, "first_step": 0.87}

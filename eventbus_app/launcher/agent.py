@@ -4,27 +4,27 @@ as it happens and lets reactors decide restarts.
 The agent is the torch hooks and the wiring; each decision is taken in a torch-free object
 of its own (docs/architecture.md, "Where each decision is taken"):
 
-* :class:`~eventbus.app.launcher.judge.Judge`: which ranks are stalled and who holds them
-  up, which are stragglers (over :mod:`~eventbus.app.launcher.watches`);
-* :class:`~eventbus.app.launcher.decider.Decider`: the reactors, the restart budget, STOP
+* :class:`~eventbus.app.health.judge.Judge`: which ranks are stalled and who holds them
+  up, which are stragglers (over :mod:`~eventbus.app.health.watches`);
+* :class:`~eventbus.app.launcher.decisions.decider.Decider`: the reactors, the restart budget, STOP
   (this node's and the job-wide one) and how the job ends;
-* :class:`~eventbus.app.launcher.exits.ExitBook`: which worker failed first and which
+* :class:`~eventbus.app.launcher.group.exits.ExitBook`: which worker failed first and which
   were stopped because of it, and which exits are already reported.
 
 and each path the agent runs on its workers is an object of its own, which the hooks
 below call:
 
-* :class:`~eventbus.app.launcher.workers.Workers`: this node's processes, and the one
+* :class:`~eventbus.app.launcher.group.workers.Workers`: this node's processes, and the one
   way they are stopped and reported as stopped by the agent;
-* :class:`~eventbus.app.launcher.failures.Failures`: the failed workers in the order they
+* :class:`~eventbus.app.launcher.decisions.failures.Failures`: the failed workers in the order they
   failed, each one's ``WORKER_EXIT``, torch's result rebuilt over a torn error file;
-* :class:`~eventbus.app.launcher.health.Health`: the watches fed, the stall path, the
+* :class:`~eventbus.app.launcher.job_health.Health`: the watches fed, the stall path, the
   stragglers, a SIGABRT's diagnosis;
-* :class:`~eventbus.app.launcher.restarts.Restarts`: from a failure to the next attempt's
+* :class:`~eventbus.app.launcher.recovery.restarts.Restarts`: from a failure to the next attempt's
   first step: the recovery's phases, ``WORKER_RESTART``, the warm spares;
-* :class:`~eventbus.app.launcher.drain_monitor.DrainMonitor`: the drain's acts;
-* :class:`~eventbus.app.launcher.remote_stop.RemoteStop`: the job-wide STOP;
-* :class:`~eventbus.app.launcher.formation.Formation`: the attempt each rendezvous forms,
+* :class:`~eventbus.app.launcher.drain.monitor.DrainMonitor`: the drain's acts;
+* :class:`~eventbus.app.launcher.drain.remote_stop.RemoteStop`: the job-wide STOP;
+* :class:`~eventbus.app.launcher.recovery.formation.Formation`: the attempt each rendezvous forms,
   the same on every node, and what plugins get after it.
 
 What stays here: the torch overrides, where a failure is decided (:meth:`EventAgent._decide`)
@@ -47,7 +47,7 @@ Why the monitor peeks: torch's process context, on the first failed worker, term
 the others (SIGTERM, and SIGKILL after the shutdown timeout: up to 30 s when a survivor is
 stuck in a collective) *before* it returns the failure. To publish the failure the moment
 the monitor sees it, the agent first looks at its workers itself with
-``waitid(WNOWAIT)`` (:func:`~eventbus.app.launcher.processes.peek_exit`), which reads a
+``waitid(WNOWAIT)`` (:func:`~eventbus.app.launcher.group.processes.peek_exit`), which reads a
 child's exit status without reaping it (torch still reaps and reports it as usual).
 """
 
@@ -70,35 +70,35 @@ from torch.distributed.elastic.agent.server.api import WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
 from eventbus.app import plugins as plugin_api
-from eventbus.app.launcher import console
-from eventbus.app.launcher import membership
-from eventbus.app.launcher import options
-from eventbus.app.launcher.decider import REACTOR_ANSWERS
-from eventbus.app.launcher.decider import Decider
-from eventbus.app.launcher.decider import Ending
-from eventbus.app.launcher.decider import Outcome
-from eventbus.app.launcher.decider import Reactor
-from eventbus.app.launcher.drain_monitor import DrainMonitor
-from eventbus.app.launcher.eviction import Eviction
-from eventbus.app.launcher.exit_codes import DEFAULT_BAD_HOST_EXIT_CODE
-from eventbus.app.launcher.exits import DYING_GRACE_S
-from eventbus.app.launcher.exits import ExitBook
-from eventbus.app.launcher.failures import ERROR_FILE_ERRORS as _ERROR_FILE_ERRORS
-from eventbus.app.launcher.failures import Failures
-from eventbus.app.launcher.failures import failure_message as _failure_message  # noqa: F401
-from eventbus.app.launcher.formation import Formation
-from eventbus.app.launcher.formation import rendezvous_info
-from eventbus.app.launcher.health import Health
-from eventbus.app.launcher.hostbook import DEFAULT_EVICT_AFTER
-from eventbus.app.launcher.notices import NoticeBoard
-from eventbus.app.launcher.processes import peek_exit
-from eventbus.app.launcher.remote_stop import RemoteStop
-from eventbus.app.launcher.restarts import Restarts
-from eventbus.app.launcher.store_transport import StoreTransport
-from eventbus.app.launcher.torch_records import TORCH_RECORDS_DESTINATION
-from eventbus.app.launcher.torch_records import route_torch_records
-from eventbus.app.launcher.torch_records import unroute_torch_records
-from eventbus.app.launcher.workers import Workers
+from eventbus.app.launcher.cli import console
+from eventbus.app.launcher.cli import options
+from eventbus.app.launcher.decisions.decider import REACTOR_ANSWERS
+from eventbus.app.launcher.decisions.decider import Decider
+from eventbus.app.launcher.decisions.decider import Ending
+from eventbus.app.launcher.decisions.decider import Outcome
+from eventbus.app.launcher.decisions.decider import Reactor
+from eventbus.app.launcher.decisions.exit_codes import DEFAULT_BAD_HOST_EXIT_CODE
+from eventbus.app.launcher.decisions.failures import ERROR_FILE_ERRORS as _ERROR_FILE_ERRORS
+from eventbus.app.launcher.decisions.failures import Failures
+from eventbus.app.launcher.decisions.failures import failure_message as _failure_message  # noqa: F401
+from eventbus.app.launcher.drain.monitor import DrainMonitor
+from eventbus.app.launcher.drain.notices import NoticeBoard
+from eventbus.app.launcher.drain.remote_stop import RemoteStop
+from eventbus.app.launcher.group.exits import DYING_GRACE_S
+from eventbus.app.launcher.group.exits import ExitBook
+from eventbus.app.launcher.group.processes import peek_exit
+from eventbus.app.launcher.group.workers import Workers
+from eventbus.app.launcher.hosts.book import DEFAULT_EVICT_AFTER
+from eventbus.app.launcher.hosts.eviction import Eviction
+from eventbus.app.launcher.job_health import Health
+from eventbus.app.launcher.recovery import membership
+from eventbus.app.launcher.recovery.formation import Formation
+from eventbus.app.launcher.recovery.formation import rendezvous_info
+from eventbus.app.launcher.recovery.restarts import Restarts
+from eventbus.app.launcher.transport.store import StoreTransport
+from eventbus.app.launcher.transport.torch_records import TORCH_RECORDS_DESTINATION
+from eventbus.app.launcher.transport.torch_records import route_torch_records
+from eventbus.app.launcher.transport.torch_records import unroute_torch_records
 from eventbus.app.plugins import AgentPlugin
 from eventbus.app.plugins import RendezvousInfo
 from eventbus.app.plugins import entry_point_plugins
@@ -247,7 +247,7 @@ class EventAgent(LocalElasticAgent):
                                context=lambda: getattr(self, "_pcontext", None),
                                peek=_peek, attempt=lambda: self.attempt,
                                grace_s=self.stall_stop_grace_s)
-        #: the drain's acts (drain_monitor.py) and the drain itself (drain.py)
+        #: the drain's acts (drain/monitor.py) and the drain itself (drain/state.py)
         self.draining = DrainMonitor(self.bus, self.workers, self.exits,
                                      attempt=lambda: self.attempt, signals_=drain_signals,
                                      grace_s=drain_grace_s, exit_code=drain_exit_code,
@@ -315,7 +315,8 @@ class EventAgent(LocalElasticAgent):
     @property
     def attempt(self) -> int:
         """The attempt the current worker group belongs to, the same on every node (its
-        workers' ``EVENTBUS_ATTEMPT``; :class:`~eventbus.app.launcher.formation.Formation`).
+        workers' ``EVENTBUS_ATTEMPT``;
+        :class:`~eventbus.app.launcher.recovery.formation.Formation`).
         Set at each rendezvous: a STOP zeroes the restarts left, which must not renumber
         the attempt that failed."""
         return self.formation.attempt
@@ -327,7 +328,7 @@ class EventAgent(LocalElasticAgent):
 
     def _next_attempt(self) -> int:
         """The attempt the group about to form will be (:meth:`Formation.next_attempt
-        <eventbus.app.launcher.formation.Formation.next_attempt>`)."""
+        <eventbus.app.launcher.recovery.formation.Formation.next_attempt>`)."""
         return self.formation.next_attempt(
             max_restarts=self._worker_group.spec.max_restarts,
             remaining_restarts=self.remaining_restarts)
@@ -350,7 +351,7 @@ class EventAgent(LocalElasticAgent):
 
         The one place every failure is decided on: the worker failures of the monitor
         (:meth:`_monitor_workers`, :meth:`_report_late_failures`) and the stalls
-        (:meth:`Health.check_stalls <eventbus.app.launcher.health.Health.check_stalls>`)."""
+        (:meth:`Health.check_stalls <eventbus.app.launcher.job_health.Health.check_stalls>`)."""
         if not report_only:
             self.restarts.failed()
         # What the failed workers sent before they died goes first (see AgentPlugin).
@@ -537,7 +538,7 @@ class EventAgent(LocalElasticAgent):
         self.restarts.recovered()
         self.restarts.fill_spares(self.attempt, (w.global_rank for w in worker_group.workers),
                                   draining=self.drain.active)
-        # 0. A drain: the workers stop by themselves until the deadline (drain_monitor.py).
+        # 0. A drain: the workers stop by themselves until the deadline (drain/monitor.py).
         if self.drain.active:
             return self._drain_tick(worker_group)
         # 0. Another node's STOP: stop ours, no restart.
@@ -574,7 +575,7 @@ class EventAgent(LocalElasticAgent):
 
     def _drain_tick(self, worker_group: WorkerGroup) -> RunResult:
         """The monitor during a drain (:meth:`DrainMonitor.tick
-        <eventbus.app.launcher.drain_monitor.DrainMonitor.tick>`): no restart is left."""
+        <eventbus.app.launcher.drain.monitor.DrainMonitor.tick>`): no restart is left."""
         self._remaining_restarts = 0
         return self.draining.tick(worker_group, self._torch_monitor)
 
@@ -619,7 +620,7 @@ class EventAgent(LocalElasticAgent):
 
 
 def _peek(pid: int) -> int | None:
-    """:func:`~eventbus.app.launcher.processes.peek_exit`, looked up in this module at
+    """:func:`~eventbus.app.launcher.group.processes.peek_exit`, looked up in this module at
     each call: a test without ``waitid`` replaces ``agent.peek_exit``."""
     return peek_exit(pid)
 

@@ -22,10 +22,10 @@ from collections.abc import Sequence
 from typing import Any
 from typing import NoReturn
 
-from eventbus.app.launcher import console
-from eventbus.app.launcher import exit_codes
-from eventbus.app.launcher import options
-from eventbus.app.launcher.hostbook import DEFAULT_EVICT_AFTER
+from eventbus.app.launcher.cli import console
+from eventbus.app.launcher.cli import options
+from eventbus.app.launcher.decisions import exit_codes
+from eventbus.app.launcher.hosts.book import DEFAULT_EVICT_AFTER
 from eventbus.app.plugins import AgentPlugin
 from eventbus.bus import ALL
 from eventbus.bus import get_default_bus
@@ -465,8 +465,8 @@ def _refuse_bad_host(args: argparse.Namespace) -> bool:
     """``--exclude-bad-hosts``: whether this host scores over the threshold in the host
     ledger, said in one line. A ledger that cannot be read in time refuses nothing: the job
     is never held by it."""
-    from eventbus.app.hosts.ledger import host_score
-    from eventbus.app.hosts.score import DEFAULT_BAD_HOST_THRESHOLD
+    from eventbus.app.launcher.hosts.host_ledger import host_score
+    from eventbus.app.launcher.hosts.score import DEFAULT_BAD_HOST_THRESHOLD
     from eventbus.context import current_context
 
     host = current_context().hostname

@@ -5,5 +5,5 @@
 
 The worker-to-agent event stream over the c10d store is the core's
 :mod:`eventbus.wire`; the job-wide STOP between agents is
-:mod:`eventbus.app.launcher.stop_signal` (both of its ends are agents).
+:mod:`eventbus.app.launcher.drain.stop_signal` (both of its ends are agents).
 """

@@ -14,7 +14,7 @@ The conversation:
   (``WORKER_PROGRESS``, over the store) end with one whose ``data[EXITING_KEY]`` is true;
   any event's ``data[EXPECT_SILENCE_KEY]`` announces a quiet period; an idle heartbeat's
   ``data[ACTIVITY_KEY]`` is the evidence of what its main thread does (the keys are
-  :mod:`eventbus.app.evidence`'s);
+  :mod:`eventbus.app.health.evidence`'s);
 * **flight-recorder dumps** (:data:`ENV_FR_DUMP_DIR`): the agent writes a token to the
   folder's request file (:func:`write_fr_request`), each worker serves each new token once
   (:class:`FrRequestReader`): its trace goes to :func:`fr_dump_path`, and its next heartbeat
@@ -109,11 +109,11 @@ PROGRESS_SOURCES = ("collectives", "steps", "events")
 EXITING_KEY = "exiting"
 #: ``data[EXPECT_SILENCE_KEY] = seconds`` in any event announces a quiet period
 EXPECT_SILENCE_KEY = "expect_silence_s"
-#: an idle heartbeat's evidence of what the main thread does (a dict: eventbus_app/evidence.py
-#: reads it, eventbus_app/worker/activity.py writes it)
+#: an idle heartbeat's evidence of what the main thread does (a dict:
+#: eventbus_app/health/evidence.py reads it, eventbus_app/worker/activity.py writes it)
 ACTIVITY_KEY = "activity"
 #: a beat's start-up marks of the worker, after its first step (eventbus_app/worker/marks.py
-#: writes them, eventbus_app/launcher/recovery.py reads them)
+#: writes them, eventbus_app/launcher/recovery/anatomy.py reads them)
 MARKS_KEY = "marks"
 
 _OFF = "off"

@@ -303,7 +303,7 @@ def goodput(records: Iterable[Record], *, problems: Sequence[Problem] = (),
         first = _first_progress(mine)
         last = max(progress) if progress else None
         failures = [r.timestamp for r in mine if _own_failure(r)]
-        # a rank reported waiting for data is no verdict: the attempt goes on (#41)
+        # a rank reported waiting for data is no verdict: the attempt goes on
         stalls = [r for r in mine if r.type == "WORKER_STALLED"
                   and r.data.get("waiting_on") != "data"]
         verdict = min([*failures, *(s.timestamp for s in stalls)], default=None)

@@ -48,15 +48,15 @@ from typing import IO
 from typing import Any
 from typing import Literal
 
+from eventbus.app.health.stacks import EVENTBUS_MARK
+from eventbus.app.health.stacks import format_stack
+from eventbus.app.health.stacks import parse_stack
+from eventbus.app.health.stacks import stack_lines
+from eventbus.app.health.stacks import where_of
 from eventbus.app.readers.records import Problem
 from eventbus.app.readers.records import Record
 from eventbus.app.readers.records import decode_line
 from eventbus.app.sentences import job_outcome
-from eventbus.app.stacks import EVENTBUS_MARK
-from eventbus.app.stacks import format_stack
-from eventbus.app.stacks import parse_stack
-from eventbus.app.stacks import stack_lines
-from eventbus.app.stacks import where_of
 from eventbus.errors import TYPE_CUTOFF
 from eventbus.errors import did_you_mean
 from eventbus.events import EventType
@@ -123,7 +123,7 @@ _INDENT = "    "
 
 def _top_frame(text: str) -> str | None:
     """``file.py:LINE in func`` of the innermost frame of the first thread
-    :func:`~eventbus.app.stacks.format_stack` puts first (the main thread), and
+    :func:`~eventbus.app.health.stacks.format_stack` puts first (the main thread), and
     how many threads there are; None when ``text`` is no faulthandler dump."""
     threads = format_stack(text)
     if not threads:
@@ -214,7 +214,7 @@ def _blocks(record: Record) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
 
 
 def _text_lines(text: str) -> list[str]:
-    """A stack in reading order (:func:`~eventbus.app.stacks.stack_lines`), any
+    """A stack in reading order (:func:`~eventbus.app.health.stacks.stack_lines`), any
     other text as its lines."""
     if parse_stack(text)[1]:
         return stack_lines(text, full=True)

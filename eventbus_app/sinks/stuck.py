@@ -43,9 +43,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from eventbus.app.health.stacks import where_of
 from eventbus.app.sentences import as_int
 from eventbus.app.sentences import as_number
-from eventbus.app.stacks import where_of
 from eventbus.bus import ALL
 from eventbus.bus import Bus
 from eventbus.events import Event

@@ -10,7 +10,7 @@ summary as one row (:data:`eventbus.app.ui.ranks.ROW`), which :mod:`eventbus.app
 turns into ``/api/state``'s rank entries.
 
 A heartbeat of a silent rank says what its main thread is doing (``data["activity"]``,
-read by :func:`eventbus.app.evidence.doing_of`, the judge's reading too): the rank's
+read by :func:`eventbus.app.health.evidence.doing_of`, the judge's reading too): the rank's
 ``doing``, kept until a heartbeat that is not idle, a step, its exit or its next attempt.
 """
 
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from collections.abc import Iterable
 from typing import Any
 
-from eventbus.app.evidence import doing_of
+from eventbus.app.health.evidence import doing_of
 from eventbus.app.protocol.agent_worker import ACTIVITY_KEY
 from eventbus.app.sentences import as_int
 from eventbus.app.sentences import as_number
@@ -67,7 +67,7 @@ class Rank:
         self.idle_at: float | None = None
         self.where: str | None = None
         #: what its latest heartbeat says a silent rank is doing, and for how long then
-        #: (eventbus.app.evidence.doing_of; aged from idle_at like idle_s): None once it
+        #: (eventbus.app.health.evidence.doing_of; aged from idle_at like idle_s): None once it
         #: progresses, steps, exits or restarts
         self.doing: tuple[str, float] | None = None
         #: (step, collectives) of its latest progress heartbeat

@@ -112,7 +112,7 @@ def event_json(seq: int, name: str, ev: Any) -> dict[str, Any]:
             level = "warn" if data.get("stopped_by_agent") is True or data.get(
                 "drained") is True else "failure"
     elif name == "WORKER_STALLED" and data.get("waiting_on") == "data":
-        level = "warn"  # a rank waiting for data: reported, not a verdict (#41)
+        level = "warn"  # a rank waiting for data: reported, not a verdict
     elif name in ("WORKER_STALLED", "EVENTS_LOST"):
         level = "failure"
     elif name in ("WORKER_SLOW", "WORKER_RESTART", "PREEMPTING"):

@@ -60,7 +60,7 @@ from eventbus.app.worker.stack_dump import arm_stack_dump
 from eventbus.app.worker.stack_dump import parse_stack_signal
 from eventbus.bus import get_default_bus
 from eventbus.context import ATTEMPT_ENV
-from eventbus.ledger import ENV_LEDGER_DIR
+from eventbus.exit_ledger import ENV_LEDGER_DIR
 from eventbus.wire import ENV_BELL
 from eventbus.wire import ENV_PREFIX
 from eventbus.wire import ENV_STORE
@@ -448,7 +448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "[Errno 2] No such file or directory", file=sys.stderr)
         return 2
     attach()
-    # the restart anatomy's marks (#42): torch imported, the process group ready, the
+    # the restart anatomy's marks: torch imported, the process group ready, the
     # checkpoint loads, the first step (an optimizer's, or the first METRIC step the
     # script records); then the script's first line
     worker_marks.install()

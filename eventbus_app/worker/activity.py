@@ -1,10 +1,10 @@
-"""The worker's evidence of what its main thread does while it makes no progress (#41).
+"""The worker's evidence of what its main thread does while it makes no progress.
 
 The progress watch (eventbus_app/worker/progress.py) calls :meth:`ActivitySampler.sample`
 at each tick once the rank has been idle (no step, no collective, no event) for a tick,
 and puts :meth:`ActivitySampler.report` into its idle heartbeats as
 ``data["activity"]``; the keys and what the agent makes of them are
-:mod:`eventbus.app.evidence`'s. A tick with progress calls :meth:`ActivitySampler.reset`:
+:mod:`eventbus.app.health.evidence`'s. A tick with progress calls :meth:`ActivitySampler.reset`:
 a busy rank pays nothing for the sampler.
 
 One sample reads the main thread's frames (``sys._current_frames()``: code and line of

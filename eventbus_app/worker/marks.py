@@ -1,6 +1,6 @@
-"""A worker's start-up marks: when each phase of its way to the first step ended (#42).
+"""A worker's start-up marks: when each phase of its way to the first step ended.
 
-The agent's restart anatomy (eventbus_app/launcher/recovery.py) needs, for each worker of
+The agent's restart anatomy (eventbus_app/launcher/recovery/anatomy.py) needs, for each worker of
 a new attempt, when it reached the script, when torch was imported, when its process
 group was ready, how long it spent loading checkpoints, and when its first step
 completed. The bootstrap notes them with no call in the script, on the worker's wall clock

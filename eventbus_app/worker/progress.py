@@ -1,4 +1,4 @@
-"""The worker's progress watch: heartbeats with no call in the training script (#22).
+"""The worker's progress watch: heartbeats with no call in the training script.
 
 Armed by the bootstrap (:func:`eventbus.app.worker.attach`) under ``eventbus run``, or
 wherever ``EVENTBUS_PROGRESS`` names sources. A daemon thread (``eventbus-progress``) ticks

@@ -1,4 +1,4 @@
-"""A warm spare worker (#42): a process that has done what a worker does before its script
+"""A warm spare worker: a process that has done what a worker does before its script
 (the interpreter, the bootstrap's imports, ``import torch``), then waits to become the
 worker of the next attempt.
 
@@ -30,7 +30,7 @@ from typing import Any
 __all__ = ["ENV_SPARE_CUDA_DEVICE", "ENV_SPARE_FD", "WARM_MODULES", "main"]
 
 ENV_SPARE_FD = "EVENTBUS_SPARE_FD"
-#: set by the agent for ``--warm-spares cuda`` (launcher/spares.py; the value is the local
+#: set by the agent for ``--warm-spares cuda`` (launcher/recovery/spares.py; the value is the local
 #: rank); the spare drops it before the script
 ENV_SPARE_CUDA_DEVICE = "EVENTBUS_SPARE_CUDA_DEVICE"
 #: what a spare imports while it waits: what a DDP worker imports before its first step

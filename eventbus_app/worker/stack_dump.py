@@ -1,7 +1,7 @@
 """The stall watch's stack dump, armed in each worker by the bootstrap
 (:mod:`eventbus.app.worker`): on the agent's signal, every thread's Python stack is
 written to ``$EVENTBUS_STACK_DIR/<pid>.stack``, which the agent's
-:class:`eventbus.app.launcher.probes.StackDumper` reads (the files and variables of
+:class:`eventbus.app.health.probes.StackDumper` reads (the files and variables of
 :mod:`eventbus.app.protocol.agent_worker`)."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Where a worker's script is, for its heartbeats (:mod:`eventbus.app.worker.progress`):
 :func:`user_frame`, the main thread's innermost frame in the user's code (outside torch,
 eventbus and the standard library), and :func:`format_stacks`, every thread's stack in the
-order the agent reads it (:mod:`eventbus.app.stacks`)."""
+order the agent reads it (:mod:`eventbus.app.health.stacks`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A plain DDP-style training loop that never imports eventbus (issue #22's job-health tests).
+"""A plain DDP-style training loop that never imports eventbus (job-health tests).
 
 gloo, a small model, SGD, and one ``all_reduce`` of the flattened gradients per step.
 Environment (all optional):

@@ -46,7 +46,7 @@ def answers_stop_as_text(event: object) -> object:
 
 
 def restart_on_data(event: object) -> Decision | None:
-    """RESTART when a rank is reported waiting for data (#41: a report alone restarts
+    """RESTART when a rank is reported waiting for data (a report alone restarts
     nothing); no decision on other failures."""
     data = getattr(event, "data", None) or {}
     if getattr(event, "type", None) == "WORKER_STALLED" and data.get("waiting_on") == "data":

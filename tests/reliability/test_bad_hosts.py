@@ -29,8 +29,8 @@ from typing import Any
 
 import pytest
 
-from eventbus.app.hosts.ledger import HostOutcome
-from eventbus.app.hosts.ledger import read_outcomes
+from eventbus.app.launcher.hosts.host_ledger import HostOutcome
+from eventbus.app.launcher.hosts.host_ledger import read_outcomes
 from tests.launcher_helpers import job_env
 from tests.reliability.matrix import free_port
 
@@ -236,7 +236,7 @@ def test_exclude_bad_hosts_refuses_a_host_over_the_threshold_before_the_rendezvo
     """A ledger where node-c had two ECC faults today: `eventbus run --exclude-bad-hosts`
     on node-c exits with the bad-host code at once and says why, before any rendezvous; on
     node-a (clean) the same command runs the job."""
-    from eventbus.app.hosts.ledger import write_outcomes
+    from eventbus.app.launcher.hosts.host_ledger import write_outcomes
 
     ledger = tmp_path / "hosts.sqlite"
     write_outcomes(str(ledger), [

@@ -1,4 +1,4 @@
-"""Rows 41 and 42: hang verdicts rest on evidence (#41). Real ``python -m eventbus run``
+"""Rows 41 and 42: hang verdicts rest on evidence. Real ``python -m eventbus run``
 jobs, 2 gloo ranks on CPU, with the default options (``--stall-timeout auto``, its 60 s
 floor), running scripts that never import eventbus.
 

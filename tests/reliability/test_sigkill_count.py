@@ -32,10 +32,10 @@ import pytest
 
 import eventbus
 from eventbus import EventType
-from eventbus.app.launcher.store_transport import StoreTransport
+from eventbus.app.launcher.transport.store import StoreTransport
 from eventbus.app.plugins import RendezvousInfo
-from eventbus.ledger import ENV_LEDGER_DIR
-from eventbus.ledger import read_counters
+from eventbus.exit_ledger import ENV_LEDGER_DIR
+from eventbus.exit_ledger import read_counters
 from eventbus.wire import ENV_BELL
 from eventbus.wire import ENV_PREFIX
 from tests.conftest import ROOT

@@ -1,4 +1,4 @@
-"""Row 43: faults around a restart on warm spares (#42). Real ``python -m eventbus run``
+"""Row 43: faults around a restart on warm spares. Real ``python -m eventbus run``
 jobs of tests/jobs/spare_probe.py (2 gloo ranks; rank 1 dies 8 s after attempt 0's first
 step, when the spares are warm): a spare killed before it is used is never used (that
 rank starts fresh), and a script changed on disk between the attempts runs as changed on
@@ -226,8 +226,8 @@ def test_a_spare_that_cannot_read_its_assignment_is_ended_not_used() -> None:
     it thrown away, not used, and ends it."""
     import subprocess
 
-    from eventbus.app.launcher.spares import Spare
-    from eventbus.app.launcher.spares import SparePool
+    from eventbus.app.launcher.recovery.spares import Spare
+    from eventbus.app.launcher.recovery.spares import SparePool
 
     read, write = os.pipe()
     os.close(read)

@@ -1,0 +1,149 @@
+"""The restart path as the agent runs it: what happens between a failure and the next
+attempt's first step.
+
+The failure seen and decided, the rendezvous, the workers started (on the warm spares
+where they can be), each rank's start-up marks, then ``RECOVERED`` with the restart's
+phases (:class:`~eventbus.app.launcher.recovery.anatomy.Recovery`); the ``WORKER_RESTART`` that
+opens the new attempt; the spares of the next attempt started once this one's workers took
+their first step (:class:`~eventbus.app.launcher.recovery.spares.SparePool`).
+
+Why a module of its own: that bookkeeping is one concern with its own state (the launches
+the spares copy, the ranks that took their step, the attempt the spares were started for),
+apart from the torch hooks that call it. Torch-free, on an injectable clock, and the
+hand-over to torch's process context is injectable too (``serve``, default
+:func:`~eventbus.app.launcher.recovery.spares.serving`, which imports torch when used), so a unit
+test drives it with a bus and events alone (tests/test_restarts.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+
+from eventbus.app.launcher.cli import console
+from eventbus.app.launcher.recovery.anatomy import Recovery
+from eventbus.app.launcher.recovery.spares import SparePool
+from eventbus.app.launcher.recovery.spares import serving
+from eventbus.app.protocol import agent_worker as protocol
+from eventbus.app.sentences import sentence
+from eventbus.bus import Bus
+from eventbus.events import Event
+from eventbus.events import EventType
+from eventbus.events import WorkerRestart
+
+__all__ = ["SPARES_AFTER_S", "Launched", "Restarts"]
+
+#: the warm spares start this long into an attempt at the latest (spares.py)
+SPARES_AFTER_S = 30.0
+
+#: local rank -> (interpreter, its options, environment) each worker was started with
+Launched = dict[int, tuple[str, tuple[str, ...], dict[str, str]]]
+
+
+class Restarts:
+    """One agent's recoveries and warm spares (see the module docstring).
+
+    ``clock``: monotonic seconds (when the spares start); ``serve``: the hand-over of the
+    spares to torch's process context while it starts the workers.
+    """
+
+    def __init__(self, bus: Bus, *, warm_spares: bool | str = True,
+                 clock: Callable[[], float] = time.monotonic,
+                 recovery: Recovery | None = None, spares: SparePool | None = None,
+                 serve: Callable[[SparePool, Launched], AbstractContextManager[None]] = serving
+                 ) -> None:
+        self._bus = bus
+        self._clock = clock
+        self._serve = serve
+        #: the restart's anatomy (anatomy.py): RECOVERED once a restart reached its step
+        self.recovery = recovery if recovery is not None else Recovery()
+        #: one waiting worker per local rank for the next attempt (spares.py)
+        self.spares = spares if spares is not None else SparePool(
+            enabled=warm_spares not in (False, "off"), cuda=warm_spares == "cuda")
+        self._launched: Launched = {}
+        #: (attempt, rank) of the ranks whose first step is done (their marks came): the
+        #: spares start once this node's workers all took theirs
+        self._stepped: set[tuple[int, int]] = set()
+        self._spares_for = -1
+        self._started_at = clock()
+        self._marks_sub = bus.subscribe(EventType.WORKER_PROGRESS,
+                                        on_event=self.observe_marks)
+
+    # -- the recovery's phases -------------------------------------------------------------
+    def failed(self) -> None:
+        """A failure was seen or a stall judged (the first of an attempt counts)."""
+        self.recovery.failed()
+
+    def decided(self) -> None:
+        """The failure was decided on: the group restarts."""
+        self.recovery.decided()
+
+    def rendezvous(self, started: float, ended: float) -> None:
+        """The new attempt's rendezvous ran from ``started`` to ``ended`` (wall clock)."""
+        self.recovery.rendezvous(started, ended)
+
+    def restarting(self, attempt: int, *, restarts_left: int, reason: str, cause: str,
+                   decided: bool) -> WorkerRestart:
+        """``WORKER_RESTART`` of ``attempt``, published; its line on the console when no
+        failure decided it (torch's decision: the failure's line said the rest)."""
+        restart = WorkerRestart(attempt=attempt, restarts_left=restarts_left,
+                                reason=reason, cause=cause)
+        self._bus.publish(restart)
+        if not decided:
+            console.write(sentence(restart))
+        return restart
+
+    @contextlib.contextmanager
+    def starting(self) -> Iterator[None]:
+        """While torch's process context starts the workers: each takes its local rank's
+        spare where it can, and each launch is noted for the next spares."""
+        self._launched = {}
+        with self._serve(self.spares, self._launched):
+            yield
+
+    def started(self, attempt: int, world_size: int) -> None:
+        """The workers of ``attempt`` (``world_size`` ranks in all) were started."""
+        self._started_at = self._clock()
+        self.recovery.spawned(attempt, world_size)
+
+    def observe_marks(self, event: Event) -> None:
+        """A worker's start-up marks (a beat's ``data["marks"]``), for the anatomy."""
+        found = event.data.get(protocol.MARKS_KEY)
+        rank = getattr(event, "worker_id", None)
+        attempt = event.context.restart_count if event.context is not None else None
+        if found is not None and isinstance(rank, int) and isinstance(attempt, int):
+            self._stepped.add((attempt, rank))
+            self.recovery.observe(attempt, rank, found)
+
+    def recovered(self) -> None:
+        """Publish RECOVERED (and its console line) once the restart reached its step."""
+        event = self.recovery.ready()
+        if event is not None:
+            self._bus.publish(event)
+            console.write(sentence(event))
+
+    # -- the warm spares -------------------------------------------------------------------
+    def fill_spares(self, attempt: int, ranks: Iterable[int], *, draining: bool) -> None:
+        """Start the spares of the next attempt once this node's workers (``ranks``) all
+        took their first step (or :data:`SPARES_AFTER_S` into the attempt): their imports
+        do not compete with the workers' way to it. None during a drain (it starts no new
+        attempt)."""
+        pool = self.spares
+        if not pool.enabled or self._spares_for == attempt or not self._launched \
+                or draining:
+            return
+        mine = set(ranks)
+        if not mine <= {r for a, r in self._stepped if a == attempt} and \
+                self._clock() - self._started_at < SPARES_AFTER_S:
+            return
+        self._spares_for = attempt
+        pool.fill(self._launched)
+
+    def close(self) -> None:
+        """The agent's end: every spare ended, the marks no longer observed."""
+        self.spares.close()
+        self._marks_sub.cancel()
