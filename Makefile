@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .PHONY: venv test test-slow test-all lint demo bench clean test-pythons test-compat
-.PHONY: test-sanitize soak
+.PHONY: test-sanitize soak venvs-pythons
 .PHONY: browser postgres
 
 # eventbus/_speedups.c is built by the editable install: a change to it reinstalls.
@@ -119,6 +119,22 @@ PYTHONS ?= $(wildcard $(HOME)/.pyenv/versions/3.10.*/bin/python) \
 	$(wildcard $(HOME)/.pyenv/versions/3.13.*/bin/python)
 TORCH_FREE_DEPS := "blinker>=1.8" "attrs>=23.1" "pytest>=8" "pytest-timeout>=2.2" \
 	"hypothesis>=6.100" "numpy>=1.24" "psygnal>=0.11" "pyee>=11" "matplotlib>=3.7"
+
+# The venvs of test-pythons only (no test run): .ci/run builds them in the background
+# while the main suites run; a version with no interpreter is left to test-pythons to name.
+venvs-pythons:
+	@for want in $(PYTHON_VERSIONS); do \
+	  py=""; for cand in $(PYTHONS); do \
+	    v=$$($$cand -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) \
+	      && [ "$$v" = "$$want" ] && { py=$$cand; break; }; \
+	  done; \
+	  [ -n "$$py" ] || continue; \
+	  venv=.venv-py$$want; \
+	  if [ ! -f $$venv/.installed ] || [ eventbus/_speedups.c -nt $$venv/.installed ]; then \
+	    $$py -m venv $$venv && $$venv/bin/pip install -q --no-deps -e . && \
+	    $$venv/bin/pip install -q $(TORCH_FREE_DEPS) && touch $$venv/.installed \
+	    || echo "venvs-pythons: Python $$want's venv failed; test-pythons will say why"; fi; \
+	done
 
 test-pythons:
 	@ran=""; failed=""; skipped=""; \
