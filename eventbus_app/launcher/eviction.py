@@ -48,6 +48,7 @@ from eventbus.app.hosts.faults import take_mark
 from eventbus.app.launcher import console
 from eventbus.app.launcher.decider import Ending
 from eventbus.app.launcher.hostbook import HostBook
+from eventbus.app.launcher.slurm import ledger_job
 from eventbus.bus import Bus
 from eventbus.events import Cause
 from eventbus.events import Event
@@ -280,7 +281,8 @@ class Eviction:
             book = self.book
             try:
                 self.writer.record(HostOutcome(
-                    host=book.host, job=self.run_id, attempt=attempt, time=time.time(),
+                    host=book.host, job=ledger_job(self.run_id), attempt=attempt,
+                    time=time.time(),
                     faults=dict(book.attempt_faults), culprit=book.culprits,
                     straggler=book.stragglers, clean=clean))
             except Exception:  # the ledger never fails the job
