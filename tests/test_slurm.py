@@ -87,6 +87,25 @@ def test_an_srun_task_derives_nnodes_the_rendezvous_at_the_first_node_and_its_id
                     f"--rdzv-id {JOB_ID} (n1's NodeAddr); an option given on the command "
                     "line wins")
     assert args.nproc_per_node == "2"
+    assert args.rdzv_conf == "is_host=0"  # n1 hosts the store, by SLURM's word
+
+
+def test_the_first_node_hosts_the_rendezvous_store(parser: argparse.ArgumentParser) -> None:
+    """torch would guess from the machine's names and addresses; SLURM's name decides."""
+    args, line, _ = _fill(parser, [], _step_env(node="n1"))
+    assert args.rdzv_conf == "is_host=1"
+    assert line is not None and "(n1's NodeAddr; this node hosts the rendezvous)" in line
+    args, _, _ = _fill(parser, ["--rdzv-conf", "read_timeout=120"], _step_env(node="n1"))
+    assert args.rdzv_conf == "read_timeout=120,is_host=1"
+    args, _, _ = _fill(parser, ["--rdzv-conf", "is_host=0"], _step_env(node="n1"))
+    assert args.rdzv_conf == "is_host=0"  # the user's word wins
+    # an endpoint given: no is_host; no SLURMD_NODENAME: torch's guess
+    args, _, _ = _fill(parser, ["--rdzv-endpoint", "h:1", "--rdzv-backend", "c10d"],
+                       _step_env(node="n1"))
+    assert args.rdzv_conf == ""
+    env = {k: v for k, v in _step_env().items() if k != "SLURMD_NODENAME"}
+    args, line, _ = _fill(parser, [], env)
+    assert args.rdzv_conf == "" and line is not None and "this one" not in line
 
 
 def test_the_step_not_the_job_gives_the_nodes(parser: argparse.ArgumentParser) -> None:
@@ -364,11 +383,12 @@ def test_a_zero_config_srun_job_forms_one_two_node_job(tmp_path: Path) -> None:
     for proc, (_, err), node in zip(procs, results, ("n1", "n2"), strict=True):
         assert proc.returncode == 0, err[-4000:]
         derived = [line for line in err.splitlines() if line.startswith("eventbus: SLURM job")]
+        hosts = "; this node hosts the rendezvous" if node == "n1" else ""
         assert derived == [
             f"eventbus: SLURM job {job_id} step 0 (2 nodes n[1-2], this one {node}): "
             f"derived --nnodes 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} "
-            f"--rdzv-id {job_id} (n1's NodeAddr); an option given on the command line "
-            "wins"], err[-4000:]
+            f"--rdzv-id {job_id} (n1's NodeAddr{hosts}); an option given on the command "
+            "line wins"], err[-4000:]
     ranks = {int(p.stem[4:]): json.loads(p.read_text()) for p in out.glob("rank*.json")}
     assert sorted(ranks) == [0, 1]
     assert all(r["world"] == 2 and r["sum"] == 2.0 and r["run_id"] == job_id

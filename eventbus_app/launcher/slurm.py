@@ -8,7 +8,8 @@ numbered ``SLURM_STEP_ID`` set), the options not given are derived:
 * ``--rdzv-backend c10d`` and ``--rdzv-endpoint ADDR:PORT``: the first node of the step's
   nodelist, at the address SLURM knows it by (its ``NodeAddr`` in ``scontrol show node``,
   the name where that cannot be read), on a port every node computes alike from the job id
-  (:func:`rendezvous_port`);
+  (:func:`rendezvous_port`); the first node hosts its store (``--rdzv-conf is_host=1``,
+  ``is_host=0`` on the others, where ``--rdzv-conf`` does not say);
 * ``--rdzv-id``: the job id; ``ARRAYJOB_TASK`` for a task of an array job.
 
 ``--standalone`` derives nothing. More than one task on a node is a usage error
@@ -122,6 +123,9 @@ class Derivation:
 
     values: dict[str, str]
     line: str
+    #: whether this node hosts the derived rendezvous's store (torch's ``is_host``
+    #: rendezvous setting), where the endpoint was derived and SLURM names this node
+    is_host: bool | None = None
 
 
 def _first(env: Mapping[str, str], *names: str) -> tuple[str, str] | None:
@@ -264,6 +268,7 @@ def derive(step: SlurmStep, given: Mapping[str, str], *,
     derived only with its endpoint (``c10d``); an endpoint is derived for ``c10d`` only."""
     values: dict[str, str] = {}
     notes: list[str] = []
+    is_host: bool | None = None
     if "nnodes" not in given:
         values["nnodes"] = str(step.nnodes)
     if "rdzv_backend" not in given and "rdzv_endpoint" not in given:
@@ -275,6 +280,10 @@ def derive(step: SlurmStep, given: Mapping[str, str], *,
         values["rdzv_endpoint"] = f"{addr or first}:{rendezvous_port(step.job_id)}"
         notes.append(f"{first}'s NodeAddr" if addr is not None
                      else f"{first}: scontrol gave no NodeAddr, so its name")
+        if step.node is not None:
+            is_host = step.node == first
+            if is_host:
+                notes.append("this node hosts the rendezvous")
     if "rdzv_id" not in given:
         values["rdzv_id"] = step.rdzv_id
     shown = " ".join(f"--{d.replace('_', '-')} {values[d]}" for d in DERIVED_DESTS
@@ -286,7 +295,7 @@ def derive(step: SlurmStep, given: Mapping[str, str], *,
             + (f" ({'; '.join(notes)})" if notes else "")
             + (f"; given: {_given_text(given)}" if given else "")
             + ("; an option given on the command line wins" if values else ""))
-    return Derivation(values=values, line=line)
+    return Derivation(values=values, line=line, is_host=is_host)
 
 
 def not_a_step_line(env: Mapping[str, str]) -> str | None:
@@ -337,12 +346,27 @@ def fill_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
             check_one_task_per_node(step, environ)
             derivation = derive(step, given, scontrol=scontrol)
             derived, line = derivation.values, derivation.line
+            if derivation.is_host is not None:
+                args.rdzv_conf = _with_is_host(getattr(args, "rdzv_conf", "") or "",
+                                               derivation.is_host)
         else:
             line = None if "nnodes" in given else not_a_step_line(environ)
     for dest in DERIVED_DESTS:
         if getattr(args, dest, _UNSET) is _UNSET:
             setattr(args, dest, derived.get(dest, defaults.get(dest)))
     return line
+
+
+def _with_is_host(conf: str, is_host: bool) -> str:
+    """torchrun's ``--rdzv-conf`` with ``is_host`` added, unless it says already. The
+    first node hosts the store by SLURM's word, not by torch's guess from this machine's
+    names and addresses (which misses an address of a second network card, and fails
+    where the machine's own name is not in DNS)."""
+    keys = {item.partition("=")[0].strip() for item in conf.split(",") if item.strip()}
+    if "is_host" in keys:
+        return conf
+    item = f"is_host={'1' if is_host else '0'}"
+    return f"{conf},{item}" if conf.strip() else item
 
 
 def node_name(env: Mapping[str, str] | None = None) -> str | None:
