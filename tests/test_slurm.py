@@ -347,31 +347,27 @@ def _agents(cmds: list[tuple[list[str], dict[str, str]]], cwd: Path
                 proc.wait(timeout=30)
 
 
-@pytest.mark.slow
-def test_a_zero_config_srun_job_forms_one_two_node_job(tmp_path: Path) -> None:
-    """Two agents started as SLURM's srun would start them on nodes n1 and n2 (the SLURM_*
-    variables set by hand), with no rendezvous option at all, form one job of two nodes.
-
-    Every node is this machine: a fake ``scontrol`` on PATH gives n1's NodeAddr as
-    127.0.0.1. That stand-in is acceptable here only until the real SLURM cluster fixture
-    (tests/slurm_cluster.py) runs the same job under a real slurmctld and slurmd."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake = bin_dir / "scontrol"
-    fake.write_text(SCONTROL)
-    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
-    script = tmp_path / "job.py"
-    script.write_text(WORKER)
-    out = tmp_path / "out"
+def _run_two_agents(tmp_path: Path, job_id: str, restart: int) -> dict[int, dict[str, object]]:
+    """``srun -N2 --ntasks-per-node=1 python -m eventbus run --nproc-per-node 1 job.py``
+    as SLURM would start it on n1 and n2 (run ``restart`` of the job: 0, or a requeue);
+    each agent's derived line checked; the ranks' reports."""
+    bin_dir, script, ledger = tmp_path / "bin", tmp_path / "job.py", tmp_path / "hosts.sqlite"
+    if not bin_dir.exists():
+        bin_dir.mkdir()
+        fake = bin_dir / "scontrol"
+        fake.write_text(SCONTROL)
+        fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+        script.write_text(WORKER)
+    out = tmp_path / f"out{restart}"
     out.mkdir()
-    ledger = tmp_path / "hosts.sqlite"
-    job_id = _free_slurm_job_id()
     cmds = []
     for index, node in enumerate(("n1", "n2")):
         env = job_env()
         env.pop("EVENTBUS_HOSTNAME", None)
         env.update(_step_env("n[1-2]", 2, node, SLURM_JOB_ID=job_id, SLURM_JOBID=job_id,
                              SLURM_PROCID=str(index), SLURM_NODEID=str(index)))
+        if restart:
+            env["SLURM_RESTART_COUNT"] = str(restart)
         env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
         env["XDG_STATE_HOME"] = str(tmp_path / f"state-{node}")
         cmds.append(([sys.executable, "-m", "eventbus", "run", "--nproc-per-node", "1",
@@ -389,16 +385,32 @@ def test_a_zero_config_srun_job_forms_one_two_node_job(tmp_path: Path) -> None:
             f"derived --nnodes 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} "
             f"--rdzv-id {job_id} (n1's NodeAddr{hosts}); an option given on the command "
             "line wins"], err[-4000:]
-    ranks = {int(p.stem[4:]): json.loads(p.read_text()) for p in out.glob("rank*.json")}
-    assert sorted(ranks) == [0, 1]
-    assert all(r["world"] == 2 and r["sum"] == 2.0 and r["run_id"] == job_id
-               for r in ranks.values())
-    # the workers name their node as SLURM does
-    assert sorted(r["host"] for r in ranks.values()) == ["n1", "n2"]
-    db = sqlite3.connect(ledger)
+    return {int(p.stem[4:]): json.loads(p.read_text()) for p in out.glob("rank*.json")}
+
+
+@pytest.mark.slow
+def test_a_zero_config_srun_job_forms_one_two_node_job(tmp_path: Path) -> None:
+    """Two agents started as SLURM's srun would start them on nodes n1 and n2 (the SLURM_*
+    variables set by hand), with no rendezvous option at all, form one job of two nodes;
+    the job requeued (SLURM_RESTART_COUNT 1) forms again and its ledger rows are its own.
+
+    Every node is this machine: a fake ``scontrol`` on PATH gives n1's NodeAddr as
+    127.0.0.1. That stand-in is acceptable here only until the real SLURM cluster fixture
+    (tests/slurm_cluster.py) runs the same job under a real slurmctld and slurmd."""
+    job_id = _free_slurm_job_id()
+    for restart in (0, 1):
+        ranks = _run_two_agents(tmp_path, job_id, restart)
+        assert sorted(ranks) == [0, 1], restart
+        assert all(r["world"] == 2 and r["sum"] == 2.0 and r["run_id"] == job_id
+                   for r in ranks.values())
+        # the workers name their node as SLURM does
+        assert sorted(str(r["host"]) for r in ranks.values()) == ["n1", "n2"]
+    db = sqlite3.connect(tmp_path / "hosts.sqlite")
     try:
         rows = sorted(db.execute("SELECT host, job, attempt, clean FROM "
                                  "eventbus_host_outcomes").fetchall())
     finally:
         db.close()
-    assert rows == [("n1", job_id, 0, 1), ("n2", job_id, 0, 1)]
+    requeued = f"{job_id}+requeue1"
+    assert rows == [("n1", job_id, 0, 1), ("n1", requeued, 0, 1),
+                    ("n2", job_id, 0, 1), ("n2", requeued, 0, 1)]
