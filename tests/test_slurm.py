@@ -106,6 +106,8 @@ def test_the_first_node_hosts_the_rendezvous_store(parser: argparse.ArgumentPars
     env = {k: v for k, v in _step_env().items() if k != "SLURMD_NODENAME"}
     args, line, _ = _fill(parser, [], env)
     assert args.rdzv_conf == "" and line is not None and "this one" not in line
+    args, _, _ = _fill(parser, [], _step_env(node="login1"))  # not a node of the step
+    assert args.rdzv_conf == ""
 
 
 def test_the_step_not_the_job_gives_the_nodes(parser: argparse.ArgumentParser) -> None:
@@ -141,6 +143,11 @@ def test_node_addr_reads_scontrol_and_survives_its_failures() -> None:
         assert slurm.run_scontrol("n1") is None
     finally:
         os.environ["PATH"] = old
+
+
+def test_an_ipv6_node_addr_is_bracketed(parser: argparse.ArgumentParser) -> None:
+    args, _, _ = _fill(parser, [], _step_env(), {"n1": "fd00::1"})
+    assert args.rdzv_endpoint == f"[fd00::1]:{PORT}"
 
 
 def test_every_node_computes_the_same_port_from_the_job_id() -> None:

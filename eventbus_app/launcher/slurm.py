@@ -36,7 +36,6 @@ from collections.abc import MutableMapping
 import attrs
 
 from eventbus.app.hosts.hostlist import HostlistError
-from eventbus.app.hosts.hostlist import compress
 from eventbus.app.hosts.hostlist import expand
 
 __all__ = [
@@ -277,10 +276,12 @@ def derive(step: SlurmStep, given: Mapping[str, str], *,
     if "rdzv_endpoint" not in given and backend == "c10d":
         first = step.nodes[0]
         addr = node_addr(first, scontrol)
-        values["rdzv_endpoint"] = f"{addr or first}:{rendezvous_port(step.job_id)}"
+        host = addr or first
+        host = f"[{host}]" if ":" in host else host  # an IPv6 NodeAddr
+        values["rdzv_endpoint"] = f"{host}:{rendezvous_port(step.job_id)}"
         notes.append(f"{first}'s NodeAddr" if addr is not None
                      else f"{first}: scontrol gave no NodeAddr, so its name")
-        if step.node is not None:
+        if step.node is not None and step.node in step.nodes:
             is_host = step.node == first
             if is_host:
                 notes.append("this node hosts the rendezvous")
@@ -288,7 +289,7 @@ def derive(step: SlurmStep, given: Mapping[str, str], *,
         values["rdzv_id"] = step.rdzv_id
     shown = " ".join(f"--{d.replace('_', '-')} {values[d]}" for d in DERIVED_DESTS
                      if d in values)
-    where = f"{step.nnodes} node{'s' if step.nnodes > 1 else ''} {compress(step.nodes)}"
+    where = f"{step.nnodes} node{'s' if step.nnodes > 1 else ''} {step.nodelist}"
     line = (f"SLURM job {step.rdzv_id} step {step.step_id} ({where}"
             + (f", this one {step.node}" if step.node else "") + "): "
             + (f"derived {shown}" if values else "nothing derived")
