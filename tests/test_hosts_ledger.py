@@ -15,6 +15,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Callable
@@ -39,13 +40,13 @@ from eventbus.app.launcher.hosts.host_ledger import read_hosts
 from eventbus.app.launcher.hosts.host_ledger import read_outcomes
 from eventbus.app.launcher.hosts.host_ledger import spooled
 from eventbus.app.launcher.hosts.host_ledger import write_outcomes
-from eventbus.app.launcher.hosts.hostlist import HostlistError
-from eventbus.app.launcher.hosts.hostlist import compress
-from eventbus.app.launcher.hosts.hostlist import expand
 from eventbus.app.launcher.hosts.store import LedgerSpecError
 from eventbus.app.launcher.hosts.store import open_store
 from eventbus.app.launcher.hosts.store import parse_spec
 from eventbus.app.launcher.hosts.store import redact
+from eventbus.app.launcher.slurm.hostlist import HostlistError
+from eventbus.app.launcher.slurm.hostlist import compress
+from eventbus.app.launcher.slurm.hostlist import expand
 from tests.conftest import subprocess_env
 from tests.postgres_server import PostgresServer
 from tests.postgres_server import postgres_server  # noqa: F401  (the fixture)
@@ -610,3 +611,81 @@ def test_without_psycopg_the_error_names_the_extra(
         read_hosts(url)
     assert info.value.kind == "missing-extra"
     assert host_score(url, "node1") is None
+
+
+# -- a SLURM requeue ------------------------------------------------------------------------
+
+def _slurm_run(spec: str, monkeypatch: pytest.MonkeyPatch, *, restart: int,
+               faults: int) -> None:
+    """One run of SLURM job 4242 on node n3 as the agent's eviction path records it:
+    ``faults`` segfaults in attempt 0, then its end (clean when there were none)."""
+    from eventbus.app.launcher.hosts.eviction import Eviction
+    from eventbus.bus import Bus
+
+    monkeypatch.delenv("EVENTBUS_HOSTNAME", raising=False)
+    monkeypatch.setenv("SLURMD_NODENAME", "n3")
+    if restart:
+        monkeypatch.setenv("SLURM_RESTART_COUNT", str(restart))
+    else:
+        monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    said: list[str] = []
+    writer = LedgerWriter(spec, warn=said.append)
+    eviction = Eviction(Bus("slurm-requeue"), evict_after=0, ledger=spec, run_id="4242",
+                        local=lambda: [0], writer=writer)
+    for _ in range(faults):
+        assert eviction.book.worker_failed(exit_code=-11) == "signal"
+    eviction.attempt_ended(0, clean=faults == 0)
+    writer.close(timeout=10)
+    assert said == [] and writer.written == 1
+
+
+def _excluded(spec: str, capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """``eventbus hosts --format slurm`` as the shell splits ``$(...)`` for sbatch: one
+    word, ``--exclude=`` and SLURM's hostlist (returned expanded)."""
+    from eventbus.app.launcher.hosts.report import main as hosts_main
+
+    capsys.readouterr()
+    assert hosts_main(["--ledger", spec, "--format", "slurm"]) == 0
+    printed = capsys.readouterr().out
+    words = subprocess.run(["bash", "-c", 'printf "%s\\n" $(cat)'], input=printed,
+                           capture_output=True, text=True, timeout=10, check=True,
+                           cwd=tempfile.gettempdir()).stdout.splitlines()
+    assert len(words) == 1 and words[0].startswith("--exclude="), words
+    return expand(words[0].removeprefix("--exclude="))
+
+
+def _requeue_keeps_the_faults(spec: str, monkeypatch: pytest.MonkeyPatch,
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    _slurm_run(spec, monkeypatch, restart=0, faults=2)
+    assert "n3" in _excluded(spec, capsys)
+    _slurm_run(spec, monkeypatch, restart=1, faults=0)  # requeued: same job, attempt 0
+    rows = {o.job: o for o in read_outcomes(spec, host="n3")}
+    assert sorted(rows) == ["4242", "4242+requeue1"]
+    assert rows["4242"].faults == {"signal": 2} and not rows["4242"].clean
+    assert rows["4242+requeue1"].faults == {} and rows["4242+requeue1"].clean
+    summary = {s.host: s for s in read_hosts(spec)}["n3"]
+    assert summary.faults == {"signal": 2} and summary.clean == 1
+    # one word, SLURM's hostlist: straight into sbatch $(eventbus hosts --format slurm)
+    assert "n3" in _excluded(spec, capsys)
+    write_outcomes(spec, [_outcome(4, host="n4", job="4243", faults={"ecc": 1})])
+    assert {"n3", "n4"} <= set(_excluded(spec, capsys))
+
+
+def test_a_requeued_clean_run_keeps_the_first_runs_faults(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """SLURM requeues job 4242 (SLURM_RESTART_COUNT 1) after two segfaults on n3; the
+    requeued run ends cleanly on n3. The first run's row stays (before, the clean row of
+    the same host, job and attempt overwrote it and the --exclude vanished)."""
+    spec = str(tmp_path / "hosts.sqlite")
+    _requeue_keeps_the_faults(spec, monkeypatch, capsys)
+    from eventbus.app.launcher.hosts.report import main as hosts_main
+
+    assert hosts_main(["--ledger", spec, "--format", "slurm"]) == 0
+    assert capsys.readouterr().out == "--exclude=n[3-4]\n"  # SLURM's hostlist notation
+
+
+def test_a_requeued_clean_run_keeps_the_first_runs_faults_in_postgres(
+        postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+        capsys: pytest.CaptureFixture[str]) -> None:
+    _requeue_keeps_the_faults(postgres_server.url, monkeypatch, capsys)

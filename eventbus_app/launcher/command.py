@@ -26,6 +26,7 @@ from eventbus.app.launcher.cli import console
 from eventbus.app.launcher.cli import options
 from eventbus.app.launcher.decisions import exit_codes
 from eventbus.app.launcher.hosts.book import DEFAULT_EVICT_AFTER
+from eventbus.app.launcher.slurm import environment as slurm
 from eventbus.app.plugins import AgentPlugin
 from eventbus.bus import ALL
 from eventbus.bus import get_default_bus
@@ -327,7 +328,18 @@ def main(argv: Sequence[str] | None = None, *,
     from eventbus.app.launcher.agent import event_agent
 
     parser = build_parser()
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv),
+                             namespace=slurm.unset_namespace())
+    try:  # under srun: --nnodes, the rendezvous and its id from SLURM (docs/slurm.md)
+        derived = slurm.fill_args(parser, args)
+    except slurm.SlurmUsageError as exc:
+        parser.error(str(exc))
+    if derived is not None:
+        console.write(derived)
+    if slurm.export_node_name() is not None:
+        from eventbus.context import refresh_context
+
+        refresh_context()
     clash = exit_codes.clashes(_exit_codes(args))
     if clash is not None:
         parser.error(clash)

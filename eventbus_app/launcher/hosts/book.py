@@ -26,6 +26,7 @@ from pathlib import Path
 from eventbus.app.launcher.hosts.faults import Failure
 from eventbus.app.launcher.hosts.faults import host_fault
 from eventbus.app.launcher.hosts.faults import kinds_said
+from eventbus.app.launcher.slurm.environment import node_name
 
 __all__ = ["DEFAULT_EVICT_AFTER", "HostBook", "oom_kill_count"]
 
@@ -90,10 +91,10 @@ class HostBook:
 
     @classmethod
     def for_this_host(cls, *, evict_after: int = DEFAULT_EVICT_AFTER) -> HostBook:
-        """The book of the host this agent runs on: ``EVENTBUS_HOSTNAME``, else the
-        machine's name (what the events' context says)."""
-        return cls(os.environ.get("EVENTBUS_HOSTNAME") or os.uname().nodename,
-                   evict_after=evict_after)
+        """The book of the host this agent runs on: ``EVENTBUS_HOSTNAME``, else SLURM's
+        node name (``SLURMD_NODENAME``), else the machine's name (what the events' context
+        says)."""
+        return cls(node_name() or os.uname().nodename, evict_after=evict_after)
 
     # -- what the agent saw ------------------------------------------------------------------
     def new_attempt(self) -> None:

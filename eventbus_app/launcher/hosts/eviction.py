@@ -47,6 +47,7 @@ from eventbus.app.launcher.hosts.book import HostBook
 from eventbus.app.launcher.hosts.faults import Failure
 from eventbus.app.launcher.hosts.faults import host_fault
 from eventbus.app.launcher.hosts.faults import take_mark
+from eventbus.app.launcher.slurm.environment import ledger_job
 from eventbus.app.protocol.host_faults import HOST_FAULT_KEY
 from eventbus.bus import Bus
 from eventbus.events import Cause
@@ -281,7 +282,8 @@ class Eviction:
             book = self.book
             try:
                 self.writer.record(HostOutcome(
-                    host=book.host, job=self.run_id, attempt=attempt, time=time.time(),
+                    host=book.host, job=ledger_job(self.run_id), attempt=attempt,
+                    time=time.time(),
                     faults=dict(book.attempt_faults), culprit=book.culprits,
                     straggler=book.stragglers, clean=clean))
             except Exception:  # the ledger never fails the job

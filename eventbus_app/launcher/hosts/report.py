@@ -27,12 +27,12 @@ from eventbus.app.launcher.hosts.host_ledger import default_ledger_path
 from eventbus.app.launcher.hosts.host_ledger import read_outcomes
 from eventbus.app.launcher.hosts.host_ledger import spooled
 from eventbus.app.launcher.hosts.host_ledger import write_outcomes
-from eventbus.app.launcher.hosts.hostlist import compress
 from eventbus.app.launcher.hosts.score import DEFAULT_BAD_HOST_THRESHOLD
 from eventbus.app.launcher.hosts.score import HALF_LIFE_S
 from eventbus.app.launcher.hosts.score import HostSummary
 from eventbus.app.launcher.hosts.score import summarize
 from eventbus.app.launcher.hosts.store import parse_spec
+from eventbus.app.launcher.slurm.hostlist import compress
 
 __all__ = ["FORMATS", "TAINT", "main", "parse_duration", "render"]
 
