@@ -7,7 +7,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: venv test test-slow test-all lint demo bench clean test-pythons test-compat
 .PHONY: test-sanitize soak venvs-pythons
-.PHONY: browser postgres
+.PHONY: browser postgres system-deps
+
+# Every system package the suites' real servers need, each target a no-op when its package
+# is there: .ci/run starts this in the background while the main venv builds.
+system-deps: browser postgres
 
 # eventbus/_speedups.c is built by the editable install: a change to it reinstalls.
 $(STAMP): pyproject.toml setup.py eventbus/_speedups.c
