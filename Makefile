@@ -7,11 +7,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: venv test test-slow test-all lint demo bench clean test-pythons test-compat
 .PHONY: test-sanitize soak venvs-pythons
-.PHONY: browser postgres system-deps
+.PHONY: browser postgres slurm system-deps
 
 # Every system package the suites' real servers need, each target a no-op when its package
 # is there: .ci/run starts this in the background while the main venv builds.
-system-deps: browser postgres
+system-deps: browser postgres slurm
 
 # eventbus/_speedups.c is built by the editable install: a change to it reinstalls.
 $(STAMP): pyproject.toml setup.py eventbus/_speedups.c
@@ -62,6 +62,34 @@ postgres:
 	  || echo "postgres: could not install postgresql; the PostgreSQL ledger tests will skip"; \
 	else echo "postgres: no /usr/lib/postgresql/*/bin/initdb and no apt-get; the PostgreSQL ledger tests will skip"; fi
 
+# A real Slurm cluster for tests/test_slurm_cluster.py (tests/slurm_cluster.py starts one
+# controller and three nodes in network namespaces, everything under a temporary folder):
+# Debian's slurmctld, slurmd, slurm-client and munge, plus iproute2 and util-linux
+# (ip netns, nsenter), installed when missing and apt-get is at hand. A policy-rc.d that
+# denies every start is in place during the install, so the packages' init scripts start
+# no munged, slurmd nor slurmctld; one that was there before is put back. Never fails the
+# build: without them those tests skip and say why.
+SLURM_BINS := slurmctld slurmd munged sbatch ip nsenter
+SLURM_PKGS := slurmctld slurmd slurm-client munge iproute2 util-linux
+slurm:
+	@missing=""; for b in $(SLURM_BINS); do \
+	  PATH="$$PATH:/usr/sbin:/sbin" command -v $$b >/dev/null 2>&1 || missing="$$missing $$b"; \
+	done; \
+	if [ -z "$$missing" ]; then :; \
+	elif command -v apt-get >/dev/null 2>&1; then \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo -n ); \
+	  rc=/usr/sbin/policy-rc.d; saved=""; \
+	  if [ -e $$rc ]; then saved=$$($$SUDO mktemp 2>/dev/null) && $$SUDO cp -p $$rc $$saved; fi; \
+	  printf '#!/bin/sh\nexit 101\n' | $$SUDO tee $$rc >/dev/null 2>&1 && $$SUDO chmod 755 $$rc; \
+	  install="$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(SLURM_PKGS)"; \
+	  ( $$install >/dev/null 2>&1 || \
+	    { $$SUDO apt-get update -q >/dev/null 2>&1 && $$install >/dev/null 2>&1; } ) \
+	  && echo "slurm: installed$$missing (Debian's $(SLURM_PKGS))" \
+	  || echo "slurm: could not install$$missing; the Slurm cluster tests will skip"; \
+	  { if [ -n "$$saved" ]; then $$SUDO mv $$saved $$rc; else $$SUDO rm -f $$rc; fi; } \
+	    2>/dev/null || :; \
+	else echo "slurm: no$$missing and no apt-get; the Slurm cluster tests will skip"; fi
+
 # About 3 minutes on 2 cores, lint and the pure-Python re-run included: everything but
 # the tests marked slow (real torchrun / `eventbus run` / elastic_launch jobs, long
 # subprocesses, load and stress runs, the wheel build, the demo). `make test-slow` runs
@@ -86,7 +114,7 @@ PURE_TESTS := tests/test_bus.py tests/test_events.py tests/test_queued.py tests/
 test-sanitize: $(STAMP)
 	tests/sanitize/run.sh $(PY) $(PURE_TESTS)
 
-test-slow: $(STAMP) browser postgres
+test-slow: $(STAMP) browser postgres slurm
 	$(PY) -m pytest -q -m slow
 
 test-all: test test-slow

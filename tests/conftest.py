@@ -150,3 +150,7 @@ def _no_leftover_torchelastic_bridges() -> Iterator[None]:
 def bus() -> eventbus.Bus:
     """A private bus, so a test sees only its own subscribers."""
     return eventbus.Bus("test")
+
+
+#: the session's Slurm cluster (tests/slurm_cluster.py), one per pytest session
+from tests.slurm_cluster import slurm_cluster  # noqa: E402, F401
