@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 from typing import NoReturn
 
+from eventbus.app.launcher.cli import abbrev
 from eventbus.app.launcher.cli import console
 from eventbus.app.launcher.cli import options
 from eventbus.app.launcher.decisions import exit_codes
@@ -47,7 +48,14 @@ USAGE = "%(prog)s [options] SCRIPT ..."
 
 class _RunParser(argparse.ArgumentParser):
     """torchrun's parser, with a usage error a person reads at once: the usage line, the
-    error, a pointer to ``--help`` (torchrun's own prints its 25-line usage first)."""
+    error, a pointer to ``--help`` (torchrun's own prints its 25-line usage first).
+    Abbreviated options are written out before SCRIPT only (:mod:`.abbrev`)."""
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None,
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        words = abbrev.expand(self, sys.argv[1:] if args is None else args)
+        return super().parse_known_args(words, namespace)
 
     def error(self, message: str) -> NoReturn:
         if "required: SCRIPT" in message:
@@ -114,9 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     torchrun_parser = get_args_parser()
     parser = _RunParser(
-        # no abbreviations: the script's own options come after SCRIPT, and one that is a
-        # prefix of two of ours (--bad-host) would be refused as ambiguous before SCRIPT's
-        # arguments are taken as they are
+        # argparse's abbreviations off: it would look the script's own options after
+        # SCRIPT up too, and refuse one that is a prefix of two of ours (--bad-host) as
+        # ambiguous; _RunParser writes abbreviations out before SCRIPT instead (abbrev.py)
         prog="eventbus run", usage=USAGE, parents=[torchrun_parser], add_help=False,
         allow_abbrev=False,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -314,12 +322,16 @@ def _ui_plugin(parser: argparse.ArgumentParser, args: argparse.Namespace, bus: A
 
 
 def main(argv: Sequence[str] | None = None, *,
-         plugins: Sequence[AgentPlugin] | None = None) -> int:
+         plugins: Sequence[AgentPlugin] | None = None,
+         raise_child_failure: bool = False) -> int:
     """Run the job; returns the exit code (0 success, 1 failure).
 
     ``plugins``: the agent's plugins, exactly these (default:
     :func:`eventbus.app.launcher.agent.default_plugins`); a launcher script of your own
     adds one with ``main(argv, plugins=[*default_plugins(), MyPlugin()])``.
+    ``raise_child_failure``: a failed job raises torch's ``ChildFailedError`` instead of
+    returning 1, as ``torch.distributed.run.main`` does (:mod:`.torch_main`); eventbus's
+    own outcomes (stop, hang, drain, bad host) still return their codes.
     """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.multiprocessing.errors import record
@@ -434,6 +446,9 @@ def main(argv: Sequence[str] | None = None, *,
             return int(args.bad_host_exit_code)
         if any(agent.drain.active for agent in agents):
             return int(args.drain_exit_code)
+        if raise_child_failure and not any(agent.stopped_by_reactor or agent.ended_by_hang
+                                           for agent in agents):
+            raise
         print(str(exc), file=sys.stderr)
         if any(agent.stopped_by_reactor for agent in agents):
             return int(args.stop_exit_code)
