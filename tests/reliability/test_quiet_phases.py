@@ -211,9 +211,11 @@ def test_a_late_batch_is_reported_as_waiting_for_data_and_not_restarted(
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_reactor_may_restart_a_rank_waiting_for_data(tmp_path: Path) -> None:
-    """A reactor that answers RESTART to a data wait restarts the group."""
+    """A reactor that answers RESTART to a data wait restarts the group. (The batch is
+    15 s late: the restart comes about 5 s into the wait; the DataLoader worker that
+    sleeps on holds the job's output open until the 15 s are up, so longer only costs.)"""
     run = _job(tmp_path, QUIET, "--stall-timeout", "5", "--reactor",
-               "tests.jobs.reactors:restart_on_data", QUIET_MODE="data", QUIET_S="30")
+               "tests.jobs.reactors:restart_on_data", QUIET_MODE="data", QUIET_S="15")
     assert run.returncode == 0, run.describe()
     (restart,) = run.of("WORKER_RESTART")
     assert "waiting for data" in restart["reason"], restart
