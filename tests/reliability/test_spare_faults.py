@@ -1,8 +1,9 @@
 """Row 43: faults around a restart on warm spares (#42). Real ``python -m eventbus run``
 jobs of tests/jobs/spare_probe.py (2 gloo ranks; rank 1 dies once the test has seen the
-spares start, at most PROBE_WAIT_S after attempt 0's first step): a spare killed before it is used is never used (that
-rank starts fresh), and a script changed on disk between the attempts runs as changed on
-the spares. Each rank runs once per attempt and the restart completes."""
+spares start, at most PROBE_WAIT_S after attempt 0's first step): a spare killed before
+it is used is never used (that rank starts fresh), and a script changed on disk between
+the attempts runs as changed on the spares. Each rank runs once per attempt and the
+restart completes."""
 
 from __future__ import annotations
 
