@@ -114,8 +114,11 @@ PURE_TESTS := tests/test_bus.py tests/test_events.py tests/test_queued.py tests/
 test-sanitize: $(STAMP)
 	tests/sanitize/run.sh $(PY) $(PURE_TESTS)
 
+# Every test's time goes into the output (--durations=0, the slowest first), so that CI's
+# log says where the slow suite's minutes go; a slow test over 60 s says in its docstring
+# why it must take that long.
 test-slow: $(STAMP) browser postgres slurm
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m slow --durations=0
 
 test-all: test test-slow
 

@@ -1,7 +1,8 @@
 """What a worker sees of itself, for tests/test_spares.py: written to
 ``<PROBE_OUT>/probe_attempt<A>_rank<R>.json`` by each rank of each attempt. Attempt 0 is
 started fresh; after its first optimizer step it waits ``PROBE_WAIT_S`` (the spares warm
-up), then rank 1 exits 1; attempt 1 runs on the warm spares and ends with exit code 0.
+up; less once the file ``PROBE_GO`` names exists), then rank 1 exits 1; attempt 1 runs on
+the warm spares and ends with exit code 0.
 
 The facts: ``warm`` (torch already imported at the script's first line), ``argv``,
 ``file``, ``path0``, ``cwd``, ``env``, every signal's disposition, what a ``spawn`` child of
@@ -73,7 +74,13 @@ def main() -> None:
     with open(os.path.join(out, f"probe_attempt{attempt}_rank{rank}.json"), "w") as f:
         json.dump(facts, f)
     if attempt == "0":
-        time.sleep(float(os.environ.get("PROBE_WAIT_S", "8")))
+        # at most PROBE_WAIT_S; less once the file PROBE_GO names exists (the test saw
+        # the spares started: a spare imports torch before it reads its assignment, so
+        # one started is used warm)
+        go = os.environ.get("PROBE_GO")
+        deadline = time.monotonic() + float(os.environ.get("PROBE_WAIT_S", "8"))
+        while time.monotonic() < deadline and not (go and os.path.exists(go)):
+            time.sleep(0.1)
         if rank == "1":
             os._exit(1)
     # DDP's reducer holds the process group: freed here, before the group is destroyed

@@ -1,8 +1,9 @@
 """Row 43: faults around a restart on warm spares. Real ``python -m eventbus run``
-jobs of tests/jobs/spare_probe.py (2 gloo ranks; rank 1 dies 8 s after attempt 0's first
-step, when the spares are warm): a spare killed before it is used is never used (that
-rank starts fresh), and a script changed on disk between the attempts runs as changed on
-the spares. Each rank runs once per attempt and the restart completes."""
+jobs of tests/jobs/spare_probe.py (2 gloo ranks; rank 1 dies once the test has seen the
+spares start, at most PROBE_WAIT_S after attempt 0's first step): a spare killed before
+it is used is never used (that rank starts fresh), and a script changed on disk between
+the attempts runs as changed on the spares. Each rank runs once per attempt and the
+restart completes."""
 
 from __future__ import annotations
 
@@ -39,18 +40,42 @@ def _spares(agent: int | None = None) -> list[int]:
     return found
 
 
+#: the longest attempt 0 waits for the spares before rank 1 fails (spare_probe.py); it
+#: fails sooner once the test saw both spares started (_spares_started)
+PROBE_WAIT_S = 12.0
+
+
+def _spares_started(agent: int, tmp_path: Path, *, deadline: float,
+                    seen: set[int]) -> None:
+    """Wait until two spares of ``agent`` were seen (a spare imports torch before it reads
+    its assignment: one started is used warm), or two spares wrote their ``spare_<pid>``
+    file (_SPARE_FAULTS), or ``deadline``; then a little more, for the pool to file
+    them. ``seen``: spares already seen (killed since, say)."""
+    while time.monotonic() < deadline:
+        seen.update(_spares(agent))
+        if len(seen) >= 2 or len(list(tmp_path.glob("spare_*"))) >= 2:
+            time.sleep(0.5)
+            return
+        time.sleep(0.1)
+
+
 def _job(tmp_path: Path, script: Path, during: Any, *, max_restarts: int = 1,
-         pythonpath: str | None = None) -> tuple[Any, dict[str, Any]]:
+         pythonpath: str | None = None, seen: list[int] | None = None,
+         ) -> tuple[Any, dict[str, Any]]:
     """Run the probe job in the background, call ``during(agent pid)`` once attempt 0's
-    ranks wrote their facts (the spares are then starting), wait for the job.
-    ``pythonpath``: a folder put first on the job's ``PYTHONPATH``."""
+    ranks wrote their facts (the spares are then starting), let rank 1 fail once both
+    spares were seen started (or after PROBE_WAIT_S), wait for the job.
+    ``pythonpath``: a folder put first on the job's ``PYTHONPATH``; ``seen``: the spares
+    ``during`` saw (it kills them, say)."""
     import subprocess
 
     events = tmp_path / "events.jsonl"
     cmd = [sys.executable, "-m", "eventbus", "run", "--events-jsonl", str(events),
            "--standalone", "--nproc-per-node", "2", "--monitor-interval", "0.1",
            "--max-restarts", str(max_restarts), str(script)]
-    env = {**job_env(), "PROBE_OUT": str(tmp_path), "PROBE_WAIT_S": "12"}
+    go = tmp_path / "go"
+    env = {**job_env(), "PROBE_OUT": str(tmp_path), "PROBE_WAIT_S": str(PROBE_WAIT_S),
+           "PROBE_GO": str(go)}
     env.pop("EVENTBUS_WARM_SPARES", None)
     if pythonpath is not None:
         env["PYTHONPATH"] = os.pathsep.join([pythonpath, env["PYTHONPATH"]])
@@ -62,6 +87,9 @@ def _job(tmp_path: Path, script: Path, during: Any, *, max_restarts: int = 1,
             assert time.monotonic() < deadline and proc.poll() is None, "attempt 0 never ran"
             time.sleep(0.2)
         during(proc.pid)
+        _spares_started(proc.pid, tmp_path, deadline=time.monotonic() + PROBE_WAIT_S,
+                        seen=set(seen or ()))
+        go.write_text("1")  # rank 1 of attempt 0 may fail now
         _, err = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
@@ -91,7 +119,7 @@ def test_a_spare_killed_before_it_is_used_is_replaced_by_a_fresh_worker(
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
 
-    (rc, err), facts = _job(tmp_path, JOBS / "spare_probe.py", kill_spares)
+    (rc, err), facts = _job(tmp_path, JOBS / "spare_probe.py", kill_spares, seen=killed)
     assert rc == 0, err[-4000:]
     assert len(killed) >= 2, "the spares never started"
     assert not facts["attempt1_rank0"]["warm"] and not facts["attempt1_rank1"]["warm"]
@@ -155,7 +183,9 @@ def test_a_second_failure_while_the_spares_are_activated_restarts_on_fresh_worke
     """Attempt 1 runs on the warm spares and rank 1 dies at its first line, while rank 0's
     spare is becoming its worker: the second failure is decided like the first, attempt 2
     starts fresh workers (no spare was warmed for it, a used one is never used again),
-    completes, and each rank of each attempt was one process of its own."""
+    completes, and each rank of each attempt was one process of its own. (Three attempts,
+    each two workers importing torch, and the spares of two: 45-85 s on 2 loaded cores;
+    the failure needs the spares started and activated, so none of it can go.)"""
     script = tmp_path / "probe.py"
     text = (JOBS / "spare_probe.py").read_text()
     script.write_text(text.replace("\nimport json", _EARLY + "\nimport json", 1))
@@ -226,8 +256,8 @@ def test_a_spare_that_cannot_read_its_assignment_is_ended_not_used() -> None:
     it thrown away, not used, and ends it."""
     import subprocess
 
-    from eventbus.app.launcher.recovery.spares import Spare
-    from eventbus.app.launcher.recovery.spares import SparePool
+    from eventbus.app.launcher.recovery.anatomy.spares import Spare
+    from eventbus.app.launcher.recovery.anatomy.spares import SparePool
 
     read, write = os.pipe()
     os.close(read)
