@@ -235,7 +235,7 @@ def test_a_spare_that_cannot_read_its_assignment_is_ended_not_used() -> None:
                             start_new_session=True)
     spare = Spare(proc, write, base={}, executable=sys.executable, cwd=os.getcwd(),
                   started=0.0)
-    pool = SparePool()
+    pool = SparePool(discard_timeout=0.2)  # it never exits by itself: killed after 0.2 s
     pool.used = 1  # what take() counted
     try:
         with pytest.raises(OSError):
