@@ -93,7 +93,10 @@ class Receiver:
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        # a short poll: shutdown() waits for the loop's next look at its flag (0.5 s a
+        # receiver at the default, paid by every test that uses one)
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,),
+                                       daemon=True)
 
     def wait_for(self, predicate: Any, timeout: float = 30.0) -> bool:
         deadline = time.monotonic() + timeout

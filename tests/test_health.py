@@ -357,13 +357,30 @@ def test_stalls_and_slow_ranks_show_on_their_rank_in_the_trace_and_timeline(
 
 def test_health_benchmark_reports_worker_and_agent_costs() -> None:
     """benchmarks/bench_health.py runs (quick) and reports the worker's record() before and
-    after arming the stack dump, the agent's cost per event and its share of a core."""
+    after arming the stack dump, the agent's cost per event and its share of a core. The
+    figures that start processes (a real job, a bootstrap worker) are the slow test's
+    below."""
     from benchmarks import bench_health
 
-    result = bench_health.run(quick=True)
+    result = bench_health.run(quick=True, workers=False)
     assert result["armed"] is True
     assert result["worker_record_ns"]["before"] > 0 and result["worker_record_ns"]["ratio"] > 0
     assert result["per_event_ns"] >= 0 and result["core_share_8_workers"] > 0
+    assert "worker" not in result and "first_record" not in result
+
+
+@pytest.mark.slow
+def test_health_benchmark_measures_a_real_worker() -> None:
+    """benchmarks/bench_health.py's figures from processes, at their quick sizes: the CPU
+    of eventbus's threads in rank 0 of a real 2-rank ``eventbus run`` job, and a bootstrap
+    worker's first record() before its script imports torch."""
+    from benchmarks import bench_health
+
+    worker = bench_health.worker_cost(runs=1, steps=2000)
+    assert worker["runs"] == 1 and worker["steps_per_s"] > 0, worker
+    assert worker["total_ms_per_s"] >= 0 and worker["threads_ms_per_s"], worker
+    first = bench_health.first_record(idle_s=0.5)
+    assert first["first_record_ms"] >= 0 and first["pushed"] >= 1, first
 
 
 def test_the_observer_writes_what_the_two_watches_write() -> None:

@@ -213,7 +213,8 @@ def test_webhook_is_rate_limited_and_counts_the_drops() -> None:
 
 @pytest.mark.parametrize("delay", [None, 10.0], ids=["receiver-down", "receiver-10s"])
 def test_webhook_to_a_dead_or_slow_receiver_costs_drops_not_time(delay: float | None) -> None:
-    """A dead or 10 s receiver: record() unaffected, drops in bus.stats(), close within budget."""
+    """A dead or 10 s receiver: record() unaffected, drops in bus.stats(), close within budget
+    (1 s here: the rule, not the default's size)."""
     bus = Bus("sinks-test")
     publisher = EventPublisher(bus)
     with receiver(delay=delay or 0.0) as r:
@@ -225,11 +226,11 @@ def test_webhook_to_a_dead_or_slow_receiver_costs_drops_not_time(delay: float | 
             publisher.record(eventbus.EventType.AGENT_EXIT, state="FAILED", reason="down")
         recorded = time.monotonic() - started
         closed_at = time.monotonic()
-        close_sinks([sink], timeout=3.0)
+        close_sinks([sink], timeout=1.0)
         close_s = time.monotonic() - closed_at
     print(f"webhook {'down' if delay is None else f'{delay}s'}: 30 records {recorded * 1e3:.1f} "
-          f"ms, close {close_s:.2f} s (budget 3.0 s)")
-    assert close_s < 3.0 + 1.0  # the budget, plus scheduling slack on a shared machine
+          f"ms, close {close_s:.2f} s (budget 1.0 s)")
+    assert close_s < 1.0 + 1.0  # the budget, plus scheduling slack on a shared machine
     (sub_stats,) = bus.stats()["subscribers"]
     dropped = sub_stats["dropped"]
     assert sum(dropped.values()) >= 1, sub_stats

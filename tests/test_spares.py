@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from eventbus.app.launcher.recovery.anatomy.spares import PER_ATTEMPT
+from eventbus.app.launcher.recovery.anatomy.spares import SparePool
+from eventbus.app.launcher.recovery.anatomy.spares import interpreter_options
+from eventbus.app.launcher.recovery.anatomy.spares import worker_argv
 
-from eventbus.app.launcher.recovery.spares import PER_ATTEMPT
-from eventbus.app.launcher.recovery.spares import SparePool
-from eventbus.app.launcher.recovery.spares import interpreter_options
-from eventbus.app.launcher.recovery.spares import worker_argv
 from tests.launcher_helpers import JOBS
 from tests.launcher_helpers import ROOT
 from tests.launcher_helpers import job_env
@@ -75,8 +75,10 @@ def test_a_spare_becomes_the_worker_with_its_env_argv_and_cwd(tmp_path: Path) ->
 
 def test_a_stale_or_dead_spare_is_never_used(tmp_path: Path) -> None:
     """A spare whose environment differs on a variable that is not per attempt is thrown
-    away (and says why); one that died is too; a per-attempt change is no staleness."""
-    pool = SparePool(spawn=_capturing(tmp_path / "spares.log"))
+    away (and says why); one that died is too; a per-attempt change is no staleness. (A
+    spare thrown away is killed after 0.2 s here, not the default 2 s: these spares are
+    still importing torch, and would be killed at either.)"""
+    pool = SparePool(spawn=_capturing(tmp_path / "spares.log"), discard_timeout=0.2)
     env = _env(RANK="0", PYTHONHASHSEED="1")
     pool.fill({0: (sys.executable, ("-u",), env), 1: (sys.executable, ("-u",), env)})
     spare = pool.take(0, sys.executable, {**env, "PYTHONHASHSEED": "2"}, os.getcwd())
@@ -90,7 +92,7 @@ def test_a_stale_or_dead_spare_is_never_used(tmp_path: Path) -> None:
     fresh = pool.take(0, sys.executable, {**env, "RANK": "1", "MASTER_PORT": "1234",
                                           "EVENTBUS_STORE_PREFIX": "x"}, os.getcwd())
     assert fresh is not None
-    fresh.discard()
+    fresh.discard(0.2)
     assert fresh.proc.poll() is not None
     assert {"RANK", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT"} <= PER_ATTEMPT
     pool.close()
@@ -108,7 +110,7 @@ def test_warm_spares_cuda_asks_each_spare_for_its_local_device(tmp_path: Path) -
         started.append(dict(kwargs["env"]))
         return _capturing(log)(*args, **kwargs)
 
-    pool = SparePool(cuda=True, spawn=spawn)
+    pool = SparePool(cuda=True, spawn=spawn, discard_timeout=0.2)
     env = _env(RANK="1", LOCAL_RANK="1", CUDA_VISIBLE_DEVICES="0,1")
     pool.fill({1: (sys.executable, ("-u",), env), 0: (sys.executable, ("-u",), env)})
     by_device = {e["EVENTBUS_SPARE_CUDA_DEVICE"]: e for e in started}
@@ -141,11 +143,13 @@ def test_the_warm_spares_option_takes_on_off_and_cuda() -> None:
 
 
 def test_closing_the_pool_ends_every_spare(tmp_path: Path) -> None:
-    """close() ends the spares (their pipe closed: they exit; else they are killed)."""
+    """close() ends the spares (their pipe closed: they exit; else they are killed after
+    its timeout: 0.2 s here, not the default 2 s; spares still importing torch are killed
+    at either)."""
     pool = SparePool(spawn=_capturing(tmp_path / "spares.log"))
     pool.fill({0: (sys.executable, ("-u",), _env()), 1: (sys.executable, ("-u",), _env())})
     procs = [s.proc for s in pool._spares.values()]
-    pool.close()
+    pool.close(timeout=0.2)
     assert all(p.poll() is not None for p in procs) and len(pool) == 0
 
 

@@ -256,8 +256,8 @@ def test_a_spare_that_cannot_read_its_assignment_is_ended_not_used() -> None:
     it thrown away, not used, and ends it."""
     import subprocess
 
-    from eventbus.app.launcher.recovery.anatomy.spares import Spare
-    from eventbus.app.launcher.recovery.anatomy.spares import SparePool
+    from eventbus.app.launcher.recovery.anatomy.anatomy.spares import Spare
+    from eventbus.app.launcher.recovery.anatomy.anatomy.spares import SparePool
 
     read, write = os.pipe()
     os.close(read)
@@ -265,7 +265,7 @@ def test_a_spare_that_cannot_read_its_assignment_is_ended_not_used() -> None:
                             start_new_session=True)
     spare = Spare(proc, write, base={}, executable=sys.executable, cwd=os.getcwd(),
                   started=0.0)
-    pool = SparePool()
+    pool = SparePool(discard_timeout=0.2)  # it never exits by itself: killed after 0.2 s
     pool.used = 1  # what take() counted
     try:
         with pytest.raises(OSError):

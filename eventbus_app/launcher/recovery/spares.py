@@ -119,11 +119,12 @@ class Spare:
             with contextlib.suppress(OSError):
                 os.close(pipe)
 
-    def discard(self) -> None:
-        """Close its pipe (it exits by itself), and end it if it does not."""
+    def discard(self, timeout: float = 2.0) -> None:
+        """Close its pipe (it exits by itself), and end it if it does not within
+        ``timeout`` seconds."""
         self._close_pipe()
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=2)
+            self.proc.wait(timeout=timeout)
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, 9)
@@ -136,8 +137,11 @@ class SparePool:
 
     def __init__(self, *, enabled: bool = True, cuda: bool = False,
                  clock: Callable[[], float] = time.monotonic,
-                 spawn: Callable[..., subprocess.Popen[bytes]] = subprocess.Popen) -> None:
+                 spawn: Callable[..., subprocess.Popen[bytes]] = subprocess.Popen,
+                 discard_timeout: float = 2.0) -> None:
         self.enabled = enabled
+        #: how long a spare thrown away may take to exit by itself before it is killed
+        self.discard_timeout = discard_timeout
         #: ``--warm-spares cuda``: each spare makes its CUDA context on its local device
         self.cuda = enabled and cuda
         self._clock = clock
@@ -210,7 +214,7 @@ class SparePool:
             self.discarded.append(f"local rank {local_rank}: {why}")
             logger.info("eventbus: the warm spare of local rank %d is not used: %s",
                         local_rank, why)
-            spare.discard()
+            spare.discard(self.discard_timeout)
             return None
         self.used += 1
         return spare
@@ -223,7 +227,7 @@ class SparePool:
         self.discarded.append(f"local rank {local_rank}: {why}")
         logger.info("eventbus: the warm spare of local rank %d is not used: %s", local_rank,
                     why)
-        spare.discard()
+        spare.discard(self.discard_timeout)
 
     def close(self, timeout: float = 2.0) -> None:
         """End every spare (the agent's end): their pipes closed at once, so that they exit
