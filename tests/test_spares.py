@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from eventbus.app.launcher.recovery.anatomy.spares import PER_ATTEMPT
-from eventbus.app.launcher.recovery.anatomy.spares import SparePool
-from eventbus.app.launcher.recovery.anatomy.spares import interpreter_options
-from eventbus.app.launcher.recovery.anatomy.spares import worker_argv
 
+from eventbus.app.launcher.recovery.spares import PER_ATTEMPT
+from eventbus.app.launcher.recovery.spares import SparePool
+from eventbus.app.launcher.recovery.spares import interpreter_options
+from eventbus.app.launcher.recovery.spares import worker_argv
 from tests.launcher_helpers import JOBS
 from tests.launcher_helpers import ROOT
 from tests.launcher_helpers import job_env

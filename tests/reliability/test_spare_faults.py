@@ -256,8 +256,8 @@ def test_a_spare_that_cannot_read_its_assignment_is_ended_not_used() -> None:
     it thrown away, not used, and ends it."""
     import subprocess
 
-    from eventbus.app.launcher.recovery.anatomy.anatomy.spares import Spare
-    from eventbus.app.launcher.recovery.anatomy.anatomy.spares import SparePool
+    from eventbus.app.launcher.recovery.spares import Spare
+    from eventbus.app.launcher.recovery.spares import SparePool
 
     read, write = os.pipe()
     os.close(read)
