@@ -14,6 +14,13 @@ The rules (docs/preemption.md):
   alive :data:`KILL_GRACE_S` later, as torchrun does; each is reported as a ``WORKER_EXIT``
   with cause ``preemption`` and named in the console line;
 * a second drain signal during a drain moves the deadline to now (the scheduler insists);
+  a copy within ``--drain-signal-window`` of the drain's start (default
+  :data:`~eventbus.app.protocol.drain_signals.DEFAULT_SIGNAL_WINDOW_S`) is the same signal:
+  SLURM signals every node's agent and every worker at once, and another node's
+  ``PREEMPTING`` may reach this agent before its own copy does;
+* a worker that caught a drain signal asks its agent for a drain (a real-time signal,
+  :mod:`eventbus.app.protocol.drain_signals`): a drain starts where none is under way, and
+  an ask is never a second signal;
 * the job ends with ``AGENT_EXIT`` state ``PREEMPTED``, ``--drain-exit-code`` (default
   :data:`DEFAULT_DRAIN_EXIT_CODE`, sysexits' EX_TEMPFAIL: "retry later"), and one
   ``eventbus:`` line (:meth:`Drain.summary_line`).
@@ -36,10 +43,15 @@ from collections.abc import Callable
 from collections.abc import Iterable
 from typing import Any
 
+from eventbus.app.protocol.drain_signals import DEFAULT_SIGNAL_WINDOW_S
+from eventbus.app.protocol.drain_signals import ask_signal
+from eventbus.app.protocol.drain_signals import asked_signal
+
 __all__ = [
     "DEFAULT_DRAIN_EXIT_CODE",
     "DEFAULT_DRAIN_GRACE_S",
     "DEFAULT_DRAIN_SIGNALS",
+    "DEFAULT_SIGNAL_WINDOW_S",
     "KILL_GRACE_S",
     "Drain",
     "parse_drain_signals",
@@ -95,13 +107,19 @@ class Drain:
                  exit_code: int = DEFAULT_DRAIN_EXIT_CODE,
                  kill_grace_s: float = KILL_GRACE_S,
                  on_begin: Callable[[Drain], object] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 window_s: float = DEFAULT_SIGNAL_WINDOW_S) -> None:
         self.signal_names = tuple(signals_)
         self.grace_s = float(grace_s)
         self.exit_code = int(exit_code)
         self.kill_grace_s = float(kill_grace_s)
         self.on_begin = on_begin
         self.clock = clock
+        #: copies of the signal within this many seconds of the start are one drain
+        self.window_s = float(window_s)
+        #: ``fit(signal name, grace) -> grace``: the grace a local drain gets (SLURM's
+        #: limits, slurm_drain.py); None: ``grace_s``
+        self.fit: Callable[[str, float], float] | None = None
         self.node: int | None = None
         #: set when a drain started: (signal name, node that got it, this node got it)
         self.signal: str | None = None
@@ -133,12 +151,24 @@ class Drain:
         return self.started is not None
 
     def begin(self, signal_name: str, *, origin: int | None, local: bool,
-              deadline_s: float | None = None) -> bool:
+              deadline_s: float | None = None, asked: bool = False) -> bool:
         """Start the drain (True), or, during one, take a second local signal as "now"
-        (False). ``deadline_s``: the time left, for a drain another node started."""
+        (False). ``deadline_s``: the time left, for a drain another node started;
+        ``asked``: a worker's ask or the time limit, which starts a drain but never
+        escalates one. A local signal within :attr:`window_s` of the start is a copy of
+        the one that started it."""
+        grace = self.grace_s
+        if local and deadline_s is None and self.fit is not None and self.started is None:
+            try:
+                grace = self.fit(signal_name, self.grace_s)
+            except Exception:
+                logger.exception("eventbus: fitting the drain's grace failed; %g s",
+                                 self.grace_s)
         with self._lock:
             now = self.clock()
             if self.started is not None:
+                if asked or now - self.started <= self.window_s:
+                    return False  # the same signal, another copy of it
                 if local and not self.escalated:
                     self.escalated = True
                     self.deadline = min(self.deadline or now, now)
@@ -147,7 +177,7 @@ class Drain:
                 return False
             self.signal, self.origin, self.local = signal_name, origin, local
             self.started = now
-            self.deadline = now + (self.grace_s if deadline_s is None
+            self.deadline = now + (grace if deadline_s is None
                                    else max(0.0, float(deadline_s)))
         if local and self.on_begin is not None:
             try:
@@ -233,11 +263,13 @@ class Drain:
             self._thread = threading.Thread(target=self._listen, daemon=True,
                                             name="eventbus-drain-signals")
             self._thread.start()
-        for name in self.signal_names:
-            signum = int(getattr(signals, name))
-            previous = signals.signal(signum, self._handle)
-            if signum not in self._installed:
-                self._installed[signum] = previous
+        for index, name in enumerate(self.signal_names):
+            for signum in (int(getattr(signals, name)), ask_signal(index)):
+                if signum is None:
+                    continue
+                previous = signals.signal(signum, self._handle)
+                if signum not in self._installed:
+                    self._installed[signum] = previous
         return True
 
     def _handle(self, signum: int, frame: Any) -> None:
@@ -259,6 +291,10 @@ class Drain:
             for signum in data:
                 if signum == 0:
                     return
+                asked = asked_signal(signum, self.signal_names)
+                if asked is not None:  # a worker caught this drain signal and asks
+                    self.begin(asked, origin=self.node, local=True, asked=True)
+                    continue
                 try:
                     name = signals.Signals(signum).name
                 except ValueError:

@@ -23,6 +23,7 @@ __all__ = [
     "AUTO_FLOOR_S",
     "ENV_WARM_SPARES",
     "DEFAULT_PROGRESS",
+    "DEFAULT_SIGNAL_WINDOW_S",
     "DEFAULT_SLOW_FACTOR",
     "DEFAULT_STOP_EXIT_CODE",
     "PROGRESS_SOURCES",
@@ -34,6 +35,8 @@ __all__ = [
     "parse_drain_grace",
     "parse_drain_signals",
     "parse_progress",
+    "parse_requeue",
+    "parse_signal_window",
     "parse_on_off",
     "parse_warm_spares",
     "parse_slow_factor",
@@ -50,6 +53,8 @@ DEFAULT_STOP_EXIT_CODE = 3
 DEFAULT_DRAIN_SIGNALS = drain.DEFAULT_DRAIN_SIGNALS
 DEFAULT_DRAIN_GRACE_S = drain.DEFAULT_DRAIN_GRACE_S
 DEFAULT_DRAIN_EXIT_CODE = drain.DEFAULT_DRAIN_EXIT_CODE
+#: ``--drain-signal-window`` (protocol/drain_signals.py)
+DEFAULT_SIGNAL_WINDOW_S = drain.DEFAULT_SIGNAL_WINDOW_S
 #: ``--slow-factor`` default
 DEFAULT_SLOW_FACTOR = 2.0
 #: ``--stall-timeout auto``: never below this many seconds...
@@ -168,6 +173,28 @@ def parse_drain_grace(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected seconds above 0 and below a day, got "
                                          f"{text!r}")
     return value
+
+
+def parse_signal_window(text: str) -> float:
+    """``--drain-signal-window``: seconds, 0 or more (0: every later copy escalates)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds (e.g. 3 or 0.5), got "
+                                         f"{text!r}") from None
+    if not 0 <= value <= 600:
+        raise argparse.ArgumentTypeError(f"expected seconds from 0 to 600, got {text!r}")
+    return value
+
+
+def parse_requeue(text: str) -> str:
+    """``--requeue``: auto or off."""
+    from eventbus.app.launcher.slurm_control import parse_requeue as parse
+
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_drain_exit_code(text: str) -> int:
