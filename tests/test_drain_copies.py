@@ -64,6 +64,22 @@ def test_an_ask_starts_a_drain_and_never_escalates() -> None:
     assert not drain.escalated
 
 
+def test_after_an_ask_or_the_time_limit_the_schedulers_first_signal_is_not_a_second() -> None:
+    """The time limit started the drain; SLURM's --signal warning comes 10 s later: the
+    same drain. Only a signal after that one's window cuts the grace short."""
+    drain, clock = _drain()
+    assert drain.begin("the time limit", origin=0, local=True, asked=True)
+    clock.now += 10
+    assert not drain.begin("SIGUSR1", origin=0, local=True)
+    assert not drain.escalated
+    clock.now += 1.5
+    assert not drain.begin("SIGUSR1", origin=0, local=True)  # its copy
+    assert not drain.escalated
+    clock.now += 1.0
+    assert not drain.begin("SIGTERM", origin=0, local=True)
+    assert drain.escalated and drain.due()
+
+
 def test_the_fit_sets_a_local_drains_grace_only() -> None:
     drain, _ = _drain()
     drain.fit = lambda name, grace: 7.0 if name == "SIGTERM" else grace

@@ -25,7 +25,7 @@ class FakeSlurm:
 
     def __init__(self, *, requeue: str = "1", end: str = END, kill_wait: int = 30,
                  excluded: str = "(null)", fail: Sequence[str] = ()) -> None:
-        self.job = {"JobId": "4242", "Requeue": requeue, "EndTime": end,
+        self.job = {"JobId": "4242", "JobState": "RUNNING", "Requeue": requeue, "EndTime": end,
                     "ExcNodeList": excluded, "RestartCnt": "0"}
         self.kill_wait = kill_wait
         self.fail = set(fail)
@@ -97,8 +97,8 @@ def test_the_grace_fits_killwait_after_sigterm_and_the_time_limit_after_usr1() -
 def test_a_drained_job_is_requeued_by_its_announcer_where_slurm_allows_it() -> None:
     fake = FakeSlurm()
     line = sc.requeue_after(_slurm(fake), drained=True, announced=True, bad_host=None,
-                            mode="auto")
-    assert line is not None and "job 4242 requeued" in line
+                            mode="auto", stop_step=407)
+    assert line == "job 4242 requeued: it resumes from the checkpoint of step 407"
     assert fake.calls[-1] == ("scontrol", "requeue", "4242")
     for kwargs in ({"announced": False, "mode": "auto"}, {"announced": True, "mode": "off"}):
         other = FakeSlurm()
@@ -107,10 +107,29 @@ def test_a_drained_job_is_requeued_by_its_announcer_where_slurm_allows_it() -> N
         assert other.calls == []
 
 
+def test_a_cancelled_job_is_not_requeued() -> None:
+    """scancel sends SIGTERM: the job drains, and stays cancelled."""
+    fake = FakeSlurm()
+    fake.job["JobState"] = "CANCELLED"
+    line = sc.requeue_after(_slurm(fake), drained=True, announced=True, bad_host=None,
+                            mode="auto")
+    assert line == "job 4242 is CANCELLED: not requeued"
+    assert all(call[1] != "requeue" for call in fake.calls)
+
+
+def test_a_drain_with_no_stop_step_is_not_requeued() -> None:
+    """Signalled before the first step (no checkpoint): a requeue would only repeat it."""
+    fake = FakeSlurm()
+    line = sc.requeue_after(_slurm(fake), drained=True, announced=True, bad_host=None,
+                            mode="auto", stop_step=None)
+    assert line is not None and "agreed no stop step" in line
+    assert all(call[1] != "requeue" for call in fake.calls)
+
+
 def test_a_job_without_requeue_is_not_requeued_and_says_how() -> None:
     fake = FakeSlurm(requeue="0")
     line = sc.requeue_after(_slurm(fake), drained=True, announced=True, bad_host=None,
-                            mode="auto")
+                            mode="auto", stop_step=5)
     assert line is not None and "sbatch --requeue" in line
     assert all(call[1] != "requeue" for call in fake.calls)
 

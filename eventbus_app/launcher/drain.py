@@ -129,6 +129,12 @@ class Drain:
         self.deadline: float | None = None
         #: the deadline moved to now by a second signal
         self.escalated = False
+        #: when the first real drain signal reached this agent (None: none yet, or the
+        #: drain came from another node); a drain that an ask or the time limit started
+        #: takes the scheduler's first signal after it as that signal, not a second one
+        self.first_signal_at: float | None = None
+        #: the drain was started by an ask or the time limit
+        self.origin_asked = False
         #: when the signal was forwarded to the workers still running (the deadline)
         self.forwarded_at: float | None = None
         #: ranks still running at the deadline (they did not stop in time), all nodes' as
@@ -156,7 +162,8 @@ class Drain:
         (False). ``deadline_s``: the time left, for a drain another node started;
         ``asked``: a worker's ask or the time limit, which starts a drain but never
         escalates one. A local signal within :attr:`window_s` of the start is a copy of
-        the one that started it."""
+        the one that started it (of the first real signal, where an ask or the time limit
+        started the drain: the scheduler's own warning after it is not a second signal)."""
         grace = self.grace_s
         if local and deadline_s is None and self.fit is not None and self.started is None:
             try:
@@ -167,9 +174,16 @@ class Drain:
         with self._lock:
             now = self.clock()
             if self.started is not None:
-                if asked or now - self.started <= self.window_s:
+                if asked or not local:
+                    return False
+                if self.first_signal_at is None and self.origin_asked:
+                    self.first_signal_at = now  # the scheduler's first signal
+                    return False
+                first = self.first_signal_at if self.first_signal_at is not None \
+                    else self.started
+                if now - first <= self.window_s:
                     return False  # the same signal, another copy of it
-                if local and not self.escalated:
+                if not self.escalated:
                     self.escalated = True
                     self.deadline = min(self.deadline or now, now)
                     logger.warning("eventbus: %s again during the drain: the workers still "
@@ -177,6 +191,8 @@ class Drain:
                 return False
             self.signal, self.origin, self.local = signal_name, origin, local
             self.started = now
+            self.origin_asked = asked
+            self.first_signal_at = now if local and not asked else None
             self.deadline = now + (grace if deadline_s is None
                                    else max(0.0, float(deadline_s)))
         if local and self.on_begin is not None:

@@ -17,7 +17,9 @@ Under SLURM (``SLURM_JOB_ID`` set and ``scontrol`` on ``PATH``):
   job's ``EndTime`` drains the job that long before it;
 * **a drained job requeues itself** (:func:`requeue_after`): ``scontrol requeue`` where
   ``scontrol show job`` says ``Requeue=1`` (``sbatch --requeue``, or the cluster's
-  ``JobRequeue=1``), by the agent that announced the drain; a bad-host exit first adds
+  ``JobRequeue=1``) and ``JobState=RUNNING`` (not a ``scancel``: CANCELLED; not a job
+  SLURM requeues itself: a preemption, ``scontrol requeue``), by the agent that announced
+  the drain, once the drain agreed a stop step; a bad-host exit first adds
   the node to the job's ``ExcNodeList``, at most :data:`MAX_BAD_HOST_REQUEUES` times
   (``SLURM_RESTART_COUNT``). Torch-free.
 """
@@ -57,6 +59,9 @@ Runner = Callable[[Sequence[str], float], str]
 CALL_TIMEOUT_S = 10.0
 #: what the agents need after the kill grace to report and exit
 EXIT_MARGIN_S = 3.0
+#: a grace this close over its bound still fits (the time limit's drain starts exactly
+#: one drain's length before the end)
+FIT_SLACK_S = 1.0
 #: a job requeued this many times (``SLURM_RESTART_COUNT``) is not requeued for a bad host
 #: again: a cluster that keeps giving it bad nodes needs a person
 MAX_BAD_HOST_REQUEUES = 3
@@ -198,9 +203,9 @@ def fit_grace(grace_s: float, signal_name: str, *, kill_grace_s: float,
         return grace_s, None
     bound, what = min(bounds)
     room = bound - kill_grace_s - EXIT_MARGIN_S
-    if grace_s <= room:
+    if grace_s <= room + FIT_SLACK_S:
         return grace_s, None
-    fitted = max(1.0, room)
+    fitted = max(1.0, round(room, 1))
     return fitted, (f"--drain-grace {grace_s:g} s does not fit {what} with the kill grace "
                     f"({kill_grace_s:g} s) and the agents' exit ({EXIT_MARGIN_S:g} s): this "
                     f"drain's grace is {fitted:g} s")
@@ -212,17 +217,26 @@ def drain_at(end_time: float, grace_s: float, kill_grace_s: float) -> float:
 
 
 def requeue_after(slurm: Slurm, *, drained: bool, announced: bool,
-                  bad_host: str | None, mode: str) -> str | None:
+                  bad_host: str | None, mode: str, stop_step: int | None = None
+                  ) -> str | None:
     """After the job ended here: requeue it where the rules say (see the module's
     docstring). ``drained``: this agent's job drained; ``announced``: this agent
     announced the drain (only it requeues); ``bad_host``: this node's name when its host
-    was evicted. Returns the ``eventbus:`` line (without the prefix), or None when there
-    is nothing to say."""
+    was evicted; ``stop_step``: the drain's agreed stop step (a drain that agreed none
+    left no checkpoint to resume from, and is not requeued: a job signalled before its
+    first step would otherwise requeue itself for ever). Returns the ``eventbus:`` line
+    (without the prefix), or None when there is nothing to say."""
     if mode == "off" or not slurm.present() or not (bad_host or (drained and announced)):
         return None
     job = slurm.show_job()
     if job is None:
         return "scontrol show job gave no answer: the job was not requeued"
+    state = job.get("JobState", "")
+    if state != "RUNNING":  # scancel'd (CANCELLED), or SLURM requeues it itself
+        return f"job {slurm.job_id} is {state or 'in no known state'}: not requeued"
+    if bad_host is None and stop_step is None:
+        return (f"the drain agreed no stop step (no rank's checkpoint to resume from): job "
+                f"{slurm.job_id} was not requeued")
     if not slurm.requeueable(job):
         return (f"job {slurm.job_id} is not requeueable (Requeue=0: submit with sbatch "
                 "--requeue): not requeued")
@@ -239,4 +253,5 @@ def requeue_after(slurm: Slurm, *, drained: bool, announced: bool,
         return f"job {slurm.job_id} requeued without {bad_host} (ExcNodeList)"
     if not slurm.requeue():
         return f"scontrol requeue {slurm.job_id} failed: not requeued"
-    return f"job {slurm.job_id} requeued: it resumes from the checkpoint of the stop step"
+    return (f"job {slurm.job_id} requeued: it resumes from the checkpoint of step "
+            f"{stop_step}")

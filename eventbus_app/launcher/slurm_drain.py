@@ -91,7 +91,8 @@ class SlurmDrain:
         self._done.set()
         try:
             line = requeue_after(self.slurm, drained=self.drain.active, announced=announced,
-                                 bad_host=bad_host, mode=self.requeue_mode)
+                                 bad_host=bad_host, mode=self.requeue_mode,
+                                 stop_step=self.drain.stop_step)
         except Exception:
             logger.exception("eventbus: the requeue failed")
             return
