@@ -41,12 +41,17 @@ def _wait(paths: list[Path], timeout: float, cluster: SlurmCluster, out: Path) -
 
 
 def _submit(cluster: SlurmCluster, name: str, *args: str, steps: int = 300,
-            step_s: float = 0.02) -> tuple[int, Path]:
+            step_s: float = 0.02, signal: bool = True) -> tuple[int, Path]:
+    """The template, as it is or (``signal=False``) without its ``--signal`` line."""
     out = cluster.root / "out" / name
     out.mkdir(parents=True)
     out.chmod(0o777)
+    template = ROOT / "examples" / "slurm" / "train.sbatch"
+    script: Path | str = template if signal else "".join(
+        line for line in template.read_text().splitlines(keepends=True)
+        if not line.startswith("#SBATCH --signal"))
     job = cluster.sbatch(
-        ROOT / "examples" / "slurm" / "train.sbatch", f"--chdir={out}",
+        script, f"--chdir={out}",
         f"--output={out}/slurm-%j.out", "--open-mode=append", "--exclude=n3",
         *(args or ("--time=5",)), env={"PYTHON": sys.executable, "PYTHONPATH": str(ROOT),
              "SCRIPT": str(ROOT / "tests" / "jobs" / "drain_train.py"),
@@ -101,9 +106,8 @@ def test_the_time_limit_without_signal_drains_ahead_of_it_and_requeues(
     """--time=1: each run drains 20 + 5 + 3 s before its end (about 32 s in), while it
     still trains (260 steps of 0.1 s take longer than that with the start); it requeues,
     and the run that can finish resumes from the last run's stop step and completes."""
-    # the template's --signal=USR1@120 would come at once: a lead of 1 s comes after
-    job, out = _submit(slurm_cluster, "drain-limit", "--time=1", "--signal=USR1@1",
-                       steps=260, step_s=0.1)
+    job, out = _submit(slurm_cluster, "drain-limit", "--time=1", steps=260, step_s=0.1,
+                       signal=False)
     try:
         info = slurm_cluster.wait(job, timeout=200)
     finally:  # what the runs said, for a failure's report
