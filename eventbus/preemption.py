@@ -60,6 +60,8 @@ class Drain:
     def __init__(self, *, deadline: float, reason: str, signal: str | None = None) -> None:
         #: ``time.monotonic()`` at which the agents forward the signal
         self.deadline = deadline
+        #: ``time.monotonic()`` when this process heard the drain
+        self.began = time.monotonic()
         self.reason = reason
         self.signal = signal
         #: the step this rank promised not to pass before the stop step is known

@@ -57,7 +57,8 @@ APP_LEVEL = {part: level for level, parts in enumerate(APP_ORDER) for part in pa
 #: agent, the command line's parser, the job-health plugin: the wiring) may import any.
 LAUNCHER = f"{APP}.launcher"
 LAUNCHER_ORDER: tuple[tuple[str, ...], ...] = (
-    ("cli", "slurm"),
+    ("slurm",),
+    ("cli",),
     ("group",),
     ("decisions",),
     ("drain", "recovery", "transport", "hosts"),

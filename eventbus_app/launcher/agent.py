@@ -84,6 +84,7 @@ from eventbus.app.launcher.decisions.failures import failure_message as _failure
 from eventbus.app.launcher.drain.monitor import DrainMonitor
 from eventbus.app.launcher.drain.notices import NoticeBoard
 from eventbus.app.launcher.drain.remote_stop import RemoteStop
+from eventbus.app.launcher.drain.slurm import SlurmDrain
 from eventbus.app.launcher.group.exits import DYING_GRACE_S
 from eventbus.app.launcher.group.exits import ExitBook
 from eventbus.app.launcher.group.processes import peek_exit
@@ -102,6 +103,7 @@ from eventbus.app.launcher.transport.torch_records import unroute_torch_records
 from eventbus.app.plugins import AgentPlugin
 from eventbus.app.plugins import RendezvousInfo
 from eventbus.app.plugins import entry_point_plugins
+from eventbus.app.protocol.drain_signals import DEFAULT_SIGNAL_WINDOW_S
 from eventbus.app.worker import bootstrap_args
 from eventbus.app.worker import run_attached
 from eventbus.bus import Bus
@@ -169,9 +171,10 @@ class EventAgent(LocalElasticAgent):
       ``stall_stop_grace_s``, ``progress``: job health, as ``--stall-timeout``,
       ``--stall-auto-floor``, ``--slow-factor``, ``--stop-exit-code`` and ``--progress``
       (docs/run.md, "Job health");
-    * ``drain_signals``, ``drain_grace_s``, ``drain_exit_code``: the drain, as
-      ``--drain-signals``, ``--drain-grace`` and ``--drain-exit-code``
-      (docs/preemption.md);
+    * ``drain_signals``, ``drain_grace_s``, ``drain_exit_code``,
+      ``drain_signal_window_s``, ``requeue``: the drain, as ``--drain-signals``,
+      ``--drain-grace``, ``--drain-exit-code``, ``--drain-signal-window`` and
+      ``--requeue`` (docs/preemption.md);
     * ``warm_spares``: one waiting worker per local rank for the next attempt
       (docs/run.md);
     * ``evict_after``, ``host_ledger``: bad hosts, as ``--evict-after`` and
@@ -196,6 +199,8 @@ class EventAgent(LocalElasticAgent):
         drain_signals: Sequence[str] = options.DEFAULT_DRAIN_SIGNALS,
         drain_grace_s: float = options.DEFAULT_DRAIN_GRACE_S,
         drain_exit_code: int = options.DEFAULT_DRAIN_EXIT_CODE,
+        drain_signal_window_s: float = DEFAULT_SIGNAL_WINDOW_S,
+        requeue: str = "auto",
         warm_spares: bool | str = True,
         evict_after: int = DEFAULT_EVICT_AFTER,
         host_ledger: str | None = None,
@@ -252,11 +257,15 @@ class EventAgent(LocalElasticAgent):
                                      attempt=lambda: self.attempt, signals_=drain_signals,
                                      grace_s=drain_grace_s, exit_code=drain_exit_code,
                                      kill_grace_s=self.stall_stop_grace_s,
-                                     host_fault=self.eviction.exit_fault)
+                                     host_fault=self.eviction.exit_fault,
+                                     window_s=drain_signal_window_s)
         self.drain = self.draining.drain
+        #: under SLURM: the grace fitted, the time limit, the requeue (drain/slurm.py)
+        self.slurm_drain = SlurmDrain(self.drain, requeue=requeue)
         for plugin in self.plugins:
             if isinstance(plugin, NoticeBoard) and plugin.on_drain is None:
                 plugin.on_drain = self.draining.remote
+                self.draining.claim = plugin.claim_drain
             if isinstance(plugin, NoticeBoard) and plugin.on_notice is None:
                 plugin.on_notice = self.eviction.heard
         #: the reactors, the restart budget, STOP and the ending (decider.py)
@@ -392,6 +401,7 @@ class EventAgent(LocalElasticAgent):
         result: RunResult | None = None
         error: BaseException | None = None
         self.drain.install()
+        self.slurm_drain.start()
         try:
             result = super().run(role)
             if self.drain.active:
@@ -459,6 +469,7 @@ class EventAgent(LocalElasticAgent):
             ending = Ending(ending.state, 0, "left out: the rendezvous closed while this "
                             "node waited to join", None)
         self.remote_stop.close()
+        self.slurm_drain.close()
         self.bus.record(EventType.AGENT_EXIT, state=ending.state, exit_code=ending.exit_code,
                         reason=ending.reason, cause=ending.cause, data=drain_data)
         if self.drain.active:

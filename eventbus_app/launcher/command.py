@@ -11,11 +11,13 @@ STOP ended it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import importlib
 import inspect
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -212,6 +214,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=options.DEFAULT_DRAIN_EXIT_CODE,
         help=f"exit code of a drained job (default {options.DEFAULT_DRAIN_EXIT_CODE}, "
              "EX_TEMPFAIL: retry later; not 0, 1 nor --stop-exit-code)")
+    group.add_argument(
+        "--drain-signal-window", metavar="SECONDS", type=options.parse_signal_window,
+        default=options.DEFAULT_SIGNAL_WINDOW_S,
+        help="copies of a drain signal within this many seconds of the drain's start are "
+             "one drain (a scheduler signals every node and every worker at once); a later "
+             "one is a second signal and cuts the grace short (default "
+             f"{options.DEFAULT_SIGNAL_WINDOW_S:g})")
+    group.add_argument(
+        "--requeue", metavar="auto|off", type=options.parse_requeue, default="auto",
+        help="under SLURM, a drained job requeues itself with scontrol requeue where the "
+             "job allows it (Requeue=1), and a bad-host exit requeues it without the node; "
+             "off: never (default auto; docs/preemption.md, 'Under SLURM')")
     group.add_argument(
         "--evict-after", metavar="N", type=options.parse_evict_after,
         default=DEFAULT_EVICT_AFTER,
@@ -431,6 +445,8 @@ def main(argv: Sequence[str] | None = None, *,
                          stop_exit_code=args.stop_exit_code,
                          drain_signals=args.drain_signals, drain_grace_s=args.drain_grace,
                          drain_exit_code=args.drain_exit_code,
+                         drain_signal_window_s=args.drain_signal_window,
+                         requeue=args.requeue,
                          warm_spares=warm_spares, evict_after=args.evict_after,
                          host_ledger=args.host_ledger,
                          bad_host_exit_code=args.bad_host_exit_code) as agents:
@@ -485,7 +501,25 @@ def main(argv: Sequence[str] | None = None, *,
         if ui_plugin is not None:  # the open pages get the final state first
             ui_plugin.close(timeout=1.0)
         _goodput_line(tracker)
+        requeue_after_job(agents)  # under SLURM: last, as it ends the job's processes
     return 0
+
+
+def requeue_after_job(agents: Sequence[Any]) -> None:
+    """Under SLURM, the requeue of a drained or evicted job (drain/slurm.py), by the agent
+    that announced the drain or whose host was evicted. SLURM's requeue signals every
+    process of the job, this one too: from here on the drain signals are ignored."""
+    chosen = [agent for agent in agents if agent.evicted or (
+        agent.drain.active and agent.draining.announced)]
+    if not chosen:
+        return
+    for name in chosen[0].drain.signal_names:
+        with contextlib.suppress(Exception):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+    for agent in chosen[:1]:
+        host = (os.environ.get("SLURMD_NODENAME") or agent.eviction.host) \
+            if agent.evicted else None
+        agent.slurm_drain.after(announced=agent.draining.announced, bad_host=host)
 
 
 def _refuse_bad_host(args: argparse.Namespace) -> bool:

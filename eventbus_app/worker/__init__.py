@@ -52,6 +52,7 @@ from eventbus.app.protocol.agent_worker import PROGRESS_SOURCES
 from eventbus.app.protocol.agent_worker import parse_progress
 from eventbus.app.protocol.notices import ENV_NOTICE_FROM
 from eventbus.app.protocol.notices import ENV_NOTICES
+from eventbus.app.worker.drain_signals import install as take_drain_signals
 from eventbus.app.worker.error_file import record_uncaught
 from eventbus.app.worker.marks import worker_marks
 from eventbus.app.worker.process_groups import install as end_process_groups_at_exit
@@ -447,6 +448,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{sys.executable}: can't open file {os.path.abspath(args[0])!r}: "
               "[Errno 2] No such file or directory", file=sys.stderr)
         return 2
+    # a scheduler's drain signal to this worker is handed to the drain (drain_signals.py);
+    # first, so that the exit hooks' SIGTERM handler chains to it
+    take_drain_signals()
     attach()
     # the restart anatomy's marks: torch imported, the process group ready, the
     # checkpoint loads, the first step (an optimizer's, or the first METRIC step the

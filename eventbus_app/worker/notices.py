@@ -40,6 +40,7 @@ from typing import Any
 
 from eventbus import preemption
 from eventbus.app.protocol import notices as log
+from eventbus.app.worker import drain_signals
 from eventbus.bus import ALL
 from eventbus.bus import Bus
 from eventbus.bus import Subscription
@@ -287,7 +288,10 @@ class NoticeReader:
         if not isinstance(signum, int):
             signum = signals.SIGTERM
         self.agreement["signalled"] = int(signum)
-        os.kill(os.getpid(), signum)
+        if signum in drain_signals.installed():  # the bootstrap took it: its default now
+            drain_signals.default_action(signum)
+        else:
+            os.kill(os.getpid(), signum)
 
 
 def _multi_get(client: Any, keys: list[str]) -> list[Any]:

@@ -17,7 +17,8 @@ Environment (all optional):
   DRAIN_SAVE_S and records ``CHECKPOINT_SAVED`` with ``duration_s``, writing
   ``ckpt_done`` with its time; DRAIN_CRASH_AFTER steps later rank DRAIN_RANK writes
   ``crash_rank<R>`` and exits 1); ``plain_segv`` (``plain``, but rank DRAIN_RANK dies of
-  a real SIGSEGV in its SIGTERM handler: a host fault during the drain);
+  a real SIGSEGV in its SIGTERM handler: a host fault during the drain); ``own_usr1``
+  (``cooperate``, and its own SIGUSR1 handler writes ``usr1_rank<R>`` and goes on);
 - ``DRAIN_BLOCKER``: ``1``: the script also subscribes to PREEMPTING a subscriber that
   blocks for good and one that raises (they must cost nobody else anything);
 - ``DRAIN_STEPS`` (default 100000), ``DRAIN_STEP_S`` (default 0.02 compute sleep a step);
@@ -68,6 +69,9 @@ def main() -> None:
         import eventbus.preemption
 
         should_stop = eventbus.preemption.should_stop
+        if mode == "own_usr1":  # the script's own SIGUSR1 handler, and should_stop()
+            signal.signal(signal.SIGUSR1, lambda signum, frame: (
+                out / f"usr1_rank{rank}").write_text(str(time.time())))
         if mode == "ignore" and rank == bad_rank:
             should_stop = None
             eventbus.get_default_bus().subscribe(

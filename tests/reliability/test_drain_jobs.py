@@ -285,8 +285,9 @@ def test_a_drain_while_a_rank_hangs_ends_by_the_deadline(
 
 @pytest.mark.timeout(180)
 def test_a_second_signal_cuts_the_grace_short(tmp_path: Path) -> None:
-    """The save takes 60 s: a second SIGTERM a second into the drain forwards it now."""
-    job = Job(tmp_path, "--drain-grace", "120", save_s="60")
+    """The save takes 60 s: a second SIGTERM a second into the drain (past the 0.5 s
+    window of copies of one signal) forwards it now."""
+    job = Job(tmp_path, "--drain-grace", "120", "--drain-signal-window", "0.5", save_s="60")
     job.wait_for("ready_rank0", "ready_rank1")
     job.signal()
     time.sleep(1.0)

@@ -16,6 +16,7 @@ from eventbus.app.health.watches import AUTO_FACTOR
 from eventbus.app.health.watches import AUTO_FLOOR_S
 from eventbus.app.health.watches import DEFAULT_SLOW_FACTOR
 from eventbus.app.protocol import agent_worker
+from eventbus.app.protocol import drain_signals
 from eventbus.app.protocol.agent_worker import PROGRESS_SOURCES
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "AUTO_FLOOR_S",
     "ENV_WARM_SPARES",
     "DEFAULT_PROGRESS",
+    "DEFAULT_SIGNAL_WINDOW_S",
     "DEFAULT_SLOW_FACTOR",
     "DEFAULT_STOP_EXIT_CODE",
     "PROGRESS_SOURCES",
@@ -38,6 +40,8 @@ __all__ = [
     "parse_drain_grace",
     "parse_drain_signals",
     "parse_progress",
+    "parse_requeue",
+    "parse_signal_window",
     "parse_on_off",
     "parse_warm_spares",
     "parse_slow_factor",
@@ -60,6 +64,8 @@ DEFAULT_DRAIN_GRACE_S = 20.0
 #: sysexits' EX_TEMPFAIL: not 0 (success), 1 (failure) nor the STOP code (3)
 DEFAULT_DRAIN_EXIT_CODE = 75
 
+#: ``--drain-signal-window`` (protocol/drain_signals.py)
+DEFAULT_SIGNAL_WINDOW_S = drain_signals.DEFAULT_SIGNAL_WINDOW_S
 #: a stalled group is stopped by SIGTERM, then SIGKILL after this many seconds (a worker
 #: blocked in a C call, a collective say, never runs its Python SIGTERM handler)
 STALL_STOP_GRACE_S = 5.0
@@ -172,6 +178,28 @@ def parse_drain_grace(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected seconds above 0 and below a day, got "
                                          f"{text!r}")
     return value
+
+
+def parse_signal_window(text: str) -> float:
+    """``--drain-signal-window``: seconds, 0 or more (0: every later copy escalates)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds (e.g. 3 or 0.5), got "
+                                         f"{text!r}") from None
+    if not 0 <= value <= 600:
+        raise argparse.ArgumentTypeError(f"expected seconds from 0 to 600, got {text!r}")
+    return value
+
+
+def parse_requeue(text: str) -> str:
+    """``--requeue``: auto or off."""
+    from eventbus.app.launcher.slurm.control import parse_requeue as parse
+
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_drain_exit_code(text: str) -> int:

@@ -11,6 +11,7 @@ instead of their monitor while a drain is active (docs/preemption.md).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -24,6 +25,10 @@ from eventbus.app.launcher.decisions.failures import failure_message
 from eventbus.app.launcher.drain.state import Drain
 from eventbus.app.launcher.group.exits import ExitBook
 from eventbus.app.launcher.group.workers import Workers
+from eventbus.app.protocol.drain_signals import DEFAULT_SIGNAL_WINDOW_S
+from eventbus.app.protocol.drain_signals import ENV_AGENT_PID
+from eventbus.app.protocol.drain_signals import ENV_DRAIN_SIGNALS
+from eventbus.app.protocol.drain_signals import ENV_DRAIN_WINDOW
 from eventbus.app.protocol.host_faults import HOST_FAULT_KEY
 from eventbus.bus import Bus
 from eventbus.events import Cause
@@ -44,7 +49,8 @@ class DrainMonitor:
     def __init__(self, bus: Bus, workers: Workers, exits: ExitBook, *,
                  attempt: Callable[[], int], signals_: Sequence[str], grace_s: float,
                  exit_code: int, kill_grace_s: float,
-                 host_fault: HostFault | None = None) -> None:
+                 host_fault: HostFault | None = None,
+                 window_s: float = DEFAULT_SIGNAL_WINDOW_S) -> None:
         self._bus = bus
         #: a worker that failed by itself during the drain may still point at its host
         #: (a SIGSEGV as it saves): the agent's host-fault count (eviction.py)
@@ -54,19 +60,41 @@ class DrainMonitor:
         self._attempt = attempt
         #: the drain: its signals, deadline and console line (drain.py)
         self.drain = Drain(signals_=signals_, grace_s=grace_s, exit_code=exit_code,
-                           kill_grace_s=kill_grace_s, on_begin=self.announce)
+                           kill_grace_s=kill_grace_s, on_begin=self.announce,
+                           window_s=window_s)
+        #: ``claim() -> bool``: whether this agent is the job's first to announce the
+        #: drain (the notice board's key); None: it is
+        self.claim: Callable[[], bool] | None = None
+        #: this agent published the job's one PREEMPTING
+        self.announced = False
+        # the workers take the drain signals that the scheduler sends them too
+        # (eventbus.app.worker.drain_signals), and ask this agent for a drain
+        if signals_:
+            os.environ[ENV_DRAIN_SIGNALS] = ",".join(signals_)
+            os.environ[ENV_DRAIN_WINDOW] = repr(float(window_s))
+            os.environ[ENV_AGENT_PID] = str(os.getpid())
+        else:
+            for name in (ENV_DRAIN_SIGNALS, ENV_DRAIN_WINDOW, ENV_AGENT_PID):
+                os.environ.pop(name, None)
 
     def announce(self, drain: Drain) -> None:
         """A drain signal reached this agent (the drain thread): ``PREEMPTING`` on the bus,
-        which the notice board tells every worker and every other agent."""
+        which the notice board tells every worker and every other agent; unless another
+        agent claimed the drain first (the scheduler signalled every node at once): its
+        ``PREEMPTING`` is the job's one, and reaches this node's workers as well."""
+        if self.claim is not None and not self.claim():
+            return
+        self.announced = True
         self._bus.publish(Preempting(deadline_s=round(drain.seconds_left(), 3),
                                      reason=drain.reason(), signal=drain.signal,
                                      node=drain.origin, grace_s=drain.grace_s))
 
     def remote(self, event: Preempting, seq: int) -> None:
         """Another node's drain reached this one (the notice board's thread)."""
-        self.drain.begin(event.signal or "SIGTERM", origin=event.node, local=False,
-                         deadline_s=event.deadline_s)
+        started = self.drain.begin(event.signal or "SIGTERM", origin=event.node,
+                                   local=False, deadline_s=event.deadline_s)
+        if not started and not self.announced:
+            self.drain.origin = event.node  # the job's drain is the announcer's
 
     def tick(self, worker_group: WorkerGroup,
              monitor: Callable[[WorkerGroup], RunResult]) -> RunResult:

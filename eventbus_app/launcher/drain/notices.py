@@ -214,6 +214,22 @@ class NoticeBoard:
             logger.exception("eventbus: another node's %s could not be taken in",
                              type(event).type)
 
+    def claim_drain(self) -> bool:
+        """Whether this agent is the first of the job to announce its drain (the job's one
+        ``PREEMPTING``): the first to add to the drain's key in the store. True where the
+        store cannot say (this node drains alone rather than not at all)."""
+        root = self.root
+        if root is None:
+            return True
+        try:
+            with self._client_lock:
+                if self._client is None:
+                    return True
+                return int(self._client.add(f"{root}/drain-claim", 1)) == 1
+        except Exception as exc:
+            logger.debug("eventbus: the drain's claim: %s", exc)
+            return True
+
     def stop_step(self, timeout: float = 1.0) -> int | None:
         """The drain's agreed stop step, if the workers agreed on one; None when it is not
         known within ``timeout`` (the store gone or cut off: the agent's exit must not

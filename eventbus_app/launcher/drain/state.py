@@ -14,6 +14,13 @@ The rules (docs/preemption.md):
   alive :data:`KILL_GRACE_S` later, as torchrun does; each is reported as a ``WORKER_EXIT``
   with cause ``preemption`` and named in the console line;
 * a second drain signal during a drain moves the deadline to now (the scheduler insists);
+  a copy within ``--drain-signal-window`` of the drain's start (default
+  :data:`~eventbus.app.protocol.drain_signals.DEFAULT_SIGNAL_WINDOW_S`) is the same signal:
+  SLURM signals every node's agent and every worker at once, and another node's
+  ``PREEMPTING`` may reach this agent before its own copy does;
+* a worker that caught a drain signal asks its agent for a drain (a real-time signal,
+  :mod:`eventbus.app.protocol.drain_signals`): a drain starts where none is under way, and
+  an ask is never a second signal;
 * the job ends with ``AGENT_EXIT`` state ``PREEMPTED``, ``--drain-exit-code`` (default
   :data:`~eventbus.app.launcher.cli.options.DEFAULT_DRAIN_EXIT_CODE`, sysexits' EX_TEMPFAIL:
   "retry later"), and one
@@ -40,8 +47,12 @@ from typing import Any
 from eventbus.app.launcher.cli.options import DEFAULT_DRAIN_EXIT_CODE
 from eventbus.app.launcher.cli.options import DEFAULT_DRAIN_GRACE_S
 from eventbus.app.launcher.cli.options import DEFAULT_DRAIN_SIGNALS
+from eventbus.app.protocol.drain_signals import DEFAULT_SIGNAL_WINDOW_S
+from eventbus.app.protocol.drain_signals import ask_signal
+from eventbus.app.protocol.drain_signals import asked_signal
 
 __all__ = [
+    "DEFAULT_SIGNAL_WINDOW_S",
     "KILL_GRACE_S",
     "Drain",
 ]
@@ -65,13 +76,19 @@ class Drain:
                  exit_code: int = DEFAULT_DRAIN_EXIT_CODE,
                  kill_grace_s: float = KILL_GRACE_S,
                  on_begin: Callable[[Drain], object] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 window_s: float = DEFAULT_SIGNAL_WINDOW_S) -> None:
         self.signal_names = tuple(signals_)
         self.grace_s = float(grace_s)
         self.exit_code = int(exit_code)
         self.kill_grace_s = float(kill_grace_s)
         self.on_begin = on_begin
         self.clock = clock
+        #: copies of the signal within this many seconds of the start are one drain
+        self.window_s = float(window_s)
+        #: ``fit(signal name, grace) -> grace``: the grace a local drain gets (SLURM's
+        #: limits, drain/slurm.py); None: ``grace_s``
+        self.fit: Callable[[str, float], float] | None = None
         self.node: int | None = None
         #: set when a drain started: (signal name, node that got it, this node got it)
         self.signal: str | None = None
@@ -81,6 +98,12 @@ class Drain:
         self.deadline: float | None = None
         #: the deadline moved to now by a second signal
         self.escalated = False
+        #: when the first real drain signal reached this agent (None: none yet, or the
+        #: drain came from another node); a drain that an ask or the time limit started
+        #: takes the scheduler's first signal after it as that signal, not a second one
+        self.first_signal_at: float | None = None
+        #: the drain was started by an ask or the time limit
+        self.origin_asked = False
         #: when the signal was forwarded to the workers still running (the deadline)
         self.forwarded_at: float | None = None
         #: ranks still running at the deadline (they did not stop in time), all nodes' as
@@ -103,13 +126,33 @@ class Drain:
         return self.started is not None
 
     def begin(self, signal_name: str, *, origin: int | None, local: bool,
-              deadline_s: float | None = None) -> bool:
+              deadline_s: float | None = None, asked: bool = False) -> bool:
         """Start the drain (True), or, during one, take a second local signal as "now"
-        (False). ``deadline_s``: the time left, for a drain another node started."""
+        (False). ``deadline_s``: the time left, for a drain another node started;
+        ``asked``: a worker's ask or the time limit, which starts a drain but never
+        escalates one. A local signal within :attr:`window_s` of the start is a copy of
+        the one that started it (of the first real signal, where an ask or the time limit
+        started the drain: the scheduler's own warning after it is not a second signal)."""
+        grace = self.grace_s
+        if local and deadline_s is None and self.fit is not None and self.started is None:
+            try:
+                grace = self.fit(signal_name, self.grace_s)
+            except Exception:
+                logger.exception("eventbus: fitting the drain's grace failed; %g s",
+                                 self.grace_s)
         with self._lock:
             now = self.clock()
             if self.started is not None:
-                if local and not self.escalated:
+                if asked or not local:
+                    return False
+                if self.first_signal_at is None and self.origin_asked:
+                    self.first_signal_at = now  # the scheduler's first signal
+                    return False
+                first = self.first_signal_at if self.first_signal_at is not None \
+                    else self.started
+                if now - first <= self.window_s:
+                    return False  # the same signal, another copy of it
+                if not self.escalated:
                     self.escalated = True
                     self.deadline = min(self.deadline or now, now)
                     logger.warning("eventbus: %s again during the drain: the workers still "
@@ -117,7 +160,9 @@ class Drain:
                 return False
             self.signal, self.origin, self.local = signal_name, origin, local
             self.started = now
-            self.deadline = now + (self.grace_s if deadline_s is None
+            self.origin_asked = asked
+            self.first_signal_at = now if local and not asked else None
+            self.deadline = now + (grace if deadline_s is None
                                    else max(0.0, float(deadline_s)))
         if local and self.on_begin is not None:
             try:
@@ -203,11 +248,13 @@ class Drain:
             self._thread = threading.Thread(target=self._listen, daemon=True,
                                             name="eventbus-drain-signals")
             self._thread.start()
-        for name in self.signal_names:
-            signum = int(getattr(signals, name))
-            previous = signals.signal(signum, self._handle)
-            if signum not in self._installed:
-                self._installed[signum] = previous
+        for index, name in enumerate(self.signal_names):
+            for signum in (int(getattr(signals, name)), ask_signal(index)):
+                if signum is None:
+                    continue
+                previous = signals.signal(signum, self._handle)
+                if signum not in self._installed:
+                    self._installed[signum] = previous
         return True
 
     def _handle(self, signum: int, frame: Any) -> None:
@@ -229,6 +276,10 @@ class Drain:
             for signum in data:
                 if signum == 0:
                     return
+                asked = asked_signal(signum, self.signal_names)
+                if asked is not None:  # a worker caught this drain signal and asks
+                    self.begin(asked, origin=self.node, local=True, asked=True)
+                    continue
                 try:
                     name = signals.Signals(signum).name
                 except ValueError:
