@@ -4,8 +4,12 @@ attempt's first step.
 The failure seen and decided, the rendezvous, the workers started (on the warm spares
 where they can be), each rank's start-up marks, then ``RECOVERED`` with the restart's
 phases (:class:`~eventbus.app.launcher.recovery.Recovery`); the ``WORKER_RESTART`` that
-opens the new attempt; the spares of the next attempt started once this one's workers took
-their first step (:class:`~eventbus.app.launcher.spares.SparePool`).
+opens the new attempt; the spares of the next attempt
+(:class:`~eventbus.app.launcher.spares.SparePool`), started with the workers of an attempt
+that started fresh (they warm up at a priority that yields to the workers:
+eventbus_app/worker/yielding.py), and once this attempt's workers took their first step
+where it started on spares (its way to that step has the CPU alone: a spare's interpreter
+starts at the worker's priority).
 
 Why a module of its own: that bookkeeping is one concern with its own state (the launches
 the spares copy, the ranks that took their step, the attempt the spares were started for),
@@ -69,6 +73,8 @@ class Restarts:
         #: spares start once this node's workers all took theirs
         self._stepped: set[tuple[int, int]] = set()
         self._spares_for = -1
+        #: whether the attempt last started took a spare (its own spares wait for its step)
+        self._on_spares = False
         self._started_at = clock()
         self._marks_sub = bus.subscribe(EventType.WORKER_PROGRESS,
                                         on_event=self.observe_marks)
@@ -102,8 +108,10 @@ class Restarts:
         """While torch's process context starts the workers: each takes its local rank's
         spare where it can, and each launch is noted for the next spares."""
         self._launched = {}
+        used = self.spares.used
         with self._serve(self.spares, self._launched):
             yield
+        self._on_spares = self.spares.used > used
 
     def started(self, attempt: int, world_size: int) -> None:
         """The workers of ``attempt`` (``world_size`` ranks in all) were started."""
@@ -128,16 +136,17 @@ class Restarts:
 
     # -- the warm spares -------------------------------------------------------------------
     def fill_spares(self, attempt: int, ranks: Iterable[int], *, draining: bool) -> None:
-        """Start the spares of the next attempt once this node's workers (``ranks``) all
-        took their first step (or :data:`SPARES_AFTER_S` into the attempt): their imports
-        do not compete with the workers' way to it. None during a drain (it starts no new
-        attempt)."""
+        """Start the spares of the next attempt: at once where this attempt's workers
+        started fresh (the spares warm up at a priority that yields to them); where they
+        started on spares, once this node's workers (``ranks``) all took their first step
+        (or :data:`SPARES_AFTER_S` into the attempt), so that the restart's way to its step
+        has the CPU alone. None during a drain (it starts no new attempt)."""
         pool = self.spares
         if not pool.enabled or self._spares_for == attempt or not self._launched \
                 or draining:
             return
         mine = set(ranks)
-        if not mine <= {r for a, r in self._stepped if a == attempt} and \
+        if self._on_spares and not mine <= {r for a, r in self._stepped if a == attempt} and \
                 self._clock() - self._started_at < SPARES_AFTER_S:
             return
         self._spares_for = attempt
