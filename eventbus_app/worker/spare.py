@@ -36,7 +36,8 @@ from typing import Any
 
 from eventbus.app.worker import yielding
 
-__all__ = ["ENV_SPARE_CUDA_DEVICE", "ENV_SPARE_FD", "WARM_MODULES", "main"]
+__all__ = ["ENV_SPARE_CUDA_DEVICE", "ENV_SPARE_FD", "ENV_SPARE_MODULES", "WARM_MODULES",
+           "main"]
 
 ENV_SPARE_FD = "EVENTBUS_SPARE_FD"
 #: set by the agent for ``--warm-spares cuda`` (launcher/spares.py; the value is the local
@@ -46,6 +47,9 @@ ENV_SPARE_CUDA_DEVICE = "EVENTBUS_SPARE_CUDA_DEVICE"
 #: (torch 1-2 s here; ``DistributedDataParallel``'s first construction touches
 #: ``torch._dynamo``, another 0.8 s and some 800 modules)
 WARM_MODULES = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo")
+#: the modules to import instead of :data:`WARM_MODULES`, comma-separated (tests set it
+#: to warm up at once); the spare drops it before the script
+ENV_SPARE_MODULES = "EVENTBUS_SPARE_MODULES"
 
 
 def _read_assignment(fd: int) -> dict[str, Any] | None:
@@ -93,13 +97,13 @@ def _cuda_context(local_rank: str | None) -> int | None:
         return None
 
 
-def _warm_up(done: int, lower: bool) -> None:
+def _warm_up(done: int, lower: bool, modules: tuple[str, ...]) -> None:
     """The warm-up thread: the imports (at the lowest priority with ``lower``), then one
     byte on ``done``."""
     try:
         if lower:
             yielding.lower_this_thread()
-        for name in WARM_MODULES:
+        for name in modules:
             try:
                 importlib.import_module(name)
             except Exception:  # a spare that cannot warm up still waits: it is used cold
@@ -116,7 +120,9 @@ def _wait(fd: int, group: yielding.GroupNice) -> tuple[threading.Thread, bool]:
     once. The warm-up thread, and whether the assignment came before it ended."""
     done_read, done_write = os.pipe()
     lower = yielding.can_raise()
-    warm = threading.Thread(target=_warm_up, args=(done_write, lower),
+    listed = os.environ.pop(ENV_SPARE_MODULES, None)
+    modules = WARM_MODULES if listed is None else tuple(filter(None, listed.split(",")))
+    warm = threading.Thread(target=_warm_up, args=(done_write, lower, modules),
                             name="eventbus-spare-warm-up", daemon=True)
     warm.start()
     try:
