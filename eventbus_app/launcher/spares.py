@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from eventbus.app.worker.spare import ENV_SPARE_CUDA_DEVICE
+from eventbus.app.worker.yielding import promote
 
 __all__ = ["PER_ATTEMPT", "SPARE_MODULE", "Spare", "SparePool", "interpreter_options",
            "serving", "worker_argv"]
@@ -106,6 +107,8 @@ class Spare:
         or closed it since it was found alive); the pipe is closed either way."""
         line = json.dumps({"env": dict(env), "argv": list(argv), "cwd": cwd}) + "\n"
         data = line.encode()
+        with contextlib.suppress(OSError):  # its warm-up, if not done, at the worker's priority
+            promote(self.proc.pid)
         try:
             while data:
                 data = data[os.write(self.pipe, data):]

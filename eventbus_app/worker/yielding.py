@@ -34,7 +34,7 @@ import threading
 import time
 
 __all__ = ["AUTOGROUP", "LOW_NICE", "GroupNice", "can_raise", "lower_this_thread",
-           "raise_threads", "sched_of"]
+           "promote", "raise_threads", "sched_of"]
 
 #: the nice value of a spare's warm-up (the lowest priority)
 LOW_NICE = 19
@@ -78,14 +78,16 @@ def lower_this_thread() -> None:
         os.setpriority(os.PRIO_PROCESS, tid, LOW_NICE)
 
 
-def raise_threads() -> int:
-    """Every thread of this process at ``SCHED_IDLE`` back to ``SCHED_OTHER`` at the
-    calling thread's nice value, where the process may do so. How many were put back."""
-    nice = os.getpriority(os.PRIO_PROCESS, 0)
-    pid, count = os.getpid(), 0
+def raise_threads(pid: int | None = None) -> int:
+    """Every thread of process ``pid`` (default: this one) at ``SCHED_IDLE`` back to
+    ``SCHED_OTHER`` at the nice value of its main thread, where the caller may do so. How
+    many were put back."""
+    pid = os.getpid() if pid is None else pid
+    count = 0
     try:
+        nice = sched_of(pid)[1]
         tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    except (OSError, ValueError):
+    except (OSError, ValueError, IndexError):
         return 0
     for tid in tids:
         try:
@@ -97,6 +99,15 @@ def raise_threads() -> int:
             continue
         count += 1
     return count
+
+
+def promote(pid: int) -> None:
+    """Spare ``pid`` is becoming a worker: its session's autogroup and its threads back at
+    the worker's priority, from the agent. The spare does the same itself, but only once
+    it holds the GIL, which its warm-up thread may hold while starved at the lowest
+    priority on a busy node; the agent is not starved."""
+    GroupNice(f"/proc/{pid}/autogroup", original=0).restore()
+    raise_threads(pid)
 
 
 def sched_of(pid: int, tid: int | None = None) -> tuple[int, int]:
@@ -124,11 +135,13 @@ class GroupNice:
     refuses it at first, so the worker never waits for it.
     """
 
-    def __init__(self, path: str = AUTOGROUP) -> None:
+    def __init__(self, path: str = AUTOGROUP, *, original: int | None = None) -> None:
         self.path = path
-        #: the value to put back (None: no autogroup here, nothing lowered)
-        self.original = _autogroup_nice(path)
-        self.lowered = False
+        now = _autogroup_nice(path)
+        #: the value to put back (None: no autogroup here, nothing lowered); ``original``
+        #: puts back a value known (a new session's 0) over one already lowered
+        self.original = original if original is not None and now is not None else now
+        self.lowered = original is not None and now is not None and now != original
         self._lock = threading.Lock()
 
     def _write(self, value: int) -> int:
