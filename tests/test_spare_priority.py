@@ -135,3 +135,25 @@ def test_a_spare_warms_up_low_and_becomes_a_worker_at_normal_priority(
     assert all(t == [SCHED_OTHER, nice] for t in facts["threads"]), facts
     assert facts["group"] == (0 if has_group else None)
     pool.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_agent_puts_a_warming_spare_back_at_the_workers_priority(
+        tmp_path: Path) -> None:
+    """promote(pid), which the agent calls as it hands a spare its worker, raises the
+    spare's autogroup and threads from outside: the spare's own main thread needs the GIL
+    to do it, which its starved warm-up thread may hold."""
+    nice = os.getpriority(os.PRIO_PROCESS, 0)
+    pool = SparePool(spawn=_spawn(tmp_path / "spare.log"))
+    assert pool.fill({0: (sys.executable, ("-u",), _env())}) == 1
+    pid = pool._spares[0].proc.pid
+    lowers = yielding.can_raise(nice)
+    _until(lambda: (not lowers or (SCHED_IDLE, 19) in _state(pid)[0])
+           and _state(pid)[1] in (19, None))
+    yielding.promote(pid)
+    threads, group = _state(pid)
+    assert all(t == (SCHED_OTHER, nice) for t in threads), threads
+    assert group in (0, None)
+    pool.close()
