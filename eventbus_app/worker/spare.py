@@ -36,8 +36,8 @@ from typing import Any
 
 from eventbus.app.worker import yielding
 
-__all__ = ["ENV_SPARE_CUDA_DEVICE", "ENV_SPARE_FD", "ENV_SPARE_MODULES", "WARM_MODULES",
-           "main"]
+__all__ = ["ENV_SPARE_CUDA_DEVICE", "ENV_SPARE_FD", "ENV_SPARE_LOW", "ENV_SPARE_MODULES",
+           "WARM_MODULES", "main"]
 
 ENV_SPARE_FD = "EVENTBUS_SPARE_FD"
 #: set by the agent for ``--warm-spares cuda`` (launcher/spares.py; the value is the local
@@ -50,6 +50,9 @@ WARM_MODULES = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynam
 #: the modules to import instead of :data:`WARM_MODULES`, comma-separated (tests set it
 #: to warm up at once); the spare drops it before the script
 ENV_SPARE_MODULES = "EVENTBUS_SPARE_MODULES"
+#: "1": warm up at the lowest priority from the start (the workers train already); the
+#: spare drops it before the script
+ENV_SPARE_LOW = "EVENTBUS_SPARE_LOW"
 
 
 def _read_assignment(fd: int) -> dict[str, Any] | None:
@@ -114,12 +117,17 @@ def _warm_up(done: int, lower: bool, modules: tuple[str, ...]) -> None:
             f.write(b"1")
 
 
-def _wait(fd: int, group: yielding.GroupNice) -> tuple[threading.Thread, bool]:
-    """Warm up until the warm-up ends or the pipe is readable (an assignment, or its end
-    of file), whichever comes first; on the latter, back to the worker's priority at
-    once. The warm-up thread, and whether the assignment came before it ended."""
+def _wait(fd: int, low: bool) -> tuple[threading.Thread, bool]:
+    """Warm up (at the lowest priority from the start with ``low``; the agent may lower it
+    later) until the warm-up ends or the pipe is readable (an assignment, or its end of
+    file), whichever comes first; then back to the worker's priority. The warm-up
+    thread, and whether the assignment came before it ended."""
+    group = yielding.GroupNice(original=0)  # a new session's autogroup is at 0
+    if low:
+        group.lower()
     done_read, done_write = os.pipe()
-    lower = yielding.can_raise()
+    raisable = yielding.can_raise()
+    lower = low and raisable
     listed = os.environ.pop(ENV_SPARE_MODULES, None)
     modules = WARM_MODULES if listed is None else tuple(filter(None, listed.split(",")))
     warm = threading.Thread(target=_warm_up, args=(done_write, lower, modules),
@@ -129,8 +137,8 @@ def _wait(fd: int, group: yielding.GroupNice) -> tuple[threading.Thread, bool]:
         readable = select.select([fd, done_read], [], [])[0]
     finally:
         os.close(done_read)
-    group.restore()
-    if lower:  # the warm-up thread, if still running, and the threads it started
+    yielding.GroupNice(original=0).restore()  # lowered here or by the agent
+    if raisable:  # the warm-up thread, if still running, and the threads it started
         yielding.raise_threads()
     return warm, done_read not in readable
 
@@ -143,9 +151,7 @@ def main() -> int:
         print("eventbus: the spare worker was started without its pipe "
               f"({ENV_SPARE_FD}); nothing to do", file=sys.stderr)
         return 2
-    group = yielding.GroupNice()
-    group.lower()
-    warm, early = _wait(fd, group)
+    warm, early = _wait(fd, os.environ.pop(ENV_SPARE_LOW, None) == "1")
     cuda = os.environ.pop(ENV_SPARE_CUDA_DEVICE, None)
     if early:
         assignment = _read_assignment(fd)
