@@ -5,9 +5,10 @@ worker of the next attempt.
 The agent starts it as ``python -u -m eventbus.app.worker.spare`` with the next worker's
 environment less what changes per attempt, the agent's cwd and stdio, in a session of its
 own, and the read end of a pipe whose number is in ``EVENTBUS_SPARE_FD``. The spare
-imports :data:`WARM_MODULES` on a thread at the lowest priority, which yields the CPU to
-the workers (eventbus_app/worker/yielding.py), while its main thread, at the worker's
-priority, blocks on the pipe. The agent writes one JSON line,
+imports :data:`WARM_MODULES` on a thread of its own, lowered to the lowest priority once
+the workers train (by the agent at their first step, or at once with
+``EVENTBUS_SPARE_LOW=1``: eventbus_app/worker/yielding.py), while its main thread, at the
+worker's priority, blocks on the pipe. The agent writes one JSON line,
 ``{"env": {...}, "argv": [...], "cwd": "..."}``: the spare closes the pipe, drops the
 variable, puts the worker's environment in place of its own (``os.environ`` cleared and
 refilled), changes to the cwd, and runs the bootstrap's :func:`eventbus.app.worker.main`

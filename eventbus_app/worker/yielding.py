@@ -1,28 +1,32 @@
-"""A warm spare's priority: its warm-up yields the CPU to the workers, the worker it becomes
-runs at the worker's normal priority (eventbus_app/worker/spare.py).
+"""A warm spare's priority: once the workers train, its warm-up yields the CPU to them;
+the worker it becomes runs at the worker's normal priority (eventbus_app/worker/spare.py).
 
-Two levels, because Linux weighs threads within a scheduling group, and groups against
-each other:
+A spare started beside starting workers warms up at their priority (the job is not
+training yet). At the workers' first step the agent lowers it (:func:`demote`); a spare
+started after that step lowers itself from its start. Two levels, because Linux weighs
+threads within a scheduling group, and groups against each other:
 
 - **The session's group** (:class:`GroupNice`). With autogroup
   (``/proc/sys/kernel/sched_autogroup_enabled``, processes in the root cgroup), each
   session is a group weighed against the others at the group's nice value, and every
   worker and spare is a session of its own: a thread's own priority would change nothing
-  against a worker. The spare sets its session's autogroup nice value to 19 while it warms
-  up and puts it back (any process may lower an autogroup's nice value back to 0) when the
-  warm-up ends or when it becomes the worker, whichever comes first.
-- **The warm-up thread** (:func:`lower_this_thread`), for the other cases (a cgroup of its
-  own, no autogroup). Linux lets an unprivileged thread make itself ``SCHED_IDLE`` or raise
-  its nice value, never go back, and the threads a thread starts inherit its policy (torch
-  starts one at import). So the spare never lowers the thread that becomes the worker: the
-  imports run on a thread of their own, which lowers itself to ``SCHED_IDLE`` and nice 19
-  only where the process may raise it back (:func:`can_raise`: root, ``CAP_SYS_NICE``, or
-  a ``RLIMIT_NICE`` that allows it); the main thread keeps the agent's policy and nice
-  value and sleeps on the pipe meanwhile. When the spare becomes the worker, every thread
-  left at ``SCHED_IDLE`` is put back at the main thread's priority (:func:`raise_threads`).
+  against a worker. The spare's session's autogroup nice value goes to 19, and back to a
+  new session's 0 (any process may lower an autogroup's nice value back to 0) when the
+  warm-up ends or the spare becomes the worker, whichever comes first.
+- **The warm-up thread**, for the other cases (a cgroup of its own, no autogroup). Linux
+  lets an unprivileged thread be put at ``SCHED_IDLE`` or a higher nice value, never back,
+  and the threads a thread starts inherit its policy (torch starts one at import). So the
+  thread that becomes the worker is never lowered: the imports run on a thread of their
+  own, which goes to ``SCHED_IDLE`` and nice 19 only where the process may raise it back
+  (:func:`can_raise`: root, ``CAP_SYS_NICE``, or a ``RLIMIT_NICE`` that allows it); the
+  main thread keeps the agent's policy and nice value and sleeps on the pipe meanwhile.
+  When the spare becomes the worker, every thread left at ``SCHED_IDLE`` is put back at
+  the main thread's priority (:func:`raise_threads`).
 
-Where neither applies (no autogroup in effect and no right to raise a priority), the
-warm-up runs at the worker's priority, as it would without this module.
+The agent puts a spare back itself as it hands it its worker (:func:`promote`): the
+spare's main thread needs the GIL to do it, which a warm-up thread starved at the lowest
+priority may hold. Where neither level applies (no autogroup in effect and no right to
+raise a priority), the warm-up runs at the worker's priority throughout.
 """
 
 from __future__ import annotations
