@@ -10,9 +10,25 @@ measured alike (torchrun as it comes, and with ``TORCH_DISABLE_SHARE_RDZV_TCP_ST
 which ``eventbus run`` sets for it and without which its restarts connect to the old
 attempt's address); a restart worked when both ranks of attempt 1 completed a step and the job
 exited 0. For ``eventbus run`` the agent's ``RECOVERED`` phases are reported too (the
-medians of each phase). Every job has a time limit and runs in its own session, killed
-at its end with every process it started (the workers run in sessions of their own: each
-carries the job's mark in its environment, and the sweep ends what carries it).
+medians of each phase).
+
+Three figures side by side, each round interleaving torchrun (store not shared: the variant
+whose restarts work) and ``eventbus run`` under its default options (warm spares on):
+
+- a late crash (``LATE_STEP``: 6 s after the first step, the spares warm);
+- an early crash (``EARLY_STEP``: 1 s after the first step, the spares started with the
+  workers of attempt 0);
+- steps/s over the first 3,000 steps after the first step of a tiny 2-rank gloo loop
+  (benchmarks/health_loop.py, about 1 ms a step), under torchrun, ``eventbus run`` and
+  ``eventbus run`` with ``EVENTBUS_WARM_SPARES=off``: what the spares' warm-up costs
+  the workers while the job trains.
+
+Torchrun as it comes (``LAUNCHERS[0]``) is in ``one()`` and in the under-load run, not in
+the rounds: most of its restarts hang until the job's limit.
+
+Every job has a time limit and runs in its own session, killed at its end with every
+process it started (the workers run in sessions of their own: each carries the job's mark
+in its environment, and the sweep ends what carries it).
 """
 
 from __future__ import annotations
@@ -38,9 +54,10 @@ __all__ = ["LAUNCHERS", "ROUNDS", "run", "under_load"]
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "benchmarks" / "recovery_job.py"
 ROUNDS = 5
-#: a restart that works ends the job in about 15 s; torchrun's that connect to the old
-#: attempt's address fail or hang (a hang is ended here and counted as a failure)
-JOB_LIMIT_S = 60.0
+#: a restart that works ends the job in about 15 s on an idle machine, a minute and more
+#: on a loaded one; torchrun's that connect to the old attempt's address fail or hang (a
+#: hang is ended here and counted as a failure)
+JOB_LIMIT_S = 180.0
 #: torchrun as it comes; torchrun with the setting eventbus run makes for it (every
 #: attempt its own worker store: docs/run.md, "Restarts that work"); eventbus run
 LAUNCHERS = ("torchrun", "torchrun, store not shared", "eventbus run")
@@ -48,6 +65,16 @@ LAUNCHERS = ("torchrun", "torchrun, store not shared", "eventbus run")
 MARKS = ("start", "import", "init", "restore", "step")
 TARGET_S = 1.0
 TARGET_RATIO = 0.5
+#: the steps rank 1 dies at (0.1 s a step): 6 s and 1 s after the first step
+LATE_STEP, EARLY_STEP = 60, 10
+#: what the rounds interleave
+ROUND_LAUNCHERS = ("torchrun, store not shared", "eventbus run")
+LATE_TARGET_S = 0.3
+#: the steps/s cases: launcher, environment
+RATE_CASES = ("torchrun", "eventbus run", "eventbus run, spares off")
+RATE_STEPS = 3000
+RATE_TARGET = 0.97
+LOOP = ROOT / "benchmarks" / "health_loop.py"
 
 
 def _command(launcher: str, events: Path) -> list[str]:
@@ -57,12 +84,13 @@ def _command(launcher: str, events: Path) -> list[str]:
             "--monitor-interval", "0.1", str(JOB)]
 
 
-def one(launcher: str) -> dict[str, Any]:
-    """One job: rc, seconds from the crash to each mark of attempt 1 (None: not reached),
-    and the RECOVERED phases (eventbus run)."""
+def one(launcher: str, crash_at: int = 40) -> dict[str, Any]:
+    """One job whose rank 1 dies at step ``crash_at``: rc, seconds from the crash to each
+    mark of attempt 1 (None: not reached), and the RECOVERED phases (eventbus run)."""
     with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:
         folder = Path(tmp)
         env = {**os.environ, "RECOVERY_OUT": tmp, "OMP_NUM_THREADS": "1",
+               "RECOVERY_CRASH_AT": str(crash_at), "RECOVERY_STEPS": str(crash_at + 20),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
                                                            os.environ.get("PYTHONPATH")]))}
         token = uuid.uuid4().hex  # the sweep ends every process that carries it
@@ -118,47 +146,109 @@ def _progress(prefix: str, job: dict[str, Any]) -> None:
           file=sys.stderr, flush=True)
 
 
-def run(*, quick: bool = False) -> dict[str, Any]:
-    """``ROUNDS`` rounds (2 with ``quick``), the launchers interleaved; the medians."""
-    rounds = 2 if quick else ROUNDS
-    jobs: list[dict[str, Any]] = []
-    for index in range(rounds):
-        order = LAUNCHERS if index % 2 == 0 else tuple(reversed(LAUNCHERS))
-        for launcher in order:
-            job = one(launcher)
-            jobs.append(job)
-            _progress(f"bench_recovery: round {index + 1}/{rounds} {launcher}", job)
-    rows = []
-    medians: dict[str, float | None] = {}
-    for launcher in LAUNCHERS:
+def rate(case: str, steps: int = RATE_STEPS) -> float:
+    """Steps/s of benchmarks/health_loop.py over ``steps`` steps after its first step, under
+    ``case`` (:data:`RATE_CASES`), each option its default but the spares' in the last."""
+    launcher = ([sys.executable, "-m", "torch.distributed.run"] if case == "torchrun"
+                else [sys.executable, "-m", "eventbus", "run"])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "BENCH_STEPS": str(steps),
+           "BENCH_WARMUP": "1", "PYTHONPATH": os.pathsep.join(
+               filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env.pop("EVENTBUS_WARM_SPARES", None)
+    if case.endswith("spares off"):
+        env["EVENTBUS_WARM_SPARES"] = "off"
+    token = uuid.uuid4().hex
+    env[MARK_VAR] = token
+    cmd = [*launcher, "--standalone", "--nproc-per-node", "2", "--monitor-interval", "0.1",
+           str(LOOP)]
+    with tempfile.TemporaryDirectory(prefix="bench-rate-") as tmp:
+        try:
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tmp,
+                                  timeout=JOB_LIMIT_S * 2, check=False)
+        finally:
+            sweep(token)
+    for line in done.stdout.splitlines():
+        if line.startswith("{"):
+            return float(json.loads(line)["steps_per_s"])
+    raise RuntimeError(f"{case}: no rate (rc {done.returncode}): {done.stderr[-2000:]}")
+
+
+def _crash_rows(jobs: list[dict[str, Any]], name: str) -> tuple[list[dict[str, Any]],
+                                                               dict[str, float | None]]:
+    rows, medians = [], {}
+    for launcher in ROUND_LAUNCHERS:
         mine = [j for j in jobs if j["launcher"] == launcher]
         worked = [j for j in mine if j["ok"]]
-        row: dict[str, Any] = {"launcher": launcher,
+        row: dict[str, Any] = {"crash": name, "launcher": launcher,
                                "restarts worked": f"{len(worked)}/{len(mine)}"}
-        for name in MARKS:
-            value = _median([j[name] for j in worked if j[name] is not None])
-            row[f"-> {name} (s)"] = "-" if value is None else round(value, 2)
-        medians[launcher] = _median([j["step"] for j in worked])
+        for mark in MARKS:
+            value = _median([j[mark] for j in worked if j[mark] is not None])
+            row[f"-> {mark} (s)"] = "-" if value is None else round(value, 2)
+        medians[launcher] = _median([j["step"] for j in worked]) if worked else None
         rows.append(row)
-    ours = medians["eventbus run"]
-    # torchrun's figure: its restarts that worked, in the variant that worked best
-    found = [m for name, m in medians.items() if name != "eventbus run" and m is not None]
-    theirs = min(found) if found else None
-    result: dict[str, Any] = {"rows": rows, "rounds": rounds}
-    phases = [j["phases"] for j in jobs if j["launcher"] == "eventbus run" and "phases" in j]
-    if phases:
-        result["eventbus RECOVERED phases, medians (s)"] = ", ".join(
-            f"{name} {_median([p[name] for p in phases if p.get(name) is not None]) or 0:.2f}"
-            for name in phases[0])
-    if ours is not None:
-        result["eventbus run: median time to recover (s)"] = round(ours, 2)
-    if ours is not None and theirs is not None:
-        result["eventbus run / torchrun (its faster variant)"] = round(ours / theirs, 2)
-    every = all(j["ok"] for j in jobs if j["launcher"] == "eventbus run")
-    result["target (<= 1.0 s, <= 0.5 x torchrun's best, every restart working)"] = (
-        "met" if ours is not None and theirs is not None and every and ours <= TARGET_S
-        and ours <= TARGET_RATIO * theirs else "not met")
+    return rows, medians
+
+
+def run(*, quick: bool = False) -> dict[str, Any]:
+    """``ROUNDS`` rounds (2 with ``quick``), each a late crash, an early crash and the
+    steps/s cases, the launchers interleaved (their order reversed every other round);
+    the medians side by side."""
+    rounds = 2 if quick else ROUNDS
+    crashes = {"late": LATE_STEP, "early": EARLY_STEP}
+    jobs: dict[str, list[dict[str, Any]]] = {name: [] for name in crashes}
+    rates: dict[str, list[float]] = {case: [] for case in RATE_CASES}
+    for index in range(rounds):
+        flip = index % 2 == 1
+        for name, step in crashes.items():
+            for launcher in reversed(ROUND_LAUNCHERS) if flip else ROUND_LAUNCHERS:
+                job = one(launcher, step)
+                jobs[name].append(job)
+                _progress(f"bench_recovery: round {index + 1}/{rounds} {name} crash, "
+                          f"{launcher}", job)
+        for case in tuple(reversed(RATE_CASES)) if flip else RATE_CASES:
+            rates[case].append(rate(case, 300 if quick else RATE_STEPS))
+            print(f"bench_recovery: round {index + 1}/{rounds} {case}: "
+                  f"{rates[case][-1]:.0f} steps/s", file=sys.stderr, flush=True)
+    result: dict[str, Any] = {"rows": [], "rounds": rounds}
+    figures: dict[str, Any] = {}
+    for name, step in crashes.items():
+        rows, medians = _crash_rows(jobs[name], f"{name} ({step / 10:.0f} s)")
+        result["rows"] += rows
+        ours, theirs = medians["eventbus run"], medians["torchrun, store not shared"]
+        every = all(j["ok"] for j in jobs[name] if j["launcher"] == "eventbus run")
+        figures[f"{name} crash: eventbus run / torchrun, median s to recover"] = (
+            f"{_fmt(ours)} / {_fmt(theirs)}"
+            + (f" = {ours / theirs:.2f}x" if ours is not None and theirs else "")
+            + ("" if every else " (a restart failed)"))
+        phases = [j["phases"] for j in jobs[name]
+                  if j["launcher"] == "eventbus run" and "phases" in j]
+        if phases:
+            figures[f"{name} crash: eventbus RECOVERED phases, medians (s)"] = ", ".join(
+                f"{p} {_median([x[p] for x in phases if x.get(p) is not None]) or 0:.2f}"
+                for p in phases[0])
+        met = ours is not None and theirs is not None and every and (
+            ours <= LATE_TARGET_S if name == "late"
+            else ours <= TARGET_S and ours <= TARGET_RATIO * theirs)
+        figures[f"{name} crash target ("
+                + ("<= 0.3 s" if name == "late" else "<= 1.0 s, <= 0.5x torchrun")
+                + ", every restart working)"] = "met" if met else "not met"
+    median_rate = {case: statistics.median(v) for case, v in rates.items()}
+    plain = median_rate["torchrun"]
+    figures["steps/s, first 3,000 steps: torchrun / eventbus run / spares off"] = (
+        " / ".join(f"{median_rate[c]:.0f}" for c in RATE_CASES))
+    figures["steps/s vs torchrun: spares on (default) / spares off"] = (
+        f"{median_rate['eventbus run'] / plain:.2f}x / "
+        f"{median_rate['eventbus run, spares off'] / plain:.2f}x")
+    figures["steps/s target (spares on >= 0.97x torchrun)"] = (
+        "met" if median_rate["eventbus run"] >= RATE_TARGET * plain else "not met")
+    figures["steps/s, every round (torchrun; on; off)"] = "; ".join(
+        ", ".join(f"{r:.0f}" for r in rates[c]) for c in RATE_CASES)
+    result.update(figures)
     return result
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def under_load(restarts: int = 20, launcher: str = "eventbus run") -> dict[str, Any]:

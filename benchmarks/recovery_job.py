@@ -1,6 +1,7 @@
 """The recovery benchmark's job (benchmarks/bench_recovery.py): a 2-rank gloo DDP MLP that
 saves a checkpoint every 20 steps; on attempt 0 rank 1 dies at step 40 (``os._exit(1)``),
-4 s after the first step (``RECOVERY_STEP_S``, 0.1 s a step).
+4 s after the first step (``RECOVERY_STEP_S``, 0.1 s a step; ``RECOVERY_CRASH_AT`` moves
+the step, ``RECOVERY_STEPS`` the last one).
 Each attempt restores the latest checkpoint and trains to step 60. It never imports
 eventbus: the same script runs under torchrun and under ``eventbus run``.
 
@@ -34,7 +35,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 mark("import")
-CRASH_AT, SAVE_EVERY, STEPS = 40, 20, int(os.environ.get("RECOVERY_STEPS", "60"))
+CRASH_AT = int(os.environ.get("RECOVERY_CRASH_AT", "40"))
+SAVE_EVERY, STEPS = 20, int(os.environ.get("RECOVERY_STEPS", "60"))
 #: each step's compute stand-in: 40 steps of 0.1 s put the crash 4 s after the first step
 STEP_S = float(os.environ.get("RECOVERY_STEP_S", "0.1"))
 

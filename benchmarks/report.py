@@ -379,10 +379,14 @@ def _health(result: dict[str, Any]) -> list[str]:
 def _recovery(result: dict[str, Any]) -> list[str]:
     out = ["## Recovery: from a failure to the next attempt's first step", "",
            "`benchmarks/bench_recovery.py`: benchmarks/recovery_job.py (2 gloo ranks, a DDP "
-           "MLP, a checkpoint every 20 steps; rank 1 dies at step 40 of attempt 0) under "
-           f"torchrun and `eventbus run --max-restarts 1`, interleaved, {result['rounds']} "
-           "rounds each. Seconds from the crash to each mark of attempt 1 on the script's "
-           "own clock (the slower rank's), medians of the restarts that worked.", ""]
+           "MLP, a checkpoint every 20 steps, 0.1 s a step; rank 1 of attempt 0 dies 6 s "
+           "after the first step (late) or 1 s after it (early)) under torchrun with its "
+           "store not shared and `eventbus run --max-restarts 1` (default options: warm "
+           "spares on), and steps/s of benchmarks/health_loop.py over the 3,000 steps after "
+           "its first step, all interleaved, "
+           f"{result['rounds']} rounds each. Seconds from the crash to each mark of attempt "
+           "1 on the script's own clock (the slower rank's), medians of the restarts that "
+           "worked.", ""]
     return out + _generic({k: v for k, v in result.items() if k != "rounds"})
 
 

@@ -35,11 +35,18 @@ class CountingPool(SparePool):
     def __init__(self, *, enabled: bool = True) -> None:
         super().__init__(enabled=enabled)
         self.fills: list[dict[int, tuple[str, Sequence[str], Mapping[str, str]]]] = []
+        self.low: list[bool] = []
+        self.demoted = 0
         self.closed = False
 
-    def fill(self, workers: Mapping[int, tuple[str, Sequence[str], Mapping[str, str]]]) -> int:
+    def fill(self, workers: Mapping[int, tuple[str, Sequence[str], Mapping[str, str]]], *,
+             low: bool = False) -> int:
         self.fills.append(dict(workers))
+        self.low.append(low)
         return len(workers)
+
+    def demote(self) -> None:
+        self.demoted += 1
 
     def close(self, timeout: float = 2.0) -> None:
         self.closed = True
@@ -103,9 +110,19 @@ def test_recovered_once_every_rank_of_the_new_attempt_sent_its_marks(
     assert len(lines) == 1 and "attempt 1 recovered in" in lines[0]
 
 
-def test_the_spares_start_once_this_nodes_ranks_took_their_first_step() -> None:
-    """The next attempt's spares start once per attempt, after this node's ranks all sent
-    their marks (or SPARES_AFTER_S into the attempt), with the launches torch made; never
+def _start_on_spares(restarts: Restarts, attempt: int, world: int = 2) -> None:
+    """A start whose workers took spares (the process context's hand-over counts them)."""
+    with restarts.starting():
+        restarts.spares.used += world
+    restarts.started(attempt, world)
+
+
+def test_the_spares_start_with_fresh_workers_and_after_a_restart_on_spares_stepped() -> None:
+    """The next attempt's spares start once per attempt, with the launches torch made: at
+    once where the attempt's workers started fresh (they warm up while the workers start);
+    where they started on spares, after this node's ranks all sent their marks (or
+    SPARES_AFTER_S into the attempt), at the lowest priority from their start. Once the
+    ranks stepped, the spares are put at the lowest priority, once per attempt. Never
     before a launch, nor during a drain."""
     bus, clock = eventbus.Bus("restarts"), Clock()
     pool = CountingPool()
@@ -113,23 +130,32 @@ def test_the_spares_start_once_this_nodes_ranks_took_their_first_step() -> None:
     restarts.fill_spares(0, [0, 1], draining=False)
     assert pool.fills == []  # nothing launched yet: nothing to copy
     _start(restarts, attempt=0)
-    restarts.fill_spares(0, [0, 1], draining=False)
-    bus.publish(_beat(0, 0, {"step": 1.0}))
-    restarts.fill_spares(0, [0, 1], draining=False)
-    assert pool.fills == []  # rank 1 has not stepped
-    bus.publish(_beat(0, 1, {"step": 1.0}))
     restarts.fill_spares(0, [0, 1], draining=True)
     assert pool.fills == []  # a drain starts no new attempt
     restarts.fill_spares(0, [0, 1], draining=False)
     restarts.fill_spares(0, [0, 1], draining=False)
-    assert [sorted(f) for f in pool.fills] == [[0, 1]]
-    assert pool.fills[0][0][2] == {"RANK": "0"}
-    _start(restarts, attempt=1)  # no marks this time: the clock decides
+    assert [sorted(f) for f in pool.fills] == [[0, 1]]  # fresh workers: at once, once
+    assert pool.fills[0][0][2] == {"RANK": "0"} and pool.low == [False]
+    assert pool.demoted == 0  # the workers have not stepped: the spares warm up beside them
+    bus.publish(_beat(0, 0, {"step": 1.0}))
+    bus.publish(_beat(0, 1, {"step": 1.0}))
+    restarts.fill_spares(0, [0, 1], draining=False)
+    restarts.fill_spares(0, [0, 1], draining=False)
+    assert pool.demoted == 1 and len(pool.fills) == 1
+    _start_on_spares(restarts, attempt=1)
     restarts.fill_spares(1, [0, 1], draining=False)
-    assert len(pool.fills) == 1
-    clock.now += SPARES_AFTER_S
+    bus.publish(_beat(1, 0, {"step": 1.0}))
     restarts.fill_spares(1, [0, 1], draining=False)
+    assert len(pool.fills) == 1  # rank 1 has not stepped
+    bus.publish(_beat(1, 1, {"step": 1.0}))
+    restarts.fill_spares(1, [0, 1], draining=False)
+    assert len(pool.fills) == 2 and pool.low == [False, True] and pool.demoted == 2
+    _start_on_spares(restarts, attempt=2)  # no marks this time: the clock decides
+    restarts.fill_spares(2, [0, 1], draining=False)
     assert len(pool.fills) == 2
+    clock.now += SPARES_AFTER_S
+    restarts.fill_spares(2, [0, 1], draining=False)
+    assert len(pool.fills) == 3
     restarts.close()
     assert pool.closed
 

@@ -96,6 +96,7 @@ from eventbus.app.launcher.recovery import membership
 from eventbus.app.launcher.recovery.formation import Formation
 from eventbus.app.launcher.recovery.formation import rendezvous_info
 from eventbus.app.launcher.recovery.restarts import Restarts
+from eventbus.app.launcher.recovery.worker_store import WorkerStore
 from eventbus.app.launcher.transport.store import StoreTransport
 from eventbus.app.launcher.transport.torch_records import TORCH_RECORDS_DESTINATION
 from eventbus.app.launcher.transport.torch_records import route_torch_records
@@ -276,6 +277,8 @@ class EventAgent(LocalElasticAgent):
         self.restarts = Restarts(self.bus, warm_spares=warm_spares)
         self.recovery = self.restarts.recovery
         self.spares = self.restarts.spares
+        #: each attempt's workers' store, started here before its workers (worker_store.py)
+        self.worker_store = WorkerStore(enabled=reliable_restarts)
         for reactor in reactors:
             self.add_reactor(reactor)
         self._subs: list[Subscription] = [
@@ -476,6 +479,7 @@ class EventAgent(LocalElasticAgent):
             console.write(self.drain.summary_line())
         self.decider.close()
         self.restarts.close()
+        self.worker_store.close()
         for sub in self._subs:
             sub.cancel()
         self.health.close()
@@ -533,7 +537,7 @@ class EventAgent(LocalElasticAgent):
         plugin_api.after_rendezvous(self.plugins, info, os.environ)  # the workers inherit it
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
-        with self.restarts.starting():
+        with self.restarts.starting(), self.worker_store.hosting(worker_group):
             pids: dict[int, Any] = super()._start_workers(worker_group)
         workers = worker_group.workers
         self.restarts.started(self.attempt, workers[0].world_size if workers else 0)

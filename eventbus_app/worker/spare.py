@@ -5,13 +5,18 @@ worker of the next attempt.
 The agent starts it as ``python -u -m eventbus.app.worker.spare`` with the next worker's
 environment less what changes per attempt, the agent's cwd and stdio, in a session of its
 own, and the read end of a pipe whose number is in ``EVENTBUS_SPARE_FD``. The spare
-imports :data:`WARM_MODULES`, then blocks on the pipe. The agent writes one JSON line,
+imports :data:`WARM_MODULES` on a thread of its own, lowered to the lowest priority once
+the workers train (by the agent at their first step, or at once with
+``EVENTBUS_SPARE_LOW=1``: eventbus_app/worker/yielding.py), while its main thread, at the
+worker's priority, blocks on the pipe. The agent writes one JSON line,
 ``{"env": {...}, "argv": [...], "cwd": "..."}``: the spare closes the pipe, drops the
 variable, puts the worker's environment in place of its own (``os.environ`` cleared and
 refilled), changes to the cwd, and runs the bootstrap's :func:`eventbus.app.worker.main`
 with ``argv`` as ``python -u -m eventbus.app.worker ARGV`` would: the script runs as
 ``__main__``, with its ``sys.argv``, ``__file__`` and ``sys.path[0]``, and the spare exits
-with its exit code. An end of file on the pipe (the agent is gone, or it threw the spare
+with its exit code. An assignment that comes before the warm-up ended puts the spare back
+at the worker's priority first, then waits for the imports to end. An end of file on the
+pipe (the agent is gone, or it threw the spare
 away) ends the spare with exit code 0 and nothing run.
 
 The script can tell a spare by what is already imported (``sys.modules`` holds torch and
@@ -21,13 +26,19 @@ environment, argv, cwd, stdio, signal dispositions and open files are a fresh wo
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
+import select
 import sys
+import threading
 from typing import Any
 
-__all__ = ["ENV_SPARE_CUDA_DEVICE", "ENV_SPARE_FD", "WARM_MODULES", "main"]
+from eventbus.app.worker import yielding
+
+__all__ = ["ENV_SPARE_CUDA_DEVICE", "ENV_SPARE_FD", "ENV_SPARE_LOW", "ENV_SPARE_MODULES",
+           "WARM_MODULES", "main"]
 
 ENV_SPARE_FD = "EVENTBUS_SPARE_FD"
 #: set by the agent for ``--warm-spares cuda`` (launcher/recovery/spares.py; the value is the local
@@ -37,6 +48,12 @@ ENV_SPARE_CUDA_DEVICE = "EVENTBUS_SPARE_CUDA_DEVICE"
 #: (torch 1-2 s here; ``DistributedDataParallel``'s first construction touches
 #: ``torch._dynamo``, another 0.8 s and some 800 modules)
 WARM_MODULES = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo")
+#: the modules to import instead of :data:`WARM_MODULES`, comma-separated (tests set it
+#: to warm up at once); the spare drops it before the script
+ENV_SPARE_MODULES = "EVENTBUS_SPARE_MODULES"
+#: "1": warm up at the lowest priority from the start (the workers train already); the
+#: spare drops it before the script
+ENV_SPARE_LOW = "EVENTBUS_SPARE_LOW"
 
 
 def _read_assignment(fd: int) -> dict[str, Any] | None:
@@ -84,6 +101,49 @@ def _cuda_context(local_rank: str | None) -> int | None:
         return None
 
 
+def _warm_up(done: int, lower: bool, modules: tuple[str, ...]) -> None:
+    """The warm-up thread: the imports (at the lowest priority with ``lower``), then one
+    byte on ``done``."""
+    try:
+        if lower:
+            yielding.lower_this_thread()
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception:  # a spare that cannot warm up still waits: it is used cold
+                break
+        import eventbus.app.worker  # noqa: F401  (the bootstrap's imports)
+    finally:  # the main thread stopped reading it when the assignment came first
+        with contextlib.suppress(OSError), os.fdopen(done, "wb") as f:
+            f.write(b"1")
+
+
+def _wait(fd: int, low: bool) -> tuple[threading.Thread, bool]:
+    """Warm up (at the lowest priority from the start with ``low``; the agent may lower it
+    later) until the warm-up ends or the pipe is readable (an assignment, or its end of
+    file), whichever comes first; then back to the worker's priority. The warm-up
+    thread, and whether the assignment came before it ended."""
+    group = yielding.GroupNice(original=0)  # a new session's autogroup is at 0
+    if low:
+        group.lower()
+    done_read, done_write = os.pipe()
+    raisable = yielding.can_raise()
+    lower = low and raisable
+    listed = os.environ.pop(ENV_SPARE_MODULES, None)
+    modules = WARM_MODULES if listed is None else tuple(filter(None, listed.split(",")))
+    warm = threading.Thread(target=_warm_up, args=(done_write, lower, modules),
+                            name="eventbus-spare-warm-up", daemon=True)
+    warm.start()
+    try:
+        readable = select.select([fd, done_read], [], [])[0]
+    finally:
+        os.close(done_read)
+    yielding.GroupNice(original=0).restore()  # lowered here or by the agent
+    if raisable:  # the warm-up thread, if still running, and the threads it started
+        yielding.raise_threads()
+    return warm, done_read not in readable
+
+
 def main() -> int:
     """Warm up, wait for the assignment, become the worker."""
     try:
@@ -92,18 +152,23 @@ def main() -> int:
         print("eventbus: the spare worker was started without its pipe "
               f"({ENV_SPARE_FD}); nothing to do", file=sys.stderr)
         return 2
-    for name in WARM_MODULES:
-        try:
-            importlib.import_module(name)
-        except Exception:  # a spare that cannot warm up still waits: it is used cold
-            break
-    # the context, once made, stays: the script's own CUDA calls find it
-    _cuda_context(os.environ.pop(ENV_SPARE_CUDA_DEVICE, None))
-    import eventbus.app.worker as bootstrap  # the bootstrap's imports
+    warm, early = _wait(fd, os.environ.pop(ENV_SPARE_LOW, None) == "1")
+    cuda = os.environ.pop(ENV_SPARE_CUDA_DEVICE, None)
+    if early:
+        assignment = _read_assignment(fd)
+        if assignment is None:  # thrown away while it warmed up: no need to finish
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+        warm.join()
+    else:
+        # the context, once made, stays: the script's own CUDA calls find it
+        _cuda_context(cuda)
+        assignment = _read_assignment(fd)
+        if assignment is None:
+            return 0  # thrown away
+    import eventbus.app.worker as bootstrap  # imported by the warm-up
 
-    assignment = _read_assignment(fd)
-    if assignment is None:
-        return 0  # thrown away
     env, argv, cwd = assignment.get("env"), assignment.get("argv"), assignment.get("cwd")
     if not isinstance(env, dict) or not isinstance(argv, list):
         print("eventbus: the spare worker got a bad assignment; exiting", file=sys.stderr)

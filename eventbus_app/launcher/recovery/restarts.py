@@ -4,8 +4,12 @@ attempt's first step.
 The failure seen and decided, the rendezvous, the workers started (on the warm spares
 where they can be), each rank's start-up marks, then ``RECOVERED`` with the restart's
 phases (:class:`~eventbus.app.launcher.recovery.anatomy.Recovery`); the ``WORKER_RESTART`` that
-opens the new attempt; the spares of the next attempt started once this one's workers took
-their first step (:class:`~eventbus.app.launcher.recovery.spares.SparePool`).
+opens the new attempt; the spares of the next attempt
+(:class:`~eventbus.app.launcher.recovery.spares.SparePool`), started with the workers of an attempt
+that started fresh (they warm up while the workers start, not while they train), and once
+this attempt's workers took their first step where it started on spares (its way to that
+step has the CPU alone); from the workers' first step on, at the lowest priority
+(eventbus_app/worker/yielding.py).
 
 Why a module of its own: that bookkeeping is one concern with its own state (the launches
 the spares copy, the ranks that took their step, the attempt the spares were started for),
@@ -69,6 +73,10 @@ class Restarts:
         #: spares start once this node's workers all took theirs
         self._stepped: set[tuple[int, int]] = set()
         self._spares_for = -1
+        #: whether the attempt last started took a spare (its own spares wait for its step)
+        self._on_spares = False
+        #: the attempt whose workers' first step put the spares at the lowest priority
+        self._demoted_for = -1
         self._started_at = clock()
         self._marks_sub = bus.subscribe(EventType.WORKER_PROGRESS,
                                         on_event=self.observe_marks)
@@ -102,8 +110,10 @@ class Restarts:
         """While torch's process context starts the workers: each takes its local rank's
         spare where it can, and each launch is noted for the next spares."""
         self._launched = {}
+        used = self.spares.used
         with self._serve(self.spares, self._launched):
             yield
+        self._on_spares = self.spares.used > used
 
     def started(self, attempt: int, world_size: int) -> None:
         """The workers of ``attempt`` (``world_size`` ranks in all) were started."""
@@ -128,20 +138,25 @@ class Restarts:
 
     # -- the warm spares -------------------------------------------------------------------
     def fill_spares(self, attempt: int, ranks: Iterable[int], *, draining: bool) -> None:
-        """Start the spares of the next attempt once this node's workers (``ranks``) all
-        took their first step (or :data:`SPARES_AFTER_S` into the attempt): their imports
-        do not compete with the workers' way to it. None during a drain (it starts no new
-        attempt)."""
+        """Start the spares of the next attempt: at once where this attempt's workers
+        started fresh, so that they warm up while the workers start, not while they train;
+        where they started on spares, once this node's workers (``ranks``) all took their
+        first step (or :data:`SPARES_AFTER_S` into the attempt), so that the restart's way
+        to its step has the CPU alone. From that step on, every spare still warming up
+        does so at the lowest priority (eventbus_app/worker/yielding.py). None during a
+        drain (it starts no new attempt)."""
         pool = self.spares
-        if not pool.enabled or self._spares_for == attempt or not self._launched \
-                or draining:
+        if not pool.enabled or not self._launched or draining:
             return
         mine = set(ranks)
-        if not mine <= {r for a, r in self._stepped if a == attempt} and \
-                self._clock() - self._started_at < SPARES_AFTER_S:
-            return
-        self._spares_for = attempt
-        pool.fill(self._launched)
+        stepped = mine <= {r for a, r in self._stepped if a == attempt} or \
+            self._clock() - self._started_at >= SPARES_AFTER_S
+        if self._spares_for != attempt and (stepped or not self._on_spares):
+            self._spares_for = attempt
+            pool.fill(self._launched, low=stepped)
+        if stepped and self._demoted_for != attempt:
+            self._demoted_for = attempt
+            pool.demote()
 
     def close(self) -> None:
         """The agent's end: every spare ended, the marks no longer observed."""
