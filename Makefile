@@ -95,7 +95,10 @@ slurm:
 # subprocesses, load and stress runs, the wheel build, the demo). `make test-slow` runs
 # those; CI runs both (.ci/run).
 test: $(STAMP) lint browser postgres
-	$(PY) -m pytest -q -m "not slow" --durations=15
+	$(PY) -m pytest -q -m "not slow and not serial" -n 2 --durations=15
+	# The tests that read the machine (CPU shares, benchmark ratios, 50 reader threads) run
+	# alone, after the parallel pass.
+	$(PY) -m pytest -q -m "not slow and serial" --durations=5
 	# The core again on the pure-Python path: the compiled one (eventbus/_speedups.c)
 	# stands in for it where it is built, and both must behave alike.
 	EVENTBUS_PURE_PYTHON=1 $(PY) -m pytest -q -p no:cacheprovider -m "not slow" $(PURE_TESTS)

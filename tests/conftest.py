@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 import eventbus
@@ -133,6 +134,18 @@ def _no_leftover_agent_environment() -> Iterator[None]:
         if key not in before:
             del os.environ[key]
     os.environ.update(before)
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_job_context() -> Iterator[None]:
+    """An in-process agent marks its own events with its run and attempt
+    (``eventbus.context.set_context``); a later test in the same process (under
+    ``pytest -n``, any test may follow any other) must not inherit that context."""
+    from eventbus import context
+
+    before = context.current_context()
+    yield
+    context.set_context(**attrs.asdict(before, recurse=False))
 
 
 @pytest.fixture(autouse=True)

@@ -22,6 +22,9 @@ from benchmarks.report import render
 from tests.conftest import ROOT
 from tests.conftest import subprocess_env
 
+#: these tests read the machine: make test runs them alone, after the parallel pass
+pytestmark = pytest.mark.serial
+
 
 @pytest.fixture(scope="module")
 def dispatch() -> dict[str, Any]:
@@ -185,8 +188,11 @@ def test_preemption_benchmark_measures_should_stop_against_a_ddp_step() -> None:
         assert _positive(cases[name]["ns"]) and _positive(cases[name]["% of a step"]), name
     assert _positive(result["step ms"]) and _positive(result["percent"])
     assert result["met"] == (result["percent"] <= bench_preemption.TARGET_PERCENT)
-    for key in ("plain step ms", "checked step ms", "ratio", "paired p25", "paired p75"):
+    for key in ("plain step ms", "checked step ms", "ratio"):
         assert _positive(result["ab"][key]), key
+    # paired differences of two timings: noise can make either quartile negative
+    for key in ("paired p25", "paired p75"):
+        assert math.isfinite(result["ab"][key]), key
     text = render({"preemption": result}, machine={}, versions={}, when="now", quick=True,
                   seconds={"preemption": 1.0})
     assert "## Preemption: `should_stop()` per step" in text

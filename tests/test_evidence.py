@@ -25,6 +25,9 @@ from eventbus.app.worker.activity import ActivitySampler
 from eventbus.app.worker.activity import fair_share
 from eventbus.app.worker.activity import frame_facts
 
+#: these tests read the machine: make test runs them alone, after the parallel pass
+pytestmark = pytest.mark.serial
+
 TIMEOUT = 60.0
 
 

@@ -355,6 +355,7 @@ def test_stalls_and_slow_ranks_show_on_their_rank_in_the_trace_and_timeline(
     assert (tmp_path / "job.png").stat().st_size > 0
 
 
+@pytest.mark.serial
 def test_health_benchmark_reports_worker_and_agent_costs() -> None:
     """benchmarks/bench_health.py runs (quick) and reports the worker's record() before and
     after arming the stack dump, the agent's cost per event and its share of a core. The

@@ -1075,6 +1075,7 @@ def test_browser_shows_a_drain_then_the_preempted_job(tmp_path: Path) -> None:
         assert _stop(proc) == 0
 
 
+@pytest.mark.serial
 def test_ui_benchmark_measures_each_case() -> None:
     """benchmarks/bench_ui.py: a figure per case, the 50 pages connected and written to."""
     from benchmarks import bench_ui
