@@ -446,3 +446,11 @@ def test_a_zero_config_srun_job_forms_one_two_node_job(tmp_path: Path) -> None:
     requeued = f"{job_id}+requeue1"
     assert rows == [("n1", job_id, 0, 1), ("n1", requeued, 0, 1),
                     ("n2", job_id, 0, 1), ("n2", requeued, 0, 1)]
+
+
+def test_the_docs_show_the_template_verbatim() -> None:
+    """docs/slurm.md's template is examples/slurm/train.sbatch, byte for byte."""
+    root = Path(__file__).resolve().parents[1]
+    template = (root / "examples" / "slurm" / "train.sbatch").read_text()
+    page = (root / "docs" / "slurm.md").read_text()
+    assert f"```bash\n{template}```\n" in page
