@@ -290,6 +290,21 @@ class Eviction:
                 logger.exception("eventbus: the host ledger's row could not be queued")
         self.book.new_attempt()
 
+    def lost(self, hosts: Sequence[str], attempt: int) -> None:
+        """Record other nodes lost after ``attempt`` (lost.py): a row of that attempt for
+        each, with a ``lost`` fault; they could not write their own."""
+        if self.writer is None:
+            return
+        from eventbus.app.launcher.hosts.host_ledger import HostOutcome
+
+        for host in hosts:
+            try:
+                self.writer.record(HostOutcome(
+                    host=host, job=ledger_job(self.run_id), attempt=attempt,
+                    time=time.time(), faults={"lost": 1}, clean=False))
+            except Exception:  # the ledger never fails the job
+                logger.exception("eventbus: the host ledger's row could not be queued")
+
     # -- the eviction --------------------------------------------------------------------------
     def announce(self) -> None:
         """``HOST_EVICTED`` and its console line, once."""

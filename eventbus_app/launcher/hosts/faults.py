@@ -19,6 +19,8 @@ earns, so the rule below is narrow and in one place, torch-free, and tested as a
                 the rank that never entered the collective its peers wait in)
 ``straggler``   the rank was reported slow :data:`STRAGGLER_STREAK` times in a row
 ``reactor``     a reactor said so (:func:`mark_host_fault`)
+``lost``        the node left the rendezvous without a word (dead, cut off): recorded for
+                it by the next round's group rank 0 (lost.py), never by :func:`host_fault`
 ==============  =========================================================================
 
 Never a host fault: a Python exception of the script (``RuntimeError``, ``ValueError``,
@@ -58,7 +60,7 @@ __all__ = [
 
 
 #: every kind :func:`host_fault` returns, in the order of the module docstring's table
-KINDS = ("signal", "oom", "ecc", "cuda", "nccl", "hang", "straggler", "reactor")
+KINDS = ("signal", "oom", "ecc", "cuda", "nccl", "hang", "straggler", "reactor", "lost")
 
 #: successive ``WORKER_SLOW`` reports of one rank that make it a persistent straggler
 STRAGGLER_STREAK = 3
