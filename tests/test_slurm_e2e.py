@@ -15,6 +15,8 @@ import re
 import sqlite3
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,6 +44,32 @@ def should_stop(step=None):
     if CRASH and step == 3:
         os.kill(os.getpid(), signal.SIGSEGV)
     return real(step=step)
+
+
+eventbus.preemption.should_stop = should_stop
+sys.argv[0] = {str(TRAIN)!r}
+runpy.run_path({str(TRAIN)!r}, run_name="__main__")
+"""
+
+
+#: train.py, a step every 0.2 s, reporting each attempt's world from its first step, until
+#: $OUT/stop exists (then every rank saves and ends, as on a drain)
+SLOW = f"""\
+import os, runpy, sys, time
+from pathlib import Path
+import torch.distributed as dist
+import eventbus.preemption
+
+OUT = Path(os.environ["OUT"])
+real = eventbus.preemption.should_stop
+
+
+def should_stop(step=None):
+    if step == 1:
+        report = OUT / f"world-{{os.environ['EVENTBUS_ATTEMPT']}}-{{dist.get_rank()}}"
+        report.write_text(f"{{dist.get_world_size()}} {{os.environ['SLURMD_NODENAME']}}")
+    time.sleep(0.2)
+    return real(step=step) or (OUT / "stop").exists()
 
 
 eventbus.preemption.should_stop = should_stop
@@ -97,6 +125,15 @@ def jobs(slurm_cluster: SlurmCluster) -> Iterator[dict[str, tuple[int, Path]]]:
                "--max-restarts 3 --evict-after 2 --monitor-interval 0.2 "
                "--rdzv-conf last_call_timeout=2", "--steps 20")
     submitted["badhost"] = (_submit(slurm_cluster, out, "--exclude=n3", env=env), out)
+    out = _out(slurm_cluster, "lost")
+    slow = out / "slow.py"
+    slow.write_text(SLOW)
+    env = _env(out, slow, f"--host-ledger {out / 'hosts.sqlite'} --nnodes 2:3 "
+               f"--max-restarts 3 --monitor-interval 0.2 --events-jsonl {out / 'events.jsonl'} "
+               "--rdzv-conf last_call_timeout=2", "--steps 100000 --collective-timeout 8")
+    # srun's own --no-kill (sbatch's is the allocation's: srun does not inherit it)
+    env.update(OUT=str(out), SLURM_NO_KILL="set")
+    submitted["lost"] = (_submit(slurm_cluster, out, "-N3", "--no-kill", env=env), out)
     yield submitted
 
 
@@ -144,3 +181,50 @@ def test_a_node_that_segfaults_twice_is_evicted_and_named_in_the_ledger(
     info = slurm_cluster.wait(nxt, timeout=120)
     assert info["JobState"] == "COMPLETED", f"{info}\n{_log(next_out)}"
     assert info["NodeList"] == "n[2-3]", info
+
+
+def _wait_for(what: str, until: Callable[[], bool], timeout: float, cluster: SlurmCluster,
+              out: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while not until():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not in {timeout} s\n{_log(out)}\n{cluster.tails()}")
+        time.sleep(0.2)
+
+
+def test_a_node_lost_for_real_leaves_the_job_going_on_and_is_named(
+        slurm_cluster: SlurmCluster, jobs: dict[str, tuple[int, Path]]) -> None:
+    """Three nodes, --nnodes 2:3, --no-kill: n3 dies (its slurmd, agent and workers
+    SIGKILLed, its link down). The survivors' collectives time out, they re-form as two
+    nodes and train on; the new round's rank 0 names n3 on the console, the RENDEZVOUS
+    events carry it, and the ledger holds n3's row with a ``lost`` fault."""
+    job, out = jobs["lost"]
+    worlds = lambda: {p.name: p.read_text() for p in out.glob("world-*")}  # noqa: E731
+    _wait_for("three ranks", lambda: len(worlds()) >= 3, 120, slurm_cluster, out)
+    assert sorted(worlds().values()) == ["3 n1", "3 n2", "3 n3"], worlds()
+    slurm_cluster.kill_node("n3")
+    try:
+        _wait_for("two ranks again", lambda: any(v.startswith("2 ") for v in worlds().values()),
+                  90, slurm_cluster, out)
+        after = sorted(v for k, v in worlds().items() if not k.startswith("world-0-"))
+        assert after == ["2 n1", "2 n2"], worlds()
+        (out / "stop").touch()
+        _wait_for("the checkpoint", (out / "ckpt.pt.txt").exists, 60,
+                  slurm_cluster, out)
+        _wait_for("the survivors' end", lambda: _log(out).count("eventbus: goodput") >= 2, 60,
+                  slurm_cluster, out)
+        log = _log(out)
+        assert re.search(r"eventbus: n3 lost: gone from the rendezvous without a word after "
+                         r"attempt 0; attempt \d+ goes on with 2 nodes", log), log
+        events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+        named = [e for e in events if e.get("type") == "RENDEZVOUS"
+                 and (e.get("data") or {}).get("lost") == ["n3"]]
+        assert named, [e for e in events if e.get("type") == "RENDEZVOUS"]
+        rows = _ledger_rows(out / "hosts.sqlite")
+        assert [(h, json.loads(f)) for h, _, f, _ in rows if h == "n3"] == [("n3", {"lost": 1})]
+        assert all(json.loads(f) == {} for h, _, f, _ in rows if h != "n3"), rows
+    finally:
+        # the job does not end by itself: the batch script's srun (--no-kill) waits for
+        # the dead node's task, DOWN or not (docs/slurm.md, "A node lost")
+        slurm_cluster.run("scancel", str(job), check=False)
+        slurm_cluster.restart_node("n3")

@@ -44,6 +44,7 @@ from typing import Any
 from eventbus.app.launcher.cli import console
 from eventbus.app.launcher.decisions.decider import Ending
 from eventbus.app.launcher.hosts.book import HostBook
+from eventbus.app.launcher.hosts.faults import LOST
 from eventbus.app.launcher.hosts.faults import Failure
 from eventbus.app.launcher.hosts.faults import host_fault
 from eventbus.app.launcher.hosts.faults import take_mark
@@ -301,7 +302,7 @@ class Eviction:
             try:
                 self.writer.record(HostOutcome(
                     host=host, job=ledger_job(self.run_id), attempt=attempt,
-                    time=time.time(), faults={"lost": 1}, clean=False))
+                    time=time.time(), faults={LOST: 1}, clean=False))
             except Exception:  # the ledger never fails the job
                 logger.exception("eventbus: the host ledger's row could not be queued")
 

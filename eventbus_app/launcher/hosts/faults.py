@@ -50,6 +50,7 @@ import attrs
 
 __all__ = [
     "KINDS",
+    "LOST",
     "STRAGGLER_STREAK",
     "Failure",
     "host_fault",
@@ -60,7 +61,10 @@ __all__ = [
 
 
 #: every kind :func:`host_fault` returns, in the order of the module docstring's table
-KINDS = ("signal", "oom", "ecc", "cuda", "nccl", "hang", "straggler", "reactor", "lost")
+KINDS = ("signal", "oom", "ecc", "cuda", "nccl", "hang", "straggler", "reactor")
+#: the kind of a node lost without a word: recorded for it by another node (lost.py),
+#: never returned by :func:`host_fault`
+LOST = "lost"
 
 #: successive ``WORKER_SLOW`` reports of one rank that make it a persistent straggler
 STRAGGLER_STREAK = 3
