@@ -426,9 +426,9 @@ def test_a_zero_config_srun_job_forms_one_two_node_job(tmp_path: Path) -> None:
     variables set by hand), with no rendezvous option at all, form one job of two nodes;
     the job requeued (SLURM_RESTART_COUNT 1) forms again and its ledger rows are its own.
 
-    Every node is this machine: a fake ``scontrol`` on PATH gives n1's NodeAddr as
-    127.0.0.1. That stand-in is acceptable here only until the real SLURM cluster fixture
-    (tests/slurm_cluster.py) runs the same job under a real slurmctld and slurmd."""
+    Every node is this machine: a fake ``scontrol`` on PATH gives every NodeAddr as
+    127.0.0.1. The same job under a real slurmctld and slurmd, each node at its own
+    address, is tests/test_slurm_cluster.py's ``test_eventbus_run_over_two_nodes``."""
     job_id = _free_slurm_job_id()
     for restart in (0, 1):
         ranks = _run_two_agents(tmp_path, job_id, restart)
