@@ -125,8 +125,9 @@ def test_the_score_on_fixed_times() -> None:
 
 def test_the_weights_name_every_kind_of_host_fault() -> None:
     from eventbus.app.launcher.hosts.faults import KINDS
+    from eventbus.app.launcher.hosts.faults import LOST
 
-    assert set(scoring.WEIGHTS) == set(KINDS)
+    assert set(scoring.WEIGHTS) == {*KINDS, LOST}
 
 
 def test_summaries_count_faults_jobs_and_clean_finishes() -> None:

@@ -66,7 +66,7 @@ def _fill(parser: argparse.ArgumentParser, argv: list[str], env: dict[str, str],
           addrs: dict[str, str] | None = None) -> tuple[argparse.Namespace, str | None,
                                                         list[str]]:
     args = parser.parse_args([*argv, "train.py"], namespace=slurm.unset_namespace())
-    asked, run = _scontrol({"n1": "10.1.0.1"} if addrs is None else addrs)
+    asked, run = _scontrol({"n1": "10.1.0.1", "n2": "10.1.0.2"} if addrs is None else addrs)
     line = slurm.fill_args(parser, args, env, scontrol=run)  # type: ignore[arg-type]
     return args, line, asked
 
@@ -81,11 +81,13 @@ def test_an_srun_task_derives_nnodes_the_rendezvous_at_the_first_node_and_its_id
         parser: argparse.ArgumentParser) -> None:
     args, line, asked = _fill(parser, ["--nproc-per-node", "2"], _step_env())
     assert _rdzv(args) == ("3", "c10d", f"10.1.0.1:{PORT}", JOB_ID)
-    assert asked == ["n1"]  # the first node of n[1-3], expanded by the project's hostlist
+    # the first node of n[1-3], expanded by the project's hostlist; then this node
+    assert asked == ["n1", "n2"]
     assert line == (f"SLURM job {JOB_ID} step 0 (3 nodes n[1-3], this one n2): derived "
                     f"--nnodes 3 --rdzv-backend c10d --rdzv-endpoint 10.1.0.1:{PORT} "
-                    f"--rdzv-id {JOB_ID} (n1's NodeAddr); an option given on the command "
-                    "line wins")
+                    f"--rdzv-id {JOB_ID} --local-addr 10.1.0.2 (n1's NodeAddr); an option "
+                    "given on the command line wins")
+    assert args.local_addr == "10.1.0.2"  # what this node advertises: its own NodeAddr
     assert args.nproc_per_node == "2"
     assert args.rdzv_conf == "is_host=0"  # n1 hosts the store, by SLURM's word
 
@@ -108,6 +110,26 @@ def test_the_first_node_hosts_the_rendezvous_store(parser: argparse.ArgumentPars
     assert args.rdzv_conf == "" and line is not None and "this one" not in line
     args, _, _ = _fill(parser, [], _step_env(node="login1"))  # not a node of the step
     assert args.rdzv_conf == ""
+
+
+def test_this_node_advertises_its_own_node_addr(parser: argparse.ArgumentParser) -> None:
+    """--local-addr is this node's NodeAddr (the first node's is asked once); given, or
+    not known to scontrol, or not a node of the step: torch's default (the hostname)."""
+    args, _, asked = _fill(parser, [], _step_env(node="n1"))
+    assert args.local_addr == "10.1.0.1" and asked == ["n1"]
+    args, line, asked = _fill(parser, ["--local-addr", "mine"], _step_env())
+    assert args.local_addr == "mine" and asked == ["n1"]
+    assert line is not None and "--local-addr" not in line.split(";")[0]
+    args, line, _ = _fill(parser, [], _step_env(node="n3"))
+    assert args.local_addr is None and line is not None and "--local-addr" not in line
+    args, _, asked = _fill(parser, [], _step_env(node="login1"))
+    assert args.local_addr is None and asked == ["n1"]
+    # the rendezvous given by hand: this node's address is still derived
+    argv = ["--nnodes", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1",
+            "--rdzv-id", "x"]
+    args, line, asked = _fill(parser, argv, _step_env())
+    assert args.local_addr == "10.1.0.2" and asked == ["n2"]
+    assert line is not None and "derived --local-addr 10.1.0.2;" in line
 
 
 def test_the_step_not_the_job_gives_the_nodes(parser: argparse.ArgumentParser) -> None:
@@ -177,18 +199,21 @@ def test_options_given_win_one_by_one(parser: argparse.ArgumentParser) -> None:
     assert "given: --nnodes, --rdzv-id" in line
     args, _, asked = _fill(parser, ["--rdzv-endpoint", "head:29400"], _step_env())
     # an endpoint given keeps torchrun's backend: the rendezvous is the user's
-    assert _rdzv(args) == ("3", "static", "head:29400", JOB_ID) and asked == []
+    assert _rdzv(args) == ("3", "static", "head:29400", JOB_ID) and asked == ["n2"]
     args, _, _ = _fill(parser, ["--rdzv-backend", "c10d"], _step_env())
     assert args.rdzv_endpoint == f"10.1.0.1:{PORT}"
     args, _, asked = _fill(parser, ["--rdzv-backend", "etcd-v2"], _step_env())
-    assert (args.rdzv_backend, args.rdzv_endpoint, asked) == ("etcd-v2", "", [])
+    assert (args.rdzv_backend, args.rdzv_endpoint, asked) == ("etcd-v2", "", ["n2"])
 
 
 def test_all_given_derives_nothing_and_says_nothing(parser: argparse.ArgumentParser) -> None:
     argv = ["--nnodes", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1",
-            "--rdzv-id", "x"]
+            "--rdzv-id", "x", "--local-addr", "a"]
     args, line, asked = _fill(parser, argv, _step_env())
     assert _rdzv(args) == ("3", "c10d", "h:1", "x") and line is None and asked == []
+    # this node unknown to scontrol: nothing derived, nothing said
+    args, line, _ = _fill(parser, argv[:-2], _step_env(), {})
+    assert args.local_addr is None and line is None
 
 
 def test_torchruns_environment_options_count_as_given(parser: argparse.ArgumentParser,
@@ -390,8 +415,8 @@ def _run_two_agents(tmp_path: Path, job_id: str, restart: int) -> dict[int, dict
         assert derived == [
             f"eventbus: SLURM job {job_id} step 0 (2 nodes n[1-2], this one {node}): "
             f"derived --nnodes 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} "
-            f"--rdzv-id {job_id} (n1's NodeAddr{hosts}); an option given on the command "
-            "line wins"], err[-4000:]
+            f"--rdzv-id {job_id} --local-addr 127.0.0.1 (n1's NodeAddr{hosts}); an option "
+            "given on the command line wins"], err[-4000:]
     return {int(p.stem[4:]): json.loads(p.read_text()) for p in out.glob("rank*.json")}
 
 
@@ -401,9 +426,9 @@ def test_a_zero_config_srun_job_forms_one_two_node_job(tmp_path: Path) -> None:
     variables set by hand), with no rendezvous option at all, form one job of two nodes;
     the job requeued (SLURM_RESTART_COUNT 1) forms again and its ledger rows are its own.
 
-    Every node is this machine: a fake ``scontrol`` on PATH gives n1's NodeAddr as
-    127.0.0.1. That stand-in is acceptable here only until the real SLURM cluster fixture
-    (tests/slurm_cluster.py) runs the same job under a real slurmctld and slurmd."""
+    Every node is this machine: a fake ``scontrol`` on PATH gives every NodeAddr as
+    127.0.0.1. The same job under a real slurmctld and slurmd, each node at its own
+    address, is tests/test_slurm_cluster.py's ``test_eventbus_run_over_two_nodes``."""
     job_id = _free_slurm_job_id()
     for restart in (0, 1):
         ranks = _run_two_agents(tmp_path, job_id, restart)
@@ -421,3 +446,11 @@ def test_a_zero_config_srun_job_forms_one_two_node_job(tmp_path: Path) -> None:
     requeued = f"{job_id}+requeue1"
     assert rows == [("n1", job_id, 0, 1), ("n1", requeued, 0, 1),
                     ("n2", job_id, 0, 1), ("n2", requeued, 0, 1)]
+
+
+def test_the_docs_show_the_template_verbatim() -> None:
+    """docs/slurm.md's template is examples/slurm/train.sbatch, byte for byte."""
+    root = Path(__file__).resolve().parents[1]
+    template = (root / "examples" / "slurm" / "train.sbatch").read_text()
+    page = (root / "docs" / "slurm.md").read_text()
+    assert f"```bash\n{template}```\n" in page

@@ -198,8 +198,10 @@ def test_signal_before_the_time_limit_reaches_the_step(
 
 def test_eventbus_run_over_two_nodes(slurm_cluster: SlurmCluster,
                                      early: dict[str, tuple[int, Path]]) -> None:
-    """examples/slurm/train.sbatch: one ``python -m eventbus run`` agent per node, c10d
-    rendezvous at the first node's address, gloo between the nodes' own addresses."""
+    """examples/slurm/train.sbatch: one ``python -m eventbus run`` agent per node, with
+    no rendezvous option (zero configuration under srun, docs/slurm.md): c10d rendezvous
+    at the first node's NodeAddr, each node advertising its own NodeAddr (its hostname
+    resolves to loopback here), gloo between the nodes' own addresses."""
     job, out = early["eventbus"]
     info = slurm_cluster.wait(job, timeout=150)
     log = next(out.glob("slurm-*.out")).read_text(errors="replace")
@@ -210,3 +212,12 @@ def test_eventbus_run_over_two_nodes(slurm_cluster: SlurmCluster,
     assert len(nodes) == 2 and "n3" not in nodes, ranks
     assert {r[2] for r in ranks} == {slurm_cluster.node(n).addr for n in nodes}, ranks
     assert (out / "ckpt.pt.txt").read_text().startswith("step 20 "), log
+    port = 15000 + job % 10000
+    first = slurm_cluster.node(sorted(nodes)[0]).addr
+    for node in nodes:
+        hosts = "; this node hosts the rendezvous" if slurm_cluster.node(node).addr == first else ""
+        assert (f"eventbus: SLURM job {job} step 0 (2 nodes {info['NodeList']}, this one "
+                f"{node}): derived --nnodes 2 --rdzv-backend c10d --rdzv-endpoint "
+                f"{first}:{port} --rdzv-id {job} --local-addr "
+                f"{slurm_cluster.node(node).addr} ({sorted(nodes)[0]}'s NodeAddr{hosts}); an "
+                "option given on the command line wins") in log, log

@@ -91,6 +91,7 @@ from eventbus.app.launcher.group.processes import peek_exit
 from eventbus.app.launcher.group.workers import Workers
 from eventbus.app.launcher.hosts.book import DEFAULT_EVICT_AFTER
 from eventbus.app.launcher.hosts.eviction import Eviction
+from eventbus.app.launcher.hosts.lost import LostNodes
 from eventbus.app.launcher.job_health import Health
 from eventbus.app.launcher.recovery import membership
 from eventbus.app.launcher.recovery.formation import Formation
@@ -242,6 +243,10 @@ class EventAgent(LocalElasticAgent):
             self.bus, evict_after=evict_after, ledger=host_ledger,
             run_id=str(spec.rdzv_handler.get_run_id()),
             local=lambda: {w.global_rank for w in self._worker_group.workers})
+        #: the nodes of the last round gone without a word (lost.py), and the hosts that
+        #: said why they left (their HOST_EVICTED)
+        self.lost = LostNodes(self.eviction.host)
+        self._gone_by_word: set[str] = set()
         #: why the last failure was decided: "stall" (a verdict) or "failure"
         self.last_failure_cause: str | None = None
         #: the job-wide STOP key (several nodes only; remote_stop.py, stop_signal.py)
@@ -287,7 +292,10 @@ class EventAgent(LocalElasticAgent):
                                where=lambda event: event.context.pid == os.getpid()),
             # a straggler this agent judged counts against its host when the rank is ours
             self.bus.subscribe(EventType.WORKER_SLOW, on_event=self.eviction.slow,
-                               where=lambda event: event.context.pid == os.getpid())]
+                               where=lambda event: event.context.pid == os.getpid()),
+            # a node that said why it left is not lost (lost.py)
+            self.bus.subscribe(EventType.HOST_EVICTED, on_event=lambda event:
+                               self._gone_by_word.add(str(getattr(event, "host", ""))))]
         #: job health: the watches, the judge and the stall path (health.py)
         self.health = Health(self.bus, stall_timeout=stall_timeout, slow_factor=slow_factor,
                              stall_auto_floor_s=stall_auto_floor_s, progress=progress,
@@ -498,18 +506,28 @@ class EventAgent(LocalElasticAgent):
             raise
         duration = time.perf_counter() - started
         self.restarts.rendezvous(wall, wall + duration)
+        last_attempt = self.attempt
         if self.formation.formed_as(worker_group.spec.rdzv_handler,
                                     predicted=self._next_attempt()):
             self.health.new_attempt(self.attempt)  # rounds went by without this node
         os.environ[ATTEMPT_ENV] = str(self.attempt)  # the workers' (context.py)
         _set_context(worker_group, self.attempt)
+        lost = self.lost.formed(worker_group.spec.rdzv_handler, worker_group.store,
+                                gone_by_word=self._gone_by_word)
         self.bus.record(
             EventType.RENDEZVOUS, state="SUCCEEDED", name=name, duration_s=duration,
             data={"group_rank": worker_group.group_rank,
                   "group_world_size": worker_group.group_world_size,
                   "master_addr": worker_group.master_addr,
-                  "master_port": worker_group.master_port},
+                  "master_port": worker_group.master_port,
+                  **({"lost": lost} if lost else {})},
         )
+        if lost and worker_group.group_rank == 0:  # said and recorded once, by rank 0
+            console.write(f"eventbus: {', '.join(lost)} lost: gone from the rendezvous "
+                          f"without a word after attempt {last_attempt}; attempt "
+                          f"{self.attempt} goes on with {worker_group.group_world_size} "
+                          "nodes (a lost fault in the host ledger)")
+            self.eviction.lost(lost, last_attempt)
         self.remote_stop.watch(lambda: self.rendezvous_info(worker_group),
                                worker_group.group_world_size or 1)
         self.health.rendezvous(

@@ -13,6 +13,7 @@ summary beside it (``PATH.txt``). With ``--report-dir``, each rank also writes
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import socket
 from pathlib import Path
@@ -31,6 +32,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--checkpoint", type=Path, required=True)
     parser.add_argument("--report-dir", type=Path, default=None)
+    parser.add_argument("--collective-timeout", type=float, default=None, metavar="SECONDS",
+                        help="a collective waiting longer for a peer fails (default: "
+                             "torch's 30 min); an elastic job's survivors of a lost node "
+                             "restart without it after this")
     return parser.parse_args(argv)
 
 
@@ -50,7 +55,9 @@ def save(path: Path, step: int, model: torch.nn.Module, loss: float) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    dist.init_process_group("gloo")
+    timeout = (None if args.collective_timeout is None
+               else datetime.timedelta(seconds=args.collective_timeout))
+    dist.init_process_group("gloo", timeout=timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.report_dir is not None:
         node = os.environ.get("SLURMD_NODENAME", socket.gethostname())

@@ -44,6 +44,7 @@ from typing import Any
 from eventbus.app.launcher.cli import console
 from eventbus.app.launcher.decisions.decider import Ending
 from eventbus.app.launcher.hosts.book import HostBook
+from eventbus.app.launcher.hosts.faults import LOST
 from eventbus.app.launcher.hosts.faults import Failure
 from eventbus.app.launcher.hosts.faults import host_fault
 from eventbus.app.launcher.hosts.faults import take_mark
@@ -289,6 +290,21 @@ class Eviction:
             except Exception:  # the ledger never fails the job
                 logger.exception("eventbus: the host ledger's row could not be queued")
         self.book.new_attempt()
+
+    def lost(self, hosts: Sequence[str], attempt: int) -> None:
+        """Record other nodes lost after ``attempt`` (lost.py): a row of that attempt for
+        each, with a ``lost`` fault; they could not write their own."""
+        if self.writer is None:
+            return
+        from eventbus.app.launcher.hosts.host_ledger import HostOutcome
+
+        for host in hosts:
+            try:
+                self.writer.record(HostOutcome(
+                    host=host, job=ledger_job(self.run_id), attempt=attempt,
+                    time=time.time(), faults={LOST: 1}, clean=False))
+            except Exception:  # the ledger never fails the job
+                logger.exception("eventbus: the host ledger's row could not be queued")
 
     # -- the eviction --------------------------------------------------------------------------
     def announce(self) -> None:

@@ -19,6 +19,8 @@ earns, so the rule below is narrow and in one place, torch-free, and tested as a
                 the rank that never entered the collective its peers wait in)
 ``straggler``   the rank was reported slow :data:`STRAGGLER_STREAK` times in a row
 ``reactor``     a reactor said so (:func:`mark_host_fault`)
+``lost``        the node left the rendezvous without a word (dead, cut off): recorded for
+                it by the next round's group rank 0 (lost.py), never by :func:`host_fault`
 ==============  =========================================================================
 
 Never a host fault: a Python exception of the script (``RuntimeError``, ``ValueError``,
@@ -48,6 +50,7 @@ import attrs
 
 __all__ = [
     "KINDS",
+    "LOST",
     "STRAGGLER_STREAK",
     "Failure",
     "host_fault",
@@ -59,6 +62,9 @@ __all__ = [
 
 #: every kind :func:`host_fault` returns, in the order of the module docstring's table
 KINDS = ("signal", "oom", "ecc", "cuda", "nccl", "hang", "straggler", "reactor")
+#: the kind of a node lost without a word: recorded for it by another node (lost.py),
+#: never returned by :func:`host_fault`
+LOST = "lost"
 
 #: successive ``WORKER_SLOW`` reports of one rank that make it a persistent straggler
 STRAGGLER_STREAK = 3

@@ -53,6 +53,7 @@ WEIGHTS: Mapping[str, float] = {
     "nccl": 0.5,
     "hang": 0.5,
     "straggler": 0.25,
+    "lost": 1.0,
 }
 
 #: the weight of a kind this version does not know (written by a newer eventbus)

@@ -10,7 +10,10 @@ numbered ``SLURM_STEP_ID`` set), the options not given are derived:
   the name where that cannot be read), on a port every node computes alike from the job id
   (:func:`rendezvous_port`); the first node hosts its store (``--rdzv-conf is_host=1``,
   ``is_host=0`` on the others, where ``--rdzv-conf`` does not say);
-* ``--rdzv-id``: the job id; ``ARRAYJOB_TASK`` for a task of an array job.
+* ``--rdzv-id``: the job id; ``ARRAYJOB_TASK`` for a task of an array job;
+* ``--local-addr``: this node's own ``NodeAddr`` (``SLURMD_NODENAME``'s), the address
+  the node advertises to the others (rank 0's node as the workers' ``MASTER_ADDR``), where
+  torch would take the machine's hostname, which need not resolve to it.
 
 ``--standalone`` derives nothing. More than one task on a node is a usage error
 (:class:`SlurmUsageError`): the agent is the node's one launcher. An allocation's shell
@@ -71,7 +74,7 @@ SCONTROL_TIMEOUT_S = 10.0
 _SPECIAL_STEP_IDS = 0xFFFFFFFA
 
 #: the torchrun options this module may derive (argparse's dests)
-DERIVED_DESTS = ("nnodes", "rdzv_backend", "rdzv_endpoint", "rdzv_id")
+DERIVED_DESTS = ("nnodes", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "local_addr")
 
 _NODE_ADDR = re.compile(r"(?:^|\s)NodeAddr=(\S+)")
 _TASKS = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
@@ -273,8 +276,9 @@ def derive(step: SlurmStep, given: Mapping[str, str], *,
     if "rdzv_backend" not in given and "rdzv_endpoint" not in given:
         values["rdzv_backend"] = "c10d"
     backend = values.get("rdzv_backend", given.get("rdzv_backend", "static"))
+    first = step.nodes[0]
+    addr: str | None = None
     if "rdzv_endpoint" not in given and backend == "c10d":
-        first = step.nodes[0]
         addr = node_addr(first, scontrol)
         host = addr or first
         host = f"[{host}]" if ":" in host else host  # an IPv6 NodeAddr
@@ -287,6 +291,11 @@ def derive(step: SlurmStep, given: Mapping[str, str], *,
                 notes.append("this node hosts the rendezvous")
     if "rdzv_id" not in given:
         values["rdzv_id"] = step.rdzv_id
+    if "local_addr" not in given and step.node is not None and step.node in step.nodes:
+        own = addr if step.node == first and addr is not None else node_addr(step.node,
+                                                                            scontrol)
+        if own is not None:
+            values["local_addr"] = own
     shown = " ".join(f"--{d.replace('_', '-')} {values[d]}" for d in DERIVED_DESTS
                      if d in values)
     where = f"{step.nnodes} node{'s' if step.nnodes > 1 else ''} {step.nodelist}"
@@ -346,7 +355,8 @@ def fill_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
         if step is not None:
             check_one_task_per_node(step, environ)
             derivation = derive(step, given, scontrol=scontrol)
-            derived, line = derivation.values, derivation.line
+            derived = derivation.values
+            line = derivation.line if derived else None
             if derivation.is_host is not None:
                 args.rdzv_conf = _with_is_host(getattr(args, "rdzv_conf", "") or "",
                                                derivation.is_host)
