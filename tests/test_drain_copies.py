@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +21,7 @@ from eventbus.app.launcher.drain.notices import NoticeBoard
 from eventbus.app.launcher.drain.state import Drain
 from eventbus.app.protocol import drain_signals as protocol
 from eventbus.app.worker import drain_signals
+from tests.conftest import ROOT
 
 
 class Clock:
@@ -157,3 +161,52 @@ def test_a_scripts_own_handler_replaces_the_bootstraps(taken: None) -> None:
 def test_nothing_is_taken_without_the_agents_variable(taken: None) -> None:
     assert drain_signals.install({}) == ()
     assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
+
+
+def test_the_agents_stop_is_marked_while_it_lasts_nested_or_not(tmp_path: Path) -> None:
+    mark = tmp_path / "stop"
+    with protocol.agent_stopping(str(mark)):
+        assert mark.exists()
+        with protocol.agent_stopping(str(mark)):
+            assert mark.exists()
+        assert mark.exists()  # the outer stop still signals
+    assert not mark.exists()
+    with protocol.agent_stopping(""):  # no path: nothing to mark
+        pass
+
+
+_WORKER = """
+import os, signal, sys, time
+from eventbus.app.worker import drain_signals
+drain_signals.install({"EVENTBUS_DRAIN_SIGNALS": "SIGTERM", "EVENTBUS_AGENT_STOP": sys.argv[1]})
+print("ready", flush=True)
+deadline = time.monotonic() + 5
+while not drain_signals.state().seen and time.monotonic() < deadline:
+    time.sleep(0.01)
+print(drain_signals.state().seen, flush=True)
+"""
+
+
+@pytest.mark.parametrize("marked", [True, False], ids=["agent-stops", "scheduler-signals"])
+def test_a_worker_dies_of_its_agents_stop_and_lives_through_the_schedulers_signal(
+        tmp_path: Path, marked: bool) -> None:
+    """The agent's own SIGTERM (a stall's stop, a failure's survivors) comes while its
+    stop is marked: the worker dies of it, as without the bootstrap's handler. The same
+    signal unmarked is the scheduler's: the worker lives on (and would ask its agent)."""
+    mark = tmp_path / "stop"
+    child = subprocess.Popen([sys.executable, "-c", _WORKER, str(mark)],
+                             stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        with protocol.agent_stopping(str(mark) if marked else ""):
+            child.send_signal(signal.SIGTERM)
+            code = child.wait(timeout=10) if marked else None
+        if not marked:
+            out, _ = child.communicate(timeout=10)
+            assert child.returncode == 0 and "asked" in out, out
+        else:
+            assert code == -signal.SIGTERM
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=10)

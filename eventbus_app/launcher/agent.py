@@ -106,6 +106,7 @@ from eventbus.app.plugins import AgentPlugin
 from eventbus.app.plugins import RendezvousInfo
 from eventbus.app.plugins import entry_point_plugins
 from eventbus.app.protocol.drain_signals import DEFAULT_SIGNAL_WINDOW_S
+from eventbus.app.protocol.drain_signals import agent_stopping
 from eventbus.app.worker import bootstrap_args
 from eventbus.app.worker import run_attached
 from eventbus.bus import Bus
@@ -150,6 +151,23 @@ def default_plugins() -> list[AgentPlugin]:
 class _DrainEnded(Exception):
     """Raised out of torch's agent loop where it would start workers during a drain."""
 
+
+
+def _mark_closes(pcontext: Any) -> None:
+    """Torch's process context signals the workers from its ``close()``: on a failure
+    (inside ``wait()``, the survivors), a restart, the agent's shutdown. Each call is
+    marked as the agent's own stop, so no worker takes it for a scheduler's drain signal
+    (protocol/drain_signals.py, ``agent_stopping``)."""
+    close = getattr(pcontext, "close", None)
+    if close is None or getattr(close, "_eventbus_marked", False):
+        return
+
+    def marked(*args: Any, **kwargs: Any) -> Any:
+        with agent_stopping():
+            return close(*args, **kwargs)
+
+    marked._eventbus_marked = True  # type: ignore[attr-defined]
+    pcontext.close = marked
 
 class EventAgent(LocalElasticAgent):
     """``LocalElasticAgent`` with the bus attached.
@@ -557,6 +575,7 @@ class EventAgent(LocalElasticAgent):
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         with self.restarts.starting(), self.worker_store.hosting(worker_group):
             pids: dict[int, Any] = super()._start_workers(worker_group)
+        _mark_closes(self._pcontext)
         workers = worker_group.workers
         self.restarts.started(self.attempt, workers[0].world_size if workers else 0)
         self.drain.install()  # torch's process context took SIGTERM for itself

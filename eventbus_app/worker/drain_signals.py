@@ -15,6 +15,9 @@ script's bytecodes) does one of three things:
   any drain;
 * **a later copy** during the drain (a second signal: the scheduler insists; the agent's
   forward at the deadline): the signal's default action, as without the handler;
+* **the agent's own stop** (a stall, a failure's survivors, a restart: the agent marks
+  it, :func:`~eventbus.app.protocol.drain_signals.agent_stopping`): the default action,
+  so the worker dies of it as it would without the handler;
 * **the bootstrap's own "signal now"** for a script that acts on no drain
   (:func:`default_action`): the default action too.
 
@@ -35,6 +38,7 @@ from typing import Any
 from eventbus import preemption
 from eventbus.app.protocol.drain_signals import DEFAULT_SIGNAL_WINDOW_S
 from eventbus.app.protocol.drain_signals import ENV_AGENT_PID
+from eventbus.app.protocol.drain_signals import ENV_AGENT_STOP
 from eventbus.app.protocol.drain_signals import ENV_DRAIN_SIGNALS
 from eventbus.app.protocol.drain_signals import ENV_DRAIN_WINDOW
 from eventbus.app.protocol.drain_signals import ask_signal
@@ -48,6 +52,8 @@ class _State:
         self.taken: dict[int, int] = {}
         self.window_s = DEFAULT_SIGNAL_WINDOW_S
         self.agent_pid: int | None = None
+        #: the file that exists while the agent stops its workers itself
+        self.agent_stop: str | None = None
         #: monotonic time of the first copy handled here
         self.first: float | None = None
         #: signals whose next delivery gets the default action
@@ -79,6 +85,7 @@ def install(environ: Mapping[str, str] | None = None) -> tuple[int, ...]:
         _state.window_s = max(0.0, float(env.get(ENV_DRAIN_WINDOW, "")))
     with contextlib.suppress(ValueError):
         _state.agent_pid = int(env.get(ENV_AGENT_PID, ""))
+    _state.agent_stop = env.get(ENV_AGENT_STOP) or None
     for index, name in enumerate(names):
         signum = getattr(signals, name, None)
         if not isinstance(signum, int) or signum in (signals.SIGKILL, signals.SIGSTOP):
@@ -110,7 +117,8 @@ def _handle(signum: int, frame: Any) -> None:
     drain = preemption.current_drain()
     late = began is not None and now - began > _state.window_s
     due = drain is not None and drain.seconds_left() <= 0.5
-    if signum in _state.release or late or due:
+    stopping = _state.agent_stop is not None and os.path.exists(_state.agent_stop)
+    if signum in _state.release or late or due or stopping:
         _state.seen.append((signum, "default"))
         signals.signal(signum, signals.SIG_DFL)
         os.kill(os.getpid(), signum)

@@ -12,6 +12,7 @@ instead of their monitor while a drain is active (docs/preemption.md).
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ from eventbus.app.launcher.group.exits import ExitBook
 from eventbus.app.launcher.group.workers import Workers
 from eventbus.app.protocol.drain_signals import DEFAULT_SIGNAL_WINDOW_S
 from eventbus.app.protocol.drain_signals import ENV_AGENT_PID
+from eventbus.app.protocol.drain_signals import ENV_AGENT_STOP
 from eventbus.app.protocol.drain_signals import ENV_DRAIN_SIGNALS
 from eventbus.app.protocol.drain_signals import ENV_DRAIN_WINDOW
 from eventbus.app.protocol.host_faults import HOST_FAULT_KEY
@@ -73,8 +75,11 @@ class DrainMonitor:
             os.environ[ENV_DRAIN_SIGNALS] = ",".join(signals_)
             os.environ[ENV_DRAIN_WINDOW] = repr(float(window_s))
             os.environ[ENV_AGENT_PID] = str(os.getpid())
+            # the agent's own stops are marked here (protocol/drain_signals.py)
+            os.environ[ENV_AGENT_STOP] = os.path.join(
+                tempfile.gettempdir(), f"eventbus-agent-stop-{os.getpid()}")
         else:
-            for name in (ENV_DRAIN_SIGNALS, ENV_DRAIN_WINDOW, ENV_AGENT_PID):
+            for name in (ENV_DRAIN_SIGNALS, ENV_DRAIN_WINDOW, ENV_AGENT_PID, ENV_AGENT_STOP):
                 os.environ.pop(name, None)
 
     def announce(self, drain: Drain) -> None:

@@ -24,6 +24,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from eventbus.app.launcher.group.exits import ExitBook
 from eventbus.app.launcher.group.processes import stop_processes
+from eventbus.app.protocol.drain_signals import agent_stopping
 from eventbus.bus import Bus
 from eventbus.events import EventType
 from eventbus.events import WorkerExit
@@ -88,9 +89,10 @@ class Workers:
         30 min with gloo/NCCL). Each is reported as stopped by the agent (``WORKER_EXIT``
         with ``cause``, ``message`` "stopped by the agent: WHY", ``data[rank]`` added), and
         the FAILED result that torch's loop restarts or ends the job with is returned."""
-        stop_processes({pid: rank for rank, (_, pid) in live.items()},
-                       grace_s=self.grace_s if grace_s is None else grace_s,
-                       alive=lambda pid: self.peek(pid) is None, signum=signum)
+        with agent_stopping():  # the signal is this agent's, not a scheduler's
+            stop_processes({pid: rank for rank, (_, pid) in live.items()},
+                           grace_s=self.grace_s if grace_s is None else grace_s,
+                           alive=lambda pid: self.peek(pid) is None, signum=signum)
         attempt = self._attempt()
         failures: dict[int, ProcessFailure] = {}
         for rank, (local_rank, pid) in sorted(live.items()):
