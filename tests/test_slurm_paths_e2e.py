@@ -74,7 +74,7 @@ def _submit(cluster: SlurmCluster, name: str, port: int, *args: str,
         env={"PYTHON": sys.executable, "PYTHONPATH": str(ROOT), "RDZV_PORT": str(port),
              "SCRIPT": str(ROOT / "tests" / "jobs" / "drain_train.py"),
              "GLOO_SOCKET_IFNAME": "eth0", "DRAIN_OUT": str(out), "DRAIN_STEP_S": "0.05",
-             "DRAIN_GRACE": f"{grace:g}", "DRAIN_READY_AT": "20"})
+             "DRAIN_GRACE": f"{grace:g}", "DRAIN_READY_AT": "20", "DRAIN_SAVE_S": "0.05"})
     return job, out
 
 
