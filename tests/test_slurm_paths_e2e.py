@@ -3,12 +3,16 @@ time limit with ``--signal=USR1@N``, ``scontrol requeue`` from outside, and pree
 a job of the higher-priority partition ``high`` (``PreemptMode=REQUEUE``).
 
 Each is a two-node ``python -m eventbus run`` job of tests/jobs/drain_train.py (one worker
-per node, ``--drain-grace 2``, each node's events in a file of its own per run). Each
-drains as one: one ``eventbus:`` line per node, "every rank stopped at step N", both
-ranks' checkpoints at N, no worker killed by the signal, one ``PREEMPTING`` across the
-nodes' events files; then the job runs again (``Restarts=1``: requeued once, by the agent
-after the time limit, by SLURM itself after ``scontrol requeue`` and the preemption),
-resumes from step N and ends ``COMPLETED``.
+per node, each node's events in a file of its own per run). Each drains as one: the
+``eventbus:`` lines name one stop step N, both ranks' checkpoints are at N, no worker
+ends on the signal itself, the nodes' events files hold one ``PREEMPTING``; then the job
+runs again (``Restarts=1``: requeued once, by the agent after the time limit, by SLURM
+itself after ``scontrol requeue`` and the preemption), resumes from step N and ends
+``COMPLETED``. After the time limit's SIGUSR1 (``--drain-grace 10``) every rank also
+exits within the grace, one line per node. After a SIGTERM, this cluster's ``KillWait``
+of 2 s leaves a 1 s grace: the ranks agree the step and save within it, but SLURM's
+SIGKILL may take a worker still exiting and an agent's last line (docs/preemption.md,
+"SLURM's paths").
 
 The three jobs are submitted together by a module fixture and run side by side (one CPU
 of each of their nodes; each its own rendezvous port): the time limit's job and the
