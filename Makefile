@@ -90,7 +90,8 @@ slurm:
 	    2>/dev/null || :; \
 	else echo "slurm: no$$missing and no apt-get; the Slurm cluster tests will skip"; fi
 
-# About 3 minutes on 2 cores, lint and the pure-Python re-run included: everything but
+# About 3 minutes on 2 cores (74 s of it the fast suite, on two workers), lint and the
+# pure-Python re-run included: everything but
 # the tests marked slow (real torchrun / `eventbus run` / elastic_launch jobs, long
 # subprocesses, load and stress runs, the wheel build, the demo). `make test-slow` runs
 # those; CI runs both (.ci/run).
