@@ -22,11 +22,14 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import psutil
 import pytest
 
-from tests.reliability.test_drain_jobs import Job
-from tests.reliability.test_drain_jobs import _free_port
+# the test extra installs psutil; the torch-free runs on other Pythons (make test-pythons)
+# have neither it nor these jobs
+psutil = pytest.importorskip("psutil")
+
+from tests.reliability.test_drain_jobs import Job  # noqa: E402
+from tests.reliability.test_drain_jobs import _free_port  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
