@@ -1,4 +1,4 @@
-"""The drain's rules (eventbus/app/launcher/drain.py) on a fake clock, its signals with real
+"""The drain's rules (eventbus/app/launcher/drain/state.py) on a fake clock, its signals with real
 signals to this process, and how the decider ends a drained job; the options' parsers."""
 
 from __future__ import annotations
