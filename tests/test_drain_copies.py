@@ -1,4 +1,4 @@
-"""One signal's copies are one drain (eventbus/app/launcher/drain.py on a fake clock), a
+"""One signal's copies are one drain (eventbus/app/launcher/drain/state.py on a fake clock), a
 worker's ask starts a drain but never escalates one, the job's one PREEMPTING (the notice
 board's claim, drain_monitor.py), and the worker bootstrap's handler of a drain signal
 (eventbus/app/worker/drain_signals.py) with real signals to this process."""
