@@ -22,14 +22,7 @@ from eventbus.app.launcher.drain.state import Drain
 from eventbus.app.protocol import drain_signals as protocol
 from eventbus.app.worker import drain_signals
 from tests.conftest import ROOT
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.test_drain import Clock
 
 
 def _drain(**kw: Any) -> tuple[Drain, Clock]:

@@ -11,13 +11,11 @@ STOP ended it.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import difflib
 import importlib
 import inspect
 import logging
 import os
-import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -28,6 +26,7 @@ from eventbus.app.launcher.cli import abbrev
 from eventbus.app.launcher.cli import console
 from eventbus.app.launcher.cli import options
 from eventbus.app.launcher.decisions import exit_codes
+from eventbus.app.launcher.drain.slurm import requeue_after_job
 from eventbus.app.launcher.hosts.book import DEFAULT_EVICT_AFTER
 from eventbus.app.launcher.slurm import environment as slurm
 from eventbus.app.plugins import AgentPlugin
@@ -503,23 +502,6 @@ def main(argv: Sequence[str] | None = None, *,
         _goodput_line(tracker)
         requeue_after_job(agents)  # under SLURM: last, as it ends the job's processes
     return 0
-
-
-def requeue_after_job(agents: Sequence[Any]) -> None:
-    """Under SLURM, the requeue of a drained or evicted job (drain/slurm.py), by the agent
-    that announced the drain or whose host was evicted. SLURM's requeue signals every
-    process of the job, this one too: from here on the drain signals are ignored."""
-    chosen = [agent for agent in agents if agent.evicted or (
-        agent.drain.active and agent.draining.announced)]
-    if not chosen:
-        return
-    for name in chosen[0].drain.signal_names:
-        with contextlib.suppress(Exception):
-            signal.signal(getattr(signal, name), signal.SIG_IGN)
-    for agent in chosen[:1]:
-        host = (os.environ.get("SLURMD_NODENAME") or agent.eviction.host) \
-            if agent.evicted else None
-        agent.slurm_drain.after(announced=agent.draining.announced, bad_host=host)
 
 
 def _refuse_bad_host(args: argparse.Namespace) -> bool:

@@ -137,6 +137,17 @@ def _no_agent_traceback(job: Job) -> None:
     assert not agent, job.stderr[-4000:]
 
 
+
+def _finish_all(jobs: Sequence[Job]) -> None:
+    """Each job to its end; any still running after that (a failed wait) killed."""
+    try:
+        for job in jobs:
+            job.finish()
+    finally:
+        for job in jobs:
+            if job.proc.poll() is None:
+                job.kill()
+
 @pytest.mark.timeout(180)
 def test_sigterm_drains_every_rank_at_one_step_with_its_checkpoint(
         tmp_path: Path, figure: Callable[[int, str], None]) -> None:
@@ -345,12 +356,8 @@ def test_two_nodes_a_signal_to_node_1_drains_both_at_one_step(tmp_path: Path) ->
         for job in jobs:
             job.wait_for("ready_rank0", "ready_rank1")
         jobs[1].signal()
-        for job in jobs:
-            job.finish()
     finally:
-        for job in jobs:
-            if job.proc.poll() is None:
-                job.kill()
+        _finish_all(jobs)
     stops = [jobs[0].json(f"stopped_rank{r}.json")["step"] for r in (0, 1)]
     assert stops[0] == stops[1], stops
     for node, job in enumerate(jobs):

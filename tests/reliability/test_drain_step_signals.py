@@ -29,6 +29,7 @@ import pytest
 psutil = pytest.importorskip("psutil")
 
 from tests.reliability.test_drain_jobs import Job  # noqa: E402
+from tests.reliability.test_drain_jobs import _finish_all  # noqa: E402
 from tests.reliability.test_drain_jobs import _free_port  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -55,16 +56,6 @@ def _signal_step(jobs: Sequence[Job], signum: int) -> None:
 def _no_worker_signalled(job: Job) -> None:
     codes = {e["worker_id"]: e["exit_code"] for e in job.events("WORKER_EXIT")}
     assert codes and all(code == 0 for code in codes.values()), (codes, job.stderr[-3000:])
-
-
-def _finish_all(jobs: Sequence[Job]) -> None:
-    try:
-        for job in jobs:
-            job.finish()
-    finally:
-        for job in jobs:
-            if job.proc.poll() is None:
-                job.kill()
 
 
 @pytest.mark.timeout(240)

@@ -167,13 +167,17 @@ def parse_drain_signals(text: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _seconds(text: str, example: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds (e.g. {example}), got "
+                                         f"{text!r}") from None
+
+
 def parse_drain_grace(text: str) -> float:
     """``--drain-grace``: seconds, > 0 (finite)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds (e.g. 20 or 90.5), got "
-                                         f"{text!r}") from None
+    value = _seconds(text, "20 or 90.5")
     if not 0 < value < 86_400:
         raise argparse.ArgumentTypeError(f"expected seconds above 0 and below a day, got "
                                          f"{text!r}")
@@ -182,11 +186,7 @@ def parse_drain_grace(text: str) -> float:
 
 def parse_signal_window(text: str) -> float:
     """``--drain-signal-window``: seconds, 0 or more (0: every later copy escalates)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds (e.g. 3 or 0.5), got "
-                                         f"{text!r}") from None
+    value = _seconds(text, "3 or 0.5")
     if not 0 <= value <= 600:
         raise argparse.ArgumentTypeError(f"expected seconds from 0 to 600, got {text!r}")
     return value

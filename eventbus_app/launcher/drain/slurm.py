@@ -11,8 +11,12 @@ the drain :func:`~eventbus.app.launcher.slurm.control.needed_s` before it: the r
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import threading
+from collections.abc import Sequence
+from typing import Any
 
 from eventbus.app.launcher.cli import console
 from eventbus.app.launcher.drain.state import Drain
@@ -21,8 +25,9 @@ from eventbus.app.launcher.slurm.control import drain_at
 from eventbus.app.launcher.slurm.control import fit_grace
 from eventbus.app.launcher.slurm.control import needed_s
 from eventbus.app.launcher.slurm.control import requeue_after
+from eventbus.app.launcher.slurm.environment import node_name
 
-__all__ = ["TIME_LIMIT", "SlurmDrain"]
+__all__ = ["TIME_LIMIT", "SlurmDrain", "requeue_after_job"]
 
 logger = logging.getLogger("eventbus")
 
@@ -101,3 +106,20 @@ class SlurmDrain:
 
     def close(self) -> None:
         self._done.set()
+
+
+def requeue_after_job(agents: Sequence[Any]) -> None:
+    """Under SLURM, at the end of ``eventbus run``: the requeue of a drained or evicted
+    job, by the agent (an ``EventAgent``) that announced the drain or whose host was
+    evicted. SLURM's requeue signals every process of the job, this one too: from here on
+    the drain signals are ignored."""
+    chosen = [agent for agent in agents if agent.evicted or (
+        agent.drain.active and agent.draining.announced)]
+    if not chosen:
+        return
+    agent = chosen[0]
+    for name in agent.drain.signal_names:
+        with contextlib.suppress(Exception):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+    host = (node_name() or agent.eviction.host) if agent.evicted else None
+    agent.slurm_drain.after(announced=agent.draining.announced, bad_host=host)
