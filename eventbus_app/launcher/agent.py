@@ -85,6 +85,7 @@ from eventbus.app.launcher.drain.monitor import DrainMonitor
 from eventbus.app.launcher.drain.notices import NoticeBoard
 from eventbus.app.launcher.drain.remote_stop import RemoteStop
 from eventbus.app.launcher.drain.slurm import SlurmDrain
+from eventbus.app.launcher.group.exit_barrier import check_in_failed
 from eventbus.app.launcher.group.exits import DYING_GRACE_S
 from eventbus.app.launcher.group.exits import ExitBook
 from eventbus.app.launcher.group.processes import peek_exit
@@ -238,11 +239,8 @@ class EventAgent(LocalElasticAgent):
         self.formation = Formation()
         #: the rendezvous closed while this node waited to join (see _left_out)
         self._was_left_out = False
-        if reliable_restarts and os.environ.setdefault(RELIABLE_RESTARTS_ENV, "1") != "1":
-            logger.warning(
-                "%s=%s is set: restarts share the rendezvous store with the dead "
-                "attempt's process-group keys and may fail (pytorch/pytorch#135712)",
-                RELIABLE_RESTARTS_ENV, os.environ[RELIABLE_RESTARTS_ENV])
+        #: each attempt's workers' store, started here before its workers (worker_store.py)
+        self.worker_store = WorkerStore(enabled=reliable_restarts)
         spec = self._worker_group.spec
         #: the entry point as the user gave it (AGENT_START names it)
         self.entrypoint_name: str = spec.get_entrypoint_name()  # type: ignore[no-untyped-call]
@@ -300,8 +298,6 @@ class EventAgent(LocalElasticAgent):
         self.restarts = Restarts(self.bus, warm_spares=warm_spares)
         self.recovery = self.restarts.recovery
         self.spares = self.restarts.spares
-        #: each attempt's workers' store, started here before its workers (worker_store.py)
-        self.worker_store = WorkerStore(enabled=reliable_restarts)
         for reactor in reactors:
             self.add_reactor(reactor)
         self._subs: list[Subscription] = [
@@ -439,6 +435,8 @@ class EventAgent(LocalElasticAgent):
             if result is None:  # the rendezvous closed while this node waited to join
                 result = self._left_out()
                 return result
+            if result.is_failed():  # the nodes whose ranks finished wait for none
+                check_in_failed(self._store, self._worker_group.group_world_size)
             if result.is_failed() and self.eviction.evicted is not None:
                 # no restart was left: leave without closing the rendezvous all the same
                 raise self.eviction.evict(spec.rdzv_handler, self.attempt)

@@ -42,6 +42,11 @@ class WorkerStore:
 
     def __init__(self, *, enabled: bool = True, timeout_s: float = 900.0) -> None:
         self.enabled = enabled
+        if enabled and os.environ.setdefault(SHARE_ENV, "1") != "1":
+            logger.warning(
+                "%s=%s is set: restarts share the rendezvous store with the dead "
+                "attempt's process-group keys and may fail (pytorch/pytorch#135712)",
+                SHARE_ENV, os.environ[SHARE_ENV])
         self.timeout_s = timeout_s
         self._server: Any = None
         #: the (address, port) of the server now hosted, if any
