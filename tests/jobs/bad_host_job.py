@@ -10,7 +10,10 @@ so a new attempt goes on from there. A rank on the host ``--bad-host`` (the work
 - ``raise``: it raises ``RuntimeError`` (a script bug: never a host fault);
 - ``hang``: it blocks in ``time.sleep`` while its peers wait in the collective.
 
-Each rank writes ``<out>/<host>.attempt<A>`` when it starts (its rank and world size).
+Each rank writes ``<out>/<host>.attempt<A>`` when it starts (its rank and world size), A
+being the job's attempt (``EVENTBUS_ATTEMPT``, the same on every node): torch's
+``TORCHELASTIC_RESTART_COUNT`` counts one node's own restarts, so a node that re-forms
+because another left would write its next group over its last one's file.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     host = os.environ.get("EVENTBUS_HOSTNAME", "?")
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    attempt = int(os.environ.get("EVENTBUS_ATTEMPT")
+                  or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     (out / f"{host}.attempt{attempt}").write_text(f"{rank} {world}")
