@@ -215,7 +215,6 @@ class FlightRecorderDumps:
         self._asked[attempt] = folder or ""
         return folder
 
-
     def close(self) -> None:
         """The agent's end: each attempt's folder that holds no dump is removed (the
         request and the workers' unfinished temp files with it), then the run's folder and
