@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
 import re
@@ -19,15 +20,41 @@ import eventbus
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: every `eventbus run` of the suite records its host's outcomes in a ledger of its own,
-#: never in this machine's default one (docs/hosts.md); removed at the session's end
-_LEDGER_DIR = tempfile.mkdtemp(prefix="eventbus-test-ledger-")
-os.environ.setdefault("EVENTBUS_HOST_LEDGER", os.path.join(_LEDGER_DIR, "hosts.sqlite"))
-os.environ.setdefault("EVENTBUS_HOST_LEDGER_SPOOL", os.path.join(_LEDGER_DIR, "spool.jsonl"))
+#: the session's temporary folder, $TMPDIR of everything the suite runs: every job's
+#: agent, worker and torch temp file, every subprocess's, is made in it, and it is removed
+#: at the session's end (the house rule: tests leave nothing behind in /tmp). Made once, by
+#: the process that starts the session; pytest-xdist's workers and every subprocess inherit
+#: it (and this module, imported again as tests.conftest or by a subprocess, makes none).
+#: pytest's own tmp_path folders stay where pytest keeps them (PYTEST_DEBUG_TEMPROOT).
+SESSION_TMP_ENV = "EVENTBUS_TEST_SESSION_TMP"
+_OWNER_PID = os.getpid() if not os.environ.get(SESSION_TMP_ENV) else None
+if _OWNER_PID is not None:
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
+    _session_tmp = tempfile.mkdtemp(prefix="eventbus-tests-")
+    os.chmod(_session_tmp, 0o1777)  # as /tmp: the test PostgreSQL server runs as its user
+    os.environ[SESSION_TMP_ENV] = os.environ["TMPDIR"] = _session_tmp
+    tempfile.tempdir = None  # gettempdir() reads $TMPDIR again
+    #: every `eventbus run` of the suite records its host's outcomes in a ledger of its
+    #: own, never in this machine's default one (docs/hosts.md)
+    _ledger_dir = os.path.join(_session_tmp, "host-ledger")
+    os.mkdir(_ledger_dir)
+    os.environ.setdefault("EVENTBUS_HOST_LEDGER", os.path.join(_ledger_dir, "hosts.sqlite"))
+    os.environ.setdefault("EVENTBUS_HOST_LEDGER_SPOOL",
+                          os.path.join(_ledger_dir, "spool.jsonl"))
+SESSION_TMP = os.environ[SESSION_TMP_ENV]
+
+
+def _remove_session_tmp() -> None:
+    if os.getpid() == _OWNER_PID:  # never a forked child's exit, nor a worker's
+        shutil.rmtree(SESSION_TMP, ignore_errors=True)
+
+
+#: where no session ends (a script that imports this module, a crash), at the exit
+atexit.register(_remove_session_tmp)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    shutil.rmtree(_LEDGER_DIR, ignore_errors=True)
+    _remove_session_tmp()
 
 
 @pytest.fixture

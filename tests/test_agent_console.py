@@ -62,7 +62,10 @@ def _agent(reactors: Sequence[Any] = (), *, max_restarts: int = 2) -> EventAgent
     handler = StaticTCPRendezvous("localhost", 0, 0, 1, "run-console", 5)
     spec = agent_api.WorkerSpec(role="default", local_world_size=2, rdzv_handler=handler,
                                 entrypoint="true", max_restarts=max_restarts)
-    return EventAgent(spec, DefaultLogsSpecs(), bus=eventbus.Bus("console-test"), plugins=[],
+    # no log folder: DefaultLogsSpecs() would make a torchelastic_* one in $TMPDIR, and
+    # these agents start no worker
+    return EventAgent(spec, DefaultLogsSpecs(log_dir=os.devnull),
+                      bus=eventbus.Bus("console-test"), plugins=[],
                       torch_records=False, reactors=reactors, stop_exit_code=7)
 
 

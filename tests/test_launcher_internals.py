@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -232,6 +233,7 @@ def test_event_agent_python_api_with_elastic_launch(tmp_path: Path, peek: bool,
     the given bus and its STOP fails the launch with restarts left; without the waitid peek
     the failure comes from torch's result and the survivor it stopped is not mistaken for
     a failure of its own."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig
     from torch.distributed.launcher.api import elastic_launch
@@ -259,7 +261,8 @@ def test_event_agent_python_api_with_elastic_launch(tmp_path: Path, peek: bool,
 
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="api-test",
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0",
-                          max_restarts=2, monitor_interval=0.1)
+                          max_restarts=2, monitor_interval=0.1,
+                          logs_specs=DefaultLogsSpecs(log_dir=str(tmp_path / "logs")))
     out = tmp_path / "out"
     out.mkdir()
     job = str(ROOT / "tests" / "jobs" / "gloo_fail_once.py")
@@ -316,7 +319,7 @@ def test_stop_reason_survives_an_error_raised_on_the_way_out(
     bus = eventbus.Bus("stop-reason")
     exits: list[eventbus.Event] = []
     bus.subscribe(eventbus.EventType.AGENT_EXIT, on_event=exits.append)
-    agent = RaisesAfterStop(spec, DefaultLogsSpecs(), bus=bus, plugins=[],
+    agent = RaisesAfterStop(spec, DefaultLogsSpecs(log_dir=os.devnull), bus=bus, plugins=[],
                             torch_records=False, reactors=[lambda event: Decision.STOP],
                             stop_exit_code=7)
     with pytest.raises(json.JSONDecodeError):

@@ -18,6 +18,7 @@ from collections.abc import MutableMapping
 from eventbus.app.protocol.agent_worker import ENV_FR_DUMP_DIR
 from eventbus.app.protocol.agent_worker import ENV_STACK_SIGNAL
 from eventbus.app.protocol.agent_worker import FR_DUMP_PREFIX
+from eventbus.app.protocol.agent_worker import FR_REQUEST_FILE
 from eventbus.app.protocol.agent_worker import fr_dump_folder
 from eventbus.app.protocol.agent_worker import fr_dump_path
 from eventbus.app.protocol.agent_worker import read_stack_signal
@@ -154,12 +155,15 @@ class FlightRecorderDumps:
     when off): each attempt's folder armed for its workers, asked for once per attempt.
 
     A folder that cannot be made or written is one warning, and that attempt goes without
-    dumps (the stall is still reported)."""
+    dumps (the stall is still reported). :meth:`close` removes the folders that hold no
+    dump; a dump is evidence and stays."""
 
     def __init__(self, root: str | None) -> None:
         self.root = root
         #: attempt -> its dump folder once asked ("" when asking failed or none came)
         self._asked: dict[int, str] = {}
+        #: the attempts whose folders this agent made (or may have made)
+        self._armed: set[int] = set()
 
     def arm(self, attempt: int, environ: MutableMapping[str, str]) -> None:
         """Point the attempt's workers at its folder (``EVENTBUS_FR_DUMP_DIR`` in
@@ -167,8 +171,9 @@ class FlightRecorderDumps:
         if self.root is None:
             return
         folder = fr_dump_folder(self.root, attempt)
+        self._armed.add(attempt)
         try:
-            os.makedirs(folder, exist_ok=True)
+            _make_folder(folder)
             for name in os.listdir(folder):  # a former run's of the same run id
                 if name.startswith(FR_DUMP_PREFIX):
                     with contextlib.suppress(OSError):
@@ -209,6 +214,44 @@ class FlightRecorderDumps:
             folder = None
         self._asked[attempt] = folder or ""
         return folder
+
+    def close(self) -> None:
+        """The agent's end: each attempt's folder that holds no dump is removed (the
+        request and the workers' unfinished temp files with it), then the run's folder and
+        ``eventbus-fr`` when empty. A folder with a dump stays whole: it is the evidence a
+        ``WORKER_STALLED`` or a SIGABRT's diagnosis names. Never raises."""
+        if self.root is None:
+            return
+        for attempt in sorted(self._armed | set(self._asked)):
+            folder = fr_dump_folder(self.root, attempt)
+            try:
+                names = os.listdir(folder)
+            except OSError:
+                continue
+            if any(name.startswith(FR_DUMP_PREFIX) for name in names):
+                continue
+            for name in names:
+                if name == FR_REQUEST_FILE or name.endswith(".tmp"):
+                    with contextlib.suppress(OSError):
+                        os.unlink(os.path.join(folder, name))
+            with contextlib.suppress(OSError):  # a file of another kind keeps it
+                os.rmdir(folder)
+        self._armed.clear()
+        # Only when empty: another agent of the same run on this host may still use them.
+        for folder in (self.root, os.path.dirname(self.root)):
+            try:
+                os.rmdir(folder)
+            except OSError:
+                return
+
+
+def _make_folder(folder: str) -> None:
+    """``os.makedirs``, once more when another agent's :meth:`FlightRecorderDumps.close`
+    removed an empty parent between its steps."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except FileNotFoundError:
+        os.makedirs(folder, exist_ok=True)
 
 
 def _token(attempt: int) -> str:

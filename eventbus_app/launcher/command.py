@@ -351,6 +351,7 @@ def main(argv: Sequence[str] | None = None, *,
     from torch.distributed.run import run as torchrun_run
 
     from eventbus.app.launcher.agent import event_agent
+    from eventbus.app.launcher.group.log_dir import JobLogDir
 
     parser = build_parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv),
@@ -436,6 +437,8 @@ def main(argv: Sequence[str] | None = None, *,
         console.write("--warm-spares cuda: torch sees no CUDA device on this node; the "
                       "spares wait without a CUDA context")
     agents: list[Any] = []
+    # without --log-dir: the workers' error files in a folder removed at the end
+    log_dir = JobLogDir.for_job(args)
     try:
         with event_agent(bus=bus, reactors=reactors, plugins=plugins,
                          stall_timeout=args.stall_timeout, slow_factor=args.slow_factor,
@@ -500,6 +503,8 @@ def main(argv: Sequence[str] | None = None, *,
         if ui_plugin is not None:  # the open pages get the final state first
             ui_plugin.close(timeout=1.0)
         _goodput_line(tracker)
+        if log_dir is not None:  # after the failure table and the error file's copy
+            log_dir.close()
         requeue_after_job(agents)  # under SLURM: last, as it ends the job's processes
     return 0
 

@@ -215,8 +215,11 @@ class Health:
             return {}
 
     def close(self) -> None:
-        """The agent's end: the watches unsubscribed, the stack folder removed."""
+        """The agent's end: the watches unsubscribed, the stack folder removed, and the
+        flight-recorder folders that hold no dump (a dump is kept: docs/run.md, "What a
+        job leaves behind")."""
         for sub in self._subs:
             sub.cancel()
         if self.stack_dir is not None:
             shutil.rmtree(self.stack_dir, ignore_errors=True)
+        self.fr_dumps.close()

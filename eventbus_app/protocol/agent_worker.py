@@ -185,8 +185,9 @@ FR_DUMP_ERROR_KEY = "fr_dump_error"
 
 
 def fr_dump_root(run_id: str) -> str:
-    """The run's folder of flight-recorder dumps: the same path on every node, kept after
-    the job (``$TMPDIR/eventbus-fr/<run id>``)."""
+    """The run's folder of flight-recorder dumps: the same path on every node
+    (``$TMPDIR/eventbus-fr/<run id>``); an attempt's folder that holds a dump is kept after
+    the job, the others are removed at the agent's end."""
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id) or "run"
     return os.path.join(tempfile.gettempdir(), "eventbus-fr", safe)
 

@@ -214,41 +214,43 @@ class StoreTransport:
     def before_exit(self, *, timeout: float) -> None:
         """Drain the workers' queues; forward the rest of this node's view to group rank 0
         and wait for its acknowledgement (other nodes), or wait for every node's last push
-        (group rank 0); all within ``timeout``."""
+        (group rank 0); all within ``timeout``. Then the exit ledgers' folder is removed,
+        whatever happened."""
         deadline = time.monotonic() + timeout
-        with self._lock:
-            info = self.info
-            receiver = self.receiver
-            if receiver is None or info is None:
-                self._remove_ledgers()
-                return
-            receiver.stop()
-            # Alone, the workers' queues get the whole budget; with other nodes, half of
-            # it, the rest goes to the job-wide handshake.
-            share = 1.0 if info.group_world_size == 1 else 0.5
-            receiver.drain(timeout=max(0.0, (deadline - time.monotonic()) * share))
-            # a queue whose sender left an exit ledger is counted from it, in events (the
-            # pushes left in the store included); the others as pushes left in the store
-            ledgers = self._read_ledgers()
-            receiver.report_leftovers(counted_elsewhere={
-                ledger.key for path, (found, _) in ledgers.items()
-                for ledger in found if ledger.key in self._ledger_dirs[path][1]})
-            if info.group_rank != 0 and self.job_forwarder is not None:
-                self._finish_job_view(deadline)
-            job = self.job_receiver
-            if job is not None:
-                job.stop()
-                self._wait_for_nodes(info, job, deadline)
-                job.report_leftovers()
-                job.close()
-            receiver.close()
-            settled = self._settle_from_ledgers(receiver, ledgers)
-            for sender in receiver.unended():
-                if sender in settled:
-                    continue
-                logger.warning("store receiver: %s never sent its end marker and left no "
-                               "exit ledger nor record counter: the events it queued last "
-                               "may be lost, uncounted", sender)
+        try:
+            with self._lock:
+                info = self.info
+                receiver = self.receiver
+                if receiver is None or info is None:
+                    return
+                receiver.stop()
+                # Alone, the workers' queues get the whole budget; with other nodes, half of
+                # it, the rest goes to the job-wide handshake.
+                share = 1.0 if info.group_world_size == 1 else 0.5
+                receiver.drain(timeout=max(0.0, (deadline - time.monotonic()) * share))
+                # a queue whose sender left an exit ledger is counted from it, in events (the
+                # pushes left in the store included); the others as pushes left in the store
+                ledgers = self._read_ledgers()
+                receiver.report_leftovers(counted_elsewhere={
+                    ledger.key for path, (found, _) in ledgers.items()
+                    for ledger in found if ledger.key in self._ledger_dirs[path][1]})
+                if info.group_rank != 0 and self.job_forwarder is not None:
+                    self._finish_job_view(deadline)
+                job = self.job_receiver
+                if job is not None:
+                    job.stop()
+                    self._wait_for_nodes(info, job, deadline)
+                    job.report_leftovers()
+                    job.close()
+                receiver.close()
+                settled = self._settle_from_ledgers(receiver, ledgers)
+                for sender in receiver.unended():
+                    if sender in settled:
+                        continue
+                    logger.warning("store receiver: %s never sent its end marker and left no "
+                                   "exit ledger nor record counter: the events it queued last "
+                                   "may be lost, uncounted", sender)
+        finally:  # read or not: the folder goes (an error, a second signal)
             self._remove_ledgers()
 
     def _read_ledgers(self) -> dict[int, tuple[list[ExitLedger], dict[str, int]]]:
