@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["SlurmCluster", "SlurmNode", "slurm_cluster", "slurm_cluster_or_skip"]
+__all__ = ["KILL_WAIT_S", "SlurmCluster", "SlurmNode", "slurm_cluster", "slurm_cluster_or_skip"]
 
 #: the daemons and clients, all from Debian's slurmctld, slurmd, slurm-client and munge
 BINARIES = ("slurmctld", "slurmd", "munged", "sbatch", "srun", "scontrol", "squeue",
@@ -50,6 +50,8 @@ SLURMD_PORT = 6818
 COMMAND_TIMEOUT_S = 30.0
 #: the longest the cluster may take to come up
 START_TIMEOUT_S = 30.0
+#: slurm.conf's KillWait: seconds from SLURM's SIGTERM to its SIGKILL
+KILL_WAIT_S = 20
 #: job states after which a job never runs again without a requeue
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
             "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
@@ -152,7 +154,10 @@ JobRequeue=1
 ReturnToService=2
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
-KillWait=2
+# SIGTERM to SIGKILL: long enough for a drain with --drain-grace 10 (the grace, the kill
+# grace and the agents' exit: 10 + 5 + 3 s) to end before SLURM's SIGKILL, as on a real
+# cluster (30 s by default). Only a job whose processes outlive a SIGTERM waits it.
+KillWait={kill_wait}
 MinJobAge=600
 InactiveLimit=0
 MessageTimeout=5
@@ -259,7 +264,7 @@ class SlurmCluster:
         self.conf.write_text(SLURM_CONF.format(
             ctl_host=socket.gethostname().split(".")[0], ctl_addr=self.ctl_addr,
             ctl_port=_free_port(), munge_socket=self.munge_socket, root=self.root,
-            nodes=nodes))
+            nodes=nodes, kill_wait=KILL_WAIT_S))
         # slurmd starts its cgroup plugin whatever the task and proctrack plugins: on a
         # cgroup v2 machine without systemd (a container) it makes its scope by itself
         (self.root / "cgroup.conf").write_text("CgroupPlugin=autodetect\nIgnoreSystemd=yes\n")
