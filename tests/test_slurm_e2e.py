@@ -197,7 +197,8 @@ def test_a_node_lost_for_real_leaves_the_job_going_on_and_is_named(
     """Three nodes, --nnodes 2:3, --no-kill: n3 dies (its slurmd, agent and workers
     SIGKILLed, its link down). The survivors' collectives time out, they re-form as two
     nodes and train on; the new round's rank 0 names n3 on the console, the RENDEZVOUS
-    events carry it, and the ledger holds n3's row with a ``lost`` fault."""
+    events carry it, and the ledger holds n3's row with a ``lost`` fault. Once the two
+    finish, the job ends by itself: COMPLETED on n[1-2] (SLURM took n3 out of it)."""
     job, out = jobs["lost"]
     worlds = lambda: {p.name: p.read_text() for p in out.glob("world-*")}  # noqa: E731
     _wait_for("three ranks", lambda: len(worlds()) >= 3, 120, slurm_cluster, out)
@@ -223,8 +224,12 @@ def test_a_node_lost_for_real_leaves_the_job_going_on_and_is_named(
         rows = _ledger_rows(out / "hosts.sqlite")
         assert [(h, json.loads(f)) for h, _, f, _ in rows if h == "n3"] == [("n3", {"lost": 1})]
         assert all(json.loads(f) == {} for h, _, f, _ in rows if h != "n3"), rows
+        # srun heard of n3's failure (SRUN_NODE_FAIL: its task counts as ended), so the
+        # job ends by itself once the survivors have, with their exit code
+        info = slurm_cluster.wait(job, timeout=30)
+        assert "srun: error: Node failure on n3" in _log(out), _log(out)
+        assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", info
+        assert info["NodeList"] == "n[1-2]" and info["Restarts"] == "0", info
     finally:
-        # the job does not end by itself: the batch script's srun (--no-kill) waits for
-        # the dead node's task, DOWN or not (docs/slurm.md, "A node lost")
-        slurm_cluster.run("scancel", str(job), check=False)
+        slurm_cluster.run("scancel", str(job), check=False)  # ended already, unless failed
         slurm_cluster.restart_node("n3")
