@@ -2,12 +2,16 @@
 and three compute nodes, each node in a network namespace of its own with its own address.
 
 Everything lives in a temporary folder and reaches the daemons and the client commands
-through ``SLURM_CONF``; nothing is read from or written to /etc. munged runs with a fresh
+through ``SLURM_CONF``; nothing in /etc is written. munged runs with a fresh
 key on a private socket (``AuthInfo=socket=...``). Each node ``nK`` is a namespace
 ``ebslurm<pid>nK`` joined by a veth pair (``eth0`` inside, ``ebv<pid>nK`` outside) to a
 bridge ``ebbr<pid>`` in the root namespace; the bridge holds the controller's address
 (``.1``), the nodes ``.2``, ``.3``, ``.4`` of a private /24 in 10.64.0.0/10 that no route
-of this machine uses. Traffic stays between these namespaces and the root one.
+of this machine uses. Traffic stays between these namespaces and the root one. Each node
+also has its own host name (``nK``, a UTS namespace), and the controller and the nodes
+read a copy of /etc/hosts with the nodes' names at their addresses (bound over /etc/hosts
+in a mount namespace of each daemon): the controller reaches a job's ``srun`` at the host
+name it gave, as on a real cluster.
 
 :func:`slurm_cluster` (session-scoped, registered in tests/conftest.py) starts it once per
 pytest session, about 2 s, or skips naming why (no Slurm packages: ``make slurm`` installs
@@ -36,11 +40,11 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["SlurmCluster", "SlurmNode", "slurm_cluster", "slurm_cluster_or_skip"]
+__all__ = ["KILL_WAIT_S", "SlurmCluster", "SlurmNode", "slurm_cluster", "slurm_cluster_or_skip"]
 
 #: the daemons and clients, all from Debian's slurmctld, slurmd, slurm-client and munge
 BINARIES = ("slurmctld", "slurmd", "munged", "sbatch", "srun", "scontrol", "squeue",
-            "scancel", "ip", "nsenter")
+            "scancel", "ip", "nsenter", "unshare", "mount", "hostname")
 NODE_NAMES = ("n1", "n2", "n3")
 #: CPUs each node declares (SlurmdParameters=config_overrides lets it exceed the machine):
 #: four jobs of one CPU side by side per node
@@ -50,6 +54,8 @@ SLURMD_PORT = 6818
 COMMAND_TIMEOUT_S = 30.0
 #: the longest the cluster may take to come up
 START_TIMEOUT_S = 30.0
+#: slurm.conf's KillWait: seconds from SLURM's SIGTERM to its SIGKILL
+KILL_WAIT_S = 20
 #: job states after which a job never runs again without a requeue
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
             "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
@@ -152,7 +158,10 @@ JobRequeue=1
 ReturnToService=2
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
-KillWait=2
+# SIGTERM to SIGKILL: long enough for a drain with --drain-grace 10 (the grace, the kill
+# grace and the agents' exit: 10 + 5 + 3 s) to end before SLURM's SIGKILL, as on a real
+# cluster (30 s by default). Only a job whose processes outlive a SIGTERM waits it.
+KillWait={kill_wait}
 MinJobAge=600
 InactiveLimit=0
 MessageTimeout=5
@@ -184,6 +193,7 @@ class SlurmCluster:
                       self.root / "nodes" / name / "slurmd.log")
             for i, name in enumerate(NODE_NAMES)]
         self.conf = self.root / "slurm.conf"
+        self.hosts = self.root / "hosts"
         self.munge_socket = self.root / "munge" / "munge.socket"
         self.ctl_log = self.root / "ctld" / "slurmctld.log"
         #: the environment of every client command (and, by sbatch's default --export=ALL,
@@ -208,8 +218,11 @@ class SlurmCluster:
         self._munge()
         self._write_conf()
         (self.root / "ctld").mkdir(exist_ok=True)
-        self._slurmctld = _daemon(["slurmctld", "-D", "-i"], self.env,
-                                  self.root / "ctld" / "stderr")
+        self._hosts_file()
+        self._slurmctld = _daemon(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+             f"mount --bind {self.hosts} /etc/hosts && exec slurmctld -D -i"], self.env,
+            self.root / "ctld" / "stderr")
         for node in self.nodes:
             self._start_slurmd(node)
         self._wait_nodes_idle(START_TIMEOUT_S - (time.monotonic() - started))
@@ -259,17 +272,32 @@ class SlurmCluster:
         self.conf.write_text(SLURM_CONF.format(
             ctl_host=socket.gethostname().split(".")[0], ctl_addr=self.ctl_addr,
             ctl_port=_free_port(), munge_socket=self.munge_socket, root=self.root,
-            nodes=nodes))
+            nodes=nodes, kill_wait=KILL_WAIT_S))
         # slurmd starts its cgroup plugin whatever the task and proctrack plugins: on a
         # cgroup v2 machine without systemd (a container) it makes its scope by itself
         (self.root / "cgroup.conf").write_text("CgroupPlugin=autodetect\nIgnoreSystemd=yes\n")
 
+    def _hosts_file(self) -> None:
+        """This machine's /etc/hosts with each node's name at its address, for the
+        controller and the nodes (each sees it as /etc/hosts in a mount namespace of its
+        own): the controller reaches an ``srun`` at the host name it gave (``n1``), e.g.
+        to tell it that a node of its step failed."""
+        base = Path("/etc/hosts").read_text() if Path("/etc/hosts").exists() else ""
+        self.hosts.write_text(base.rstrip("\n") + "\n" + "".join(
+            f"{n.addr} {n.name}\n" for n in self.nodes))
+        self.hosts.chmod(0o644)
+
     def _start_slurmd(self, node: SlurmNode) -> None:
         (self.root / "nodes" / node.name / "spool").mkdir(parents=True, exist_ok=True)
         # nsenter, not `ip netns exec`: that one mounts a sysfs of the namespace over /sys,
-        # which hides /sys/fs/cgroup, and slurmd will not start without its cgroup plugin
+        # which hides /sys/fs/cgroup, and slurmd will not start without its cgroup plugin.
+        # Its own host name (UTS namespace) and /etc/hosts (mount namespace), which its
+        # jobs inherit: a node is a host of its own, as on a real cluster
         self._slurmd[node.name] = _daemon(
-            ["nsenter", f"--net=/run/netns/{node.netns}", "slurmd", "-D", "-N", node.name],
+            ["nsenter", f"--net=/run/netns/{node.netns}", "unshare", "--mount", "--uts",
+             "--propagation", "private", "sh", "-c",
+             f"mount --bind {self.hosts} /etc/hosts && hostname {node.name} && "
+             f"exec slurmd -D -N {node.name}"],
             self.env, self.root / "nodes" / node.name / "stderr")
 
     def _wait_nodes_idle(self, timeout: float, names: Iterable[str] = NODE_NAMES) -> None:

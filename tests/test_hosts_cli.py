@@ -267,3 +267,25 @@ def test_from_a_missing_file_exits_1(tmp_path: Path,
     code, _, err = _run(capsys, "--ledger", str(tmp_path / "l.sqlite"),
                         "--from", str(tmp_path / "nope.jsonl"))
     assert code == 1 and "nope.jsonl" in err
+
+
+def test_a_requeued_slurm_job_keeps_each_runs_rows(tmp_path: Path) -> None:
+    """A requeued SLURM job runs again with the same run id and attempts, into the same
+    file: its AGENT_START names the run's ledger key (JOB+requeue1, as the agent's own
+    rows), and the first run's fault is kept in a row of its own."""
+    t0 = time.time() - 3600
+    requeued = {"ledger_job": "4242+requeue1"}
+    events = [
+        _event("AGENT_START", t0, "n1", 0, run="4242", entrypoint="train.py"),
+        _event("WORKER_EXIT", t0 + 5, "n1", 0, run="4242", worker_id=0, exit_code=-11,
+               signal="SIGSEGV", cause="failure", data={"host_fault": "signal"}),
+        _event("AGENT_START", t0 + 60, "n1", 0, run="4242", data=requeued,
+               entrypoint="train.py"),
+        _event("WORKER_EXIT", t0 + 70, "n1", 0, run="4242", worker_id=0, exit_code=0),
+        _event("AGENT_EXIT", t0 + 71, "n1", 0, run="4242", state="SUCCEEDED", exit_code=0),
+    ]
+    outcomes, _ = outcomes_from_files([_write(tmp_path / "e.jsonl", events)])
+    rows = {(o.job, o.attempt): o for o in outcomes}
+    assert sorted(rows) == [("4242", 0), ("4242+requeue1", 0)], rows
+    assert rows["4242", 0].faults == {"signal": 1} and not rows["4242", 0].clean
+    assert rows["4242+requeue1", 0].faults == {} and rows["4242+requeue1", 0].clean

@@ -326,6 +326,21 @@ def test_a_requeued_run_has_its_own_ledger_job() -> None:
     assert slurm.ledger_job("5000_7", {"SLURM_RESTART_COUNT": "1"}) == "5000_7+requeue1"
 
 
+def test_a_requeued_runs_agent_start_names_its_ledger_job() -> None:
+    """``AGENT_START``'s extra fields: the run's ledger key in a requeued run only, as a
+    real event carries them (``eventbus hosts --from`` reads it back)."""
+    from eventbus.bus import Bus
+    from eventbus.events import EventType
+
+    assert slurm.requeued_run("4242", {}) == {}
+    fields = slurm.requeued_run("4242", {"SLURM_RESTART_COUNT": "2"})
+    assert fields == {"data": {slurm.LEDGER_JOB_KEY: "4242+requeue2"}}
+    bus, seen = Bus("test"), []
+    bus.subscribe(EventType.AGENT_START, on_event=seen.append)
+    bus.record(EventType.AGENT_START, entrypoint="train.py", **fields)
+    assert seen[0].data == {"ledger_job": "4242+requeue2"}
+
+
 # -- a real job ------------------------------------------------------------------------------
 
 WORKER = """\

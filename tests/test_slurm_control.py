@@ -8,9 +8,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from types import SimpleNamespace
 
 import pytest
 
+from eventbus.app.launcher.drain import slurm as drain_slurm
 from eventbus.app.launcher.drain.slurm import TIME_LIMIT
 from eventbus.app.launcher.drain.slurm import SlurmDrain
 from eventbus.app.launcher.drain.state import Drain
@@ -182,3 +184,72 @@ def test_no_time_limit_no_drain() -> None:
     assert watch._thread is not None
     watch._thread.join(5.0)
     assert not drain.active and watch.kill_wait_s == 30.0
+
+
+def _node(store: object, node: int, drain: Drain, fake: FakeSlurm) -> SimpleNamespace:
+    """What ``requeue_after_job`` reads of an ``EventAgent``: a drained node's agent with
+    its notice board on the real store (two nodes)."""
+    from eventbus.app.launcher.drain.notices import NoticeBoard
+    from eventbus.app.plugins import RendezvousInfo
+    from eventbus.bus import Bus
+
+    board = NoticeBoard()
+    board.after_rendezvous(RendezvousInfo(
+        store_host="127.0.0.1", store_port=store.port, run_id="4242",  # type: ignore[attr-defined]
+        group_rank=node, group_world_size=2, restart_count=0, local_world_size=1,
+        world_size=2, global_ranks=(node,), bus=Bus(f"agent{node}")))
+    return SimpleNamespace(evicted=False, drain=drain, plugins=[board],
+                           draining=SimpleNamespace(announced=node == 0),
+                           slurm_drain=SlurmDrain(drain, slurm=_slurm(fake)))
+
+
+def test_the_requeue_waits_until_every_node_ended_its_drain() -> None:
+    """Two nodes on a real TCPStore: the announcing node's agent ends first; its
+    ``scontrol requeue`` (which kills every process of the job) comes only once the
+    other node recorded its drain's end, 0.3 s later."""
+    torch_dist = pytest.importorskip("torch.distributed")
+    import datetime
+
+    store = torch_dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                                timeout=datetime.timedelta(seconds=10))
+    fake = FakeSlurm()
+    agents = []
+    for node in (0, 1):
+        drain = Drain(signals_=(), grace_s=10.0, kill_grace_s=5.0)
+        drain.begin("SIGUSR1", origin=0, local=node == 0)
+        drain.stop_step = 407
+        agents.append(_node(store, node, drain, fake))
+    ended: list[float] = []
+
+    def other_node() -> None:
+        time.sleep(0.3)
+        ended.append(time.monotonic())
+        drain_slurm.requeue_after_job([agents[1]])  # not the announcer: no requeue
+
+    thread = threading.Thread(target=other_node)
+    thread.start()
+    try:
+        drain_slurm.requeue_after_job([agents[0]])
+        requeued = time.monotonic()
+    finally:
+        thread.join(5.0)
+        for agent in agents:
+            agent.plugins[0].before_exit(timeout=1.0)
+    assert ended and requeued >= ended[0], (ended, requeued)
+    assert [c for c in fake.calls if c[1] == "requeue"] == [("scontrol", "requeue", "4242")]
+    assert agents[0].plugins[0].drains_ended() == 2
+
+
+def test_the_wait_for_the_other_nodes_is_bounded_and_ends_with_the_store() -> None:
+    clock = [0.0]
+    counts = iter([1, 1, 1, 2])
+    assert drain_slurm.wait_for_drains(lambda: next(counts), 2, 5.0, clock=lambda: clock[0],
+                                       sleep=lambda s: None) is None
+    line = drain_slurm.wait_for_drains(
+        lambda: 1, 3, 5.0, clock=lambda: clock[0],
+        sleep=lambda s: clock.__setitem__(0, clock[0] + s))
+    assert line == ("2 of 3 nodes had not ended their drain within 5 s of this one's "
+                    "end: the job is requeued all the same")
+    assert 5.0 <= clock[0] <= 5.2, clock
+    # the store gone (its host's agent ended): nothing left to wait for
+    assert drain_slurm.wait_for_drains(lambda: None, 2, 5.0) is None

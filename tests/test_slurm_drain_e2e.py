@@ -6,9 +6,10 @@ process of the step on both nodes, the agents and the workers.
 The job drains as one (every rank stopped at one step, no worker killed by the signal),
 requeues itself (``scontrol requeue``: Restarts=1, with no RequeueExit in slurm.conf),
 and the second run resumes from the stop step's checkpoint and completes. A plain
-``scancel`` (SIGTERM to every process, SIGKILL ``KillWait`` = 2 s later in this cluster):
-the grace is fitted to it, said in one line, every rank still stops at one step with its
-checkpoint, and the job stays cancelled. A one-minute job with no ``--signal``: it drains
+``scancel`` (SIGTERM to every process, SIGKILL ``KillWait`` = 20 s later in this
+cluster): the template's grace (20 s) is fitted to it (12 s), said in one line, every rank
+stops at one step with its checkpoint within it, no worker is killed, and the job stays
+cancelled. A one-minute job with no ``--signal``: it drains
 ahead of its time limit (its EndTime, read with squeue) and requeues itself.
 """
 
@@ -25,6 +26,7 @@ from tests.conftest import ROOT
 
 pytest.importorskip("tests.slurm_cluster", reason="the SLURM cluster fixture is not here")
 
+from tests.slurm_cluster import KILL_WAIT_S
 from tests.slurm_cluster import SlurmCluster
 
 pytestmark = pytest.mark.slow
@@ -93,11 +95,17 @@ def test_scancel_drains_within_killwait_and_the_job_stays_cancelled(
     assert info["JobState"] == "CANCELLED" and info["Restarts"] == "0", info
     stops = [json.loads((out / f"stopped_rank{r}.json").read_text())["step"] for r in (0, 1)]
     assert stops[0] == stops[1], (stops, text[-6000:])
-    fitted = [line for line in text.splitlines() if "does not fit SLURM's KillWait (2 s)"
-              in line]
-    assert fitted and all(line.endswith("this drain's grace is 1 s") for line in fitted), \
+    fitted = [line for line in text.splitlines()
+              if f"does not fit SLURM's KillWait ({KILL_WAIT_S} s)" in line]
+    assert fitted and all(line.endswith(f"this drain's grace is {KILL_WAIT_S - 8} s")
+                          for line in fitted), text[-6000:]
+    drained = [line for line in text.splitlines() if "the job drained" in line]
+    assert len(drained) == 2 and all(
+        line.startswith("eventbus: SIGTERM on node ")
+        and f"every rank stopped at step {stops[0]};" in line for line in drained), \
         text[-6000:]
-    assert "ended on SIGTERM" not in text, text[-6000:]
+    assert "ended on SIGTERM" not in text and "did not stop in time" not in text, \
+        text[-6000:]
 
 
 @pytest.mark.timeout(300)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from eventbus.app.launcher.hosts.history import outcomes_from_files
 from tests.conftest import ROOT
 from tests.slurm_cluster import SlurmCluster
 
@@ -122,6 +123,7 @@ def jobs(slurm_cluster: SlurmCluster) -> Iterator[dict[str, tuple[int, Path]]]:
     crashy = out / "crashy.py"
     crashy.write_text(CRASHY)
     env = _env(out, crashy, f"--host-ledger {out / 'hosts.sqlite'} --nnodes 1:2 "
+               f"--events-jsonl {out / 'events.jsonl'} "
                "--max-restarts 3 --evict-after 2 --monitor-interval 0.2 "
                "--rdzv-conf last_call_timeout=2", "--steps 20")
     submitted["badhost"] = (_submit(slurm_cluster, out, "--exclude=n3", env=env), out)
@@ -142,8 +144,9 @@ def test_a_node_that_segfaults_twice_is_evicted_and_named_in_the_ledger(
     """n1's worker dies of SIGSEGV on every attempt of the first run: n1 is evicted
     (exit 76), n2 trains on alone (--nnodes 1:2), and the ledger names n1 by its Slurm
     name with no EVENTBUS_HOSTNAME set. The job requeued by hand (same id,
-    SLURM_RESTART_COUNT 1) runs clean and keeps those faults; the next submission, with
-    ``$(eventbus hosts --format slurm)``, runs off n1."""
+    SLURM_RESTART_COUNT 1) runs clean and keeps those faults, in the ledger and in the
+    rows ``eventbus hosts --from`` reads from the job's events file; the next submission,
+    with ``$(eventbus hosts --format slurm)``, runs off n1."""
     job, out = jobs["badhost"]
     ledger = out / "hosts.sqlite"
     info = slurm_cluster.wait(job, timeout=180)
@@ -168,6 +171,13 @@ def test_a_node_that_segfaults_twice_is_evicted_and_named_in_the_ledger(
     requeued = sorted((host, clean) for host, key, _, clean in again
                       if key == f"{job}+requeue1")
     assert len(requeued) == 2 and all(clean == 1 for _, clean in requeued), again
+    # the events file (both runs, both nodes) gives the same runs apart: --from
+    outcomes, _ = outcomes_from_files([out / "events.jsonl"])
+    runs = {(o.host, o.job): o for o in outcomes if o.faults or o.clean}
+    assert sum(o.faults.get("signal", 0) for o in outcomes
+               if (o.host, o.job) == ("n1", str(job))) == 2, outcomes
+    assert runs[("n1", f"{job}+requeue1")].clean, outcomes
+    assert not any(o.faults for o in outcomes if o.job == f"{job}+requeue1"), outcomes
 
     # the ledger keeps the next job off n1, through the real sbatch
     hosts = subprocess.run(
@@ -197,7 +207,8 @@ def test_a_node_lost_for_real_leaves_the_job_going_on_and_is_named(
     """Three nodes, --nnodes 2:3, --no-kill: n3 dies (its slurmd, agent and workers
     SIGKILLed, its link down). The survivors' collectives time out, they re-form as two
     nodes and train on; the new round's rank 0 names n3 on the console, the RENDEZVOUS
-    events carry it, and the ledger holds n3's row with a ``lost`` fault."""
+    events carry it, and the ledger holds n3's row with a ``lost`` fault. Once the two
+    finish, the job ends by itself: COMPLETED on n[1-2] (SLURM took n3 out of it)."""
     job, out = jobs["lost"]
     worlds = lambda: {p.name: p.read_text() for p in out.glob("world-*")}  # noqa: E731
     _wait_for("three ranks", lambda: len(worlds()) >= 3, 120, slurm_cluster, out)
@@ -223,8 +234,12 @@ def test_a_node_lost_for_real_leaves_the_job_going_on_and_is_named(
         rows = _ledger_rows(out / "hosts.sqlite")
         assert [(h, json.loads(f)) for h, _, f, _ in rows if h == "n3"] == [("n3", {"lost": 1})]
         assert all(json.loads(f) == {} for h, _, f, _ in rows if h != "n3"), rows
+        # srun heard of n3's failure (SRUN_NODE_FAIL: its task counts as ended), so the
+        # job ends by itself once the survivors have, with their exit code
+        info = slurm_cluster.wait(job, timeout=30)
+        assert "srun: error: Node failure on n3" in _log(out), _log(out)
+        assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", info
+        assert info["NodeList"] == "n[1-2]" and info["Restarts"] == "0", info
     finally:
-        # the job does not end by itself: the batch script's srun (--no-kill) waits for
-        # the dead node's task, DOWN or not (docs/slurm.md, "A node lost")
-        slurm_cluster.run("scancel", str(job), check=False)
+        slurm_cluster.run("scancel", str(job), check=False)  # ended already, unless failed
         slurm_cluster.restart_node("n3")

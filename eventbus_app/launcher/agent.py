@@ -99,6 +99,7 @@ from eventbus.app.launcher.recovery.formation import Formation
 from eventbus.app.launcher.recovery.formation import rendezvous_info
 from eventbus.app.launcher.recovery.restarts import Restarts
 from eventbus.app.launcher.recovery.worker_store import WorkerStore
+from eventbus.app.launcher.slurm.environment import requeued_run
 from eventbus.app.launcher.transport.store import StoreTransport
 from eventbus.app.launcher.transport.torch_records import TORCH_RECORDS_DESTINATION
 from eventbus.app.launcher.transport.torch_records import route_torch_records
@@ -420,9 +421,9 @@ class EventAgent(LocalElasticAgent):
         spec = self._worker_group.spec
         set_context(run_id=spec.rdzv_handler.get_run_id(), restart_count=self.attempt,
                     role=spec.role, local_world_size=spec.local_world_size)
-        self.bus.record(EventType.AGENT_START,
-                        entrypoint=self.entrypoint_name,
-                        max_restarts=spec.max_restarts, nproc_per_node=spec.local_world_size)
+        self.bus.record(EventType.AGENT_START, entrypoint=self.entrypoint_name,
+                        max_restarts=spec.max_restarts, nproc_per_node=spec.local_world_size,
+                        **requeued_run(spec.rdzv_handler.get_run_id()))
         result: RunResult | None = None
         error: BaseException | None = None
         self.drain.install()

@@ -13,7 +13,10 @@ An agent plugin (:class:`NoticeBoard`, one of :func:`~eventbus.app.launcher.agen
   other agents' stalls, stragglers and evictions (``on_notice``), which count against
   this node's host when they name its ranks (eviction.py);
 * at the end it waits (within the exit budget) for what it still has to append, and reads
-  the drain's agreed stop step for the console line.
+  the drain's agreed stop step for the console line;
+* under SLURM each drained node adds 1 to the store's :data:`DRAIN_ENDED` key as its
+  ``eventbus run`` ends, and the agent that requeues the job waits (bounded) until every
+  node has (drain/slurm.py): SLURM's requeue kills every process of the job.
 """
 
 from __future__ import annotations
@@ -37,9 +40,12 @@ from eventbus.events import Event
 from eventbus.events import Preempting
 from eventbus.subscribers.queued import _signals_held
 
-__all__ = ["NoticeBoard"]
+__all__ = ["DRAIN_ENDED", "NoticeBoard"]
 
 logger = logging.getLogger("eventbus")
+
+#: the store key (under the notice root) each node adds 1 to when its drain ended
+DRAIN_ENDED = "drain-ended"
 
 class NoticeBoard:
     """The agent plugin (see the module's docstring). ``on_drain(event, seq)``: another
@@ -238,18 +244,47 @@ class NoticeBoard:
         if info is None or seq is None or root is None:
             return None
         key = log.drain_keys(root, seq, 0)["stop"]
-        found: list[int] = []
 
-        def read() -> None:
+        def read(client: Any) -> int | None:
+            return int(bytes(client.get(key)).decode()) if client.check([key]) else None
+
+        found = self._bounded(read, timeout)
+        return found if found is not None and found >= 0 else None
+
+    def drain_ended(self, timeout: float = 1.0) -> bool:
+        """Record in the store that this node's drain ended (its workers gone, its agent
+        done); False where the store could not be told within ``timeout``."""
+        root = self.root
+        if root is None:
+            return False
+        return self._bounded(lambda client: int(client.add(f"{root}/{DRAIN_ENDED}", 1)),
+                             timeout) is not None
+
+    def drains_ended(self, timeout: float = 1.0) -> int | None:
+        """How many nodes recorded their drain's end; None where the store cannot say
+        within ``timeout`` (gone: the agent that hosted it ended)."""
+        root = self.root
+        if root is None:
+            return None
+        found = self._bounded(lambda client: int(client.add(f"{root}/{DRAIN_ENDED}", 0)),
+                              timeout)
+        return found if isinstance(found, int) else None
+
+    def _bounded(self, call: Callable[[Any], Any], timeout: float) -> Any:
+        """``call(store client)``'s answer, on a thread of its own; None where it failed
+        or took longer than ``timeout``."""
+        found: list[Any] = []
+
+        def run() -> None:
             with contextlib.suppress(Exception), self._client_lock:
-                if self._client is not None and self._client.check([key]):
-                    found.append(int(bytes(self._client.get(key)).decode()))
+                if self._client is not None:
+                    found.append(call(self._client))
 
         with _signals_held():
-            reader = threading.Thread(target=read, daemon=True, name="eventbus-stop-step")
-            reader.start()
-        reader.join(timeout)
-        return found[0] if found and found[0] >= 0 else None
+            worker = threading.Thread(target=run, daemon=True, name="eventbus-drain-store")
+            worker.start()
+        worker.join(timeout)
+        return found[0] if found else None
 
 
 def _own_notice(event: Event) -> bool:

@@ -15,8 +15,12 @@ its attempt (``restart_count``), which is the ledger's key. Per host, job and at
 * ``time``: the attempt's last event on the host.
 
 A ``HOST_EVICTED`` names the evicted host: its row is kept even where none of its own
-events is in the file. The same event read twice (a job-wide file and a node's own) counts
-once, and a row is written as an upsert: importing a file again changes nothing.
+events is in the file. A requeued SLURM job runs again with the same run id and attempts
+(often into the same files): its agents' ``AGENT_START`` carries the run's own ledger key
+(``data["ledger_job"]``, ``JOB+requeueN``, as the agent writes its rows), and a host's
+events after it are that run's, so each run keeps its own rows. The same event read twice
+(a job-wide file and a node's own) counts once, and a row is written as an upsert:
+importing a file again changes nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import attrs
 
 from eventbus.app.launcher.hosts.faults import STRAGGLER_STREAK
 from eventbus.app.launcher.hosts.store import HostOutcome
+from eventbus.app.launcher.slurm.environment import LEDGER_JOB_KEY
 from eventbus.app.protocol.host_faults import HOST_FAULT_KEY
 from eventbus.app.readers.records import Problem
 from eventbus.app.readers.records import Record
@@ -79,17 +84,27 @@ def outcomes_from_records(records: Iterable[Record]) -> list[HostOutcome]:
     """One outcome per host, job and attempt seen in ``records`` (see the module)."""
     attempts: dict[Key, _Attempt] = {}
     seen: set[str] = set()
+    #: (host, run id) -> the ledger key of the run its last AGENT_START began; run id ->
+    #: the latest run's, for a host whose agent's events are not in the files
+    runs: dict[tuple[str, str], str] = {}
+    latest: dict[str, str] = {}
     for record in records:
+        job = record.context.get("run_id")
+        host = record.hostname
+        if record.type == "AGENT_START" and host and isinstance(job, str) and job:
+            key = record.data.get(LEDGER_JOB_KEY)
+            runs[(host, job)] = latest[job] = key if isinstance(key, str) and key else job
         if record.type not in _PRESENT:
             continue
-        job = record.context.get("run_id")
         attempt = as_int(record.context.get("restart_count"))
-        host = record.hostname
+        if not isinstance(job, str) or not job or attempt is None or attempt < 0:
+            continue
+        run = runs.get((host, job), latest.get(job, job))
         if record.type == "HOST_EVICTED" and isinstance(record.fields.get("host"), str):
             host = record.fields["host"]
-        if not host or not isinstance(job, str) or not job or attempt is None or attempt < 0:
+        if not host:
             continue
-        state = attempts.setdefault((host, job, attempt), _Attempt())
+        state = attempts.setdefault((host, run, attempt), _Attempt())
         state.time = max(state.time, record.timestamp)
         if record.type in _COUNTED:
             dedup = record.dedup_key()

@@ -19,7 +19,9 @@ Under SLURM (``SLURM_JOB_ID`` set and ``scontrol`` on ``PATH``):
   ``scontrol show job`` says ``Requeue=1`` (``sbatch --requeue``, or the cluster's
   ``JobRequeue=1``) and ``JobState=RUNNING`` (not a ``scancel``: CANCELLED; not a job
   SLURM requeues itself: a preemption, ``scontrol requeue``), by the agent that announced
-  the drain, once the drain agreed a stop step; a bad-host exit first adds
+  the drain, once the drain agreed a stop step and every node ended its drain (SLURM's
+  requeue kills every process of the job: a node still saving would lose its
+  checkpoint; ``before_requeue`` waits for them, bounded); a bad-host exit first adds
   the node to the job's ``ExcNodeList``, at most :data:`MAX_BAD_HOST_REQUEUES` times
   (``SLURM_RESTART_COUNT``). Torch-free.
 """
@@ -217,15 +219,17 @@ def drain_at(end_time: float, grace_s: float, kill_grace_s: float) -> float:
 
 
 def requeue_after(slurm: Slurm, *, drained: bool, announced: bool,
-                  bad_host: str | None, mode: str, stop_step: int | None = None
-                  ) -> str | None:
+                  bad_host: str | None, mode: str, stop_step: int | None = None,
+                  before_requeue: Callable[[], object] | None = None) -> str | None:
     """After the job ended here: requeue it where the rules say (see the module's
     docstring). ``drained``: this agent's job drained; ``announced``: this agent
     announced the drain (only it requeues); ``bad_host``: this node's name when its host
     was evicted; ``stop_step``: the drain's agreed stop step (a drain that agreed none
     left no checkpoint to resume from, and is not requeued: a job signalled before its
-    first step would otherwise requeue itself for ever). Returns the ``eventbus:`` line
-    (without the prefix), or None when there is nothing to say."""
+    first step would otherwise requeue itself for ever); ``before_requeue``: called just
+    before a drained job's ``scontrol requeue`` (the wait for the other nodes' drains).
+    Returns the ``eventbus:`` line (without the prefix), or None when there is nothing to
+    say."""
     if mode == "off" or not slurm.present() or not (bad_host or (drained and announced)):
         return None
     job = slurm.show_job()
@@ -251,6 +255,8 @@ def requeue_after(slurm: Slurm, *, drained: bool, announced: bool,
         if not slurm.requeue():
             return f"scontrol requeue {slurm.job_id} failed: not requeued"
         return f"job {slurm.job_id} requeued without {bad_host} (ExcNodeList)"
+    if before_requeue is not None:
+        before_requeue()
     if not slurm.requeue():
         return f"scontrol requeue {slurm.job_id} failed: not requeued"
     return (f"job {slurm.job_id} requeued: it resumes from the checkpoint of step "

@@ -35,6 +35,7 @@ import subprocess
 from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import MutableMapping
+from typing import Any
 
 import attrs
 
@@ -53,7 +54,9 @@ __all__ = [
     "derive",
     "export_node_name",
     "fill_args",
+    "LEDGER_JOB_KEY",
     "ledger_job",
+    "requeued_run",
     "node_addr",
     "node_name",
     "not_a_step_line",
@@ -406,6 +409,11 @@ def export_node_name(env: MutableMapping[str, str] | None = None) -> str | None:
     return name
 
 
+#: ``AGENT_START.data`` key of a requeued run's ledger key (:func:`ledger_job`), so that
+#: ``eventbus hosts --from`` tells the runs of a requeued job apart in its events files
+LEDGER_JOB_KEY = "ledger_job"
+
+
 def ledger_job(run_id: str, env: Mapping[str, str] | None = None) -> str:
     """The ledger's job key of a run: the run id, with ``+requeueN`` after it in the Nth
     requeue of a SLURM job (``SLURM_RESTART_COUNT``), so that a requeued run, same job id
@@ -415,3 +423,10 @@ def ledger_job(run_id: str, env: Mapping[str, str] | None = None) -> str:
     if restarts.isdigit() and int(restarts) > 0:
         return f"{run_id}+requeue{int(restarts)}"
     return run_id
+
+
+def requeued_run(run_id: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``AGENT_START``'s extra fields in a requeued run of a SLURM job: ``data`` with the
+    run's ledger key (:data:`LEDGER_JOB_KEY`); none in any other run."""
+    job = ledger_job(run_id, env)
+    return {"data": {LEDGER_JOB_KEY: job}} if job != run_id else {}
