@@ -1,0 +1,140 @@
+"""exit_watch.py and restart_round.py: the monitor's tick woken by a worker's exit, and a
+restart's rendezvous round without torch's fixed sleeps. Real child processes and torch's
+own rendezvous on a real TCPStore; the agents' case (two nodes restarting, a node waiting
+to join) is tests/test_restart_round_e2e.py."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+from eventbus.app.launcher.recovery import restart_round
+from eventbus.app.launcher.recovery.exit_watch import ExitWatch
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="pidfds are Linux's")
+
+
+@pytest.fixture
+def child() -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(int(input()))"],
+                            stdin=subprocess.PIPE)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_a_workers_exit_ends_the_wait_at_once_and_only_once(
+        child: subprocess.Popen[bytes]) -> None:
+    watch = ExitWatch(5.0)
+    watch.watch([child.pid])
+    assert child.stdin is not None
+    child.stdin.write(b"3\n")
+    child.stdin.close()
+    started = time.monotonic()
+    assert watch.wait() == [child.pid]
+    assert time.monotonic() - started < 4.0  # the exit, not the interval, ended it
+    # the child is a zombie until reaped (torch reaps it): its exit wakes the loop once
+    watch.interval = 0.05
+    started = time.monotonic()
+    assert watch.wait() == []
+    assert time.monotonic() - started >= 0.04
+    assert (watch.ticks, watch.woken) == (2, 1)
+    assert child.wait(timeout=5) == 3  # not reaped by the watch
+
+
+def test_a_live_worker_waits_the_interval(child: subprocess.Popen[bytes]) -> None:
+    slept: list[float] = []
+    watch = ExitWatch(0.05, sleep=slept.append)
+    watch.watch([child.pid])
+    started = time.monotonic()
+    assert watch.wait() == []
+    assert time.monotonic() - started >= 0.04 and slept == []  # polled, did not sleep
+    watch.close()
+    assert watch.wait() == [] and slept == [0.05]  # nothing watched: torch's sleep
+
+
+def test_without_pidfds_the_wait_is_torchs_sleep(monkeypatch: pytest.MonkeyPatch,
+                                                 child: subprocess.Popen[bytes]) -> None:
+    def refused(pid: int) -> int:
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr("os.pidfd_open", refused)
+    slept: list[float] = []
+    watch = ExitWatch(0.1, sleep=slept.append)
+    watch.watch([child.pid])
+    assert watch.wait() == [] and slept == [0.1] and not watch.usable
+
+
+def test_the_restart_round_skips_the_jitter_and_polls_quickly_for_a_while() -> None:
+    delays: list[Any] = []
+    now = [0.0]
+    counts = restart_round.RoundCounts()
+    delay = restart_round.quick_delay(delays.append, counts, until=5.0,
+                                      clock=lambda: now[0])
+    delay(seconds=(0, 0.3))  # the first run's jitter
+    delay(seconds=1)  # a round that gathers
+    delay(seconds=0.5)  # anything else: torch's
+    now[0] = 5.0
+    delay(seconds=1)  # past the window: torch's second
+    assert delays == [restart_round.QUICK_POLL_S, 0.5, 1]
+    assert counts.facts() == {"jitter_skipped": 1, "quick_polls": 1}
+
+
+def _handler(store: Any, run_id: str) -> Any:
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+
+    params = RendezvousParameters(backend="c10d", endpoint="localhost:0", run_id=run_id,
+                                  min_nodes=1, max_nodes=1)
+    backend, _ = create_backend(params)
+    return dr.create_handler(store, backend, params)
+
+
+def test_torchs_first_restart_sleeps_the_jitter_and_the_restart_round_does_not() -> None:
+    """The round is still 0 when the first restart begins: torch's ``next_rendezvous``
+    sleeps its first-run jitter there. The restart round takes it out and nothing else:
+    the node joins round 1 with rank 0 as before."""
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    store = TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
+    handler = _handler(store, "restart-round")
+    original = dr._delay
+    try:
+        with restart_round.restart_round(False) as first:
+            handler.next_rendezvous()
+        assert handler._state_holder.state.round == 0 and first.facts()["jitter_skipped"] == 0
+        with restart_round.restart_round(True) as counts:
+            info = handler.next_rendezvous()
+        assert counts.facts() == {"jitter_skipped": 1, "quick_polls": 0}
+        assert (handler._state_holder.state.round, info.rank, info.world_size) == (1, 0, 1)
+        assert dr._delay is original  # put back
+        assert "_delay(seconds=(0, 0.3))" in inspect.getsource(
+            dr.DynamicRendezvousHandler.next_rendezvous)
+        assert "_delay(seconds=1)" in inspect.getsource(
+            dr._DistributedRendezvousOpExecutor.run)
+    finally:
+        handler.shutdown()
+
+
+def test_the_records_name_the_same_caller_without_reading_the_stack(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dr, "get_method_name", dr.get_method_name)  # put back after
+    assert "inspect.stack()[depth].function" in inspect.getsource(dr)  # torch's way
+    restart_round.cheap_method_names()
+
+    def caller() -> tuple[str, str]:
+        def record() -> tuple[str, str]:  # torch's _record calls get_method_name()
+            return inspect.stack()[1].function, dr.get_method_name()
+        return record()
+
+    assert caller() == ("caller", "caller")
+    assert dr.get_method_name is restart_round.get_method_name
+    assert restart_round.cheap_method_names() is False  # once
