@@ -17,6 +17,7 @@ from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 
 from eventbus.app.launcher.recovery import restart_round
 from eventbus.app.launcher.recovery.exit_watch import ExitWatch
+from eventbus.app.launcher.recovery.exit_watch import QuickWaits
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="pidfds are Linux's")
@@ -73,18 +74,38 @@ def test_without_pidfds_the_wait_is_torchs_sleep(monkeypatch: pytest.MonkeyPatch
     assert watch.wait() == [] and slept == [0.1] and not watch.usable
 
 
+def test_torchs_wait_for_a_stopped_worker_ends_with_its_exit(
+        child: subprocess.Popen[bytes]) -> None:
+    """Torch's process context waits for each worker with ``handler.proc.wait(timeout)``:
+    the wait installed ends at the exit (no 50 ms poll), reaps as Popen does, and keeps
+    its timeout."""
+    handler = type("Handler", (), {"proc": child})()
+    waits = QuickWaits()
+    waits.install(type("Context", (), {"subprocess_handlers": {0: handler}})())
+    with pytest.raises(subprocess.TimeoutExpired):
+        child.wait(0.05)  # alive: the timeout holds
+    assert child.stdin is not None
+    child.stdin.write(b"4\n")
+    child.stdin.close()
+    assert child.wait(5.0) == 4 and child.returncode == 4 and waits.ended == 1
+    assert child.wait(1.0) == 4  # reaped: as Popen says
+
+
 def test_the_restart_round_skips_the_jitter_and_polls_quickly_for_a_while() -> None:
     delays: list[Any] = []
     now = [0.0]
     counts = restart_round.RoundCounts()
+    over: list[bool] = []
     delay = restart_round.quick_delay(delays.append, counts, until=5.0,
-                                      clock=lambda: now[0])
+                                      clock=lambda: now[0], window_over=lambda: over.append(True))
     delay(seconds=(0, 0.3))  # the first run's jitter
     delay(seconds=1)  # a round that gathers
     delay(seconds=0.5)  # anything else: torch's
     now[0] = 5.0
-    delay(seconds=1)  # past the window: torch's second
-    assert delays == [restart_round.QUICK_POLL_S, 0.5, 1]
+    assert over == []
+    delay(seconds=1)  # past the window: torch's second, and torch's cache back
+    delay(seconds=1)
+    assert delays == [restart_round.QUICK_POLL_S, 0.5, 1, 1] and over == [True]
     assert counts.facts() == {"jitter_skipped": 1, "quick_polls": 1}
 
 
@@ -106,16 +127,18 @@ def test_torchs_first_restart_sleeps_the_jitter_and_the_restart_round_does_not()
 
     store = TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
     handler = _handler(store, "restart-round")
-    original = dr._delay
+    original = dr._delay  # type: ignore[attr-defined]
     try:
-        with restart_round.restart_round(False) as first:
+        with restart_round.restart_round(handler, restarting=False) as first:
             handler.next_rendezvous()
         assert handler._state_holder.state.round == 0 and first.facts()["jitter_skipped"] == 0
-        with restart_round.restart_round(True) as counts:
+        with restart_round.restart_round(handler, restarting=True) as counts:
+            assert handler._state_holder._cache_duration == 0  # each look reads the store
             info = handler.next_rendezvous()
+        assert handler._state_holder._cache_duration == 1  # torch's, back
         assert counts.facts() == {"jitter_skipped": 1, "quick_polls": 0}
         assert (handler._state_holder.state.round, info.rank, info.world_size) == (1, 0, 1)
-        assert dr._delay is original  # put back
+        assert dr._delay is original  # type: ignore[attr-defined]
         assert "_delay(seconds=(0, 0.3))" in inspect.getsource(
             dr.DynamicRendezvousHandler.next_rendezvous)
         assert "_delay(seconds=1)" in inspect.getsource(
@@ -132,9 +155,39 @@ def test_the_records_name_the_same_caller_without_reading_the_stack(
 
     def caller() -> tuple[str, str]:
         def record() -> tuple[str, str]:  # torch's _record calls get_method_name()
-            return inspect.stack()[1].function, dr.get_method_name()
+            return inspect.stack()[1].function, dr.get_method_name()  # type: ignore[no-untyped-call]
         return record()
 
     assert caller() == ("caller", "caller")
     assert dr.get_method_name is restart_round.get_method_name
     assert restart_round.cheap_method_names() is False  # once
+
+
+def test_the_look_for_a_stop_ends_once_every_other_node_decided_to_restart() -> None:
+    """Before a restart each node looks for another node's STOP for up to
+    RESTART_GRACE_S (stop_signal.py). A node that decided to restart the same attempt sets
+    its restart key: once every other node's is there, no STOP can come for that attempt
+    and the look ends; a node whose peer set none (it STOPs, or decided nothing) looks
+    its whole grace, and sees a STOP set meanwhile."""
+    import datetime
+
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    from eventbus.app.launcher.drain.stop_signal import StopSignal
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                     timeout=datetime.timedelta(seconds=10))
+    a, b = (StopSignal(host="127.0.0.1", port=store.port, run_id="agree", group_rank=rank,
+                       group_world_size=2) for rank in (0, 1))
+    try:
+        started = time.monotonic()
+        assert a.wait_remote(0.1, attempt=3) is None and a.agreed == 0  # b decided nothing
+        assert time.monotonic() - started >= 0.1
+        assert b.wait_remote(30.0, attempt=3) is None and b.agreed == 1  # a's key: at once
+        assert time.monotonic() - started < 20.0
+        assert a.wait_remote(30.0, attempt=3) is None and a.agreed == 1
+        store.set(a.key, "rank 2 exited 3")  # a STOP, attempt 4: b set no key for it
+        assert a.wait_remote(30.0, attempt=4) == "rank 2 exited 3" and a.agreed == 1
+    finally:
+        a.close()
+        b.close()

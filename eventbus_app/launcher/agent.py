@@ -95,6 +95,7 @@ from eventbus.app.launcher.hosts.lost import LostNodes
 from eventbus.app.launcher.job_health import Health
 from eventbus.app.launcher.recovery import membership
 from eventbus.app.launcher.recovery import restart_round
+from eventbus.app.launcher.recovery.exit_watch import QuickWaits
 from eventbus.app.launcher.recovery.formation import Formation
 from eventbus.app.launcher.recovery.formation import rendezvous_info
 from eventbus.app.launcher.recovery.restarts import Restarts
@@ -154,11 +155,13 @@ class _DrainEnded(Exception):
 
 
 
-def _mark_closes(pcontext: Any) -> None:
+def _mark_closes(pcontext: Any, quick_waits: QuickWaits) -> None:
     """Torch's process context signals the workers from its ``close()``: on a failure
     (inside ``wait()``, the survivors), a restart, the agent's shutdown. Each call is
     marked as the agent's own stop, so no worker takes it for a scheduler's drain signal
-    (protocol/drain_signals.py, ``agent_stopping``)."""
+    (protocol/drain_signals.py, ``agent_stopping``); and its wait for the workers' exit
+    is ended by their exit (``quick_waits``: exit_watch.py), not by a poll."""
+    quick_waits.install(pcontext)
     close = getattr(pcontext, "close", None)
     if close is None or getattr(close, "_eventbus_marked", False):
         return
@@ -517,7 +520,7 @@ class EventAgent(LocalElasticAgent):
         started = time.perf_counter()
         name = worker_group.spec.rdzv_handler.get_backend()
         try:
-            with restart_round.joining(restarting=self.formation.formed) as round_:
+            with restart_round.joining(worker_group.spec.rdzv_handler, self.formation) as round_:
                 super()._rendezvous(worker_group)
         except Exception as exc:
             self.bus.record(EventType.RENDEZVOUS, state="FAILED", name=name,
@@ -577,7 +580,7 @@ class EventAgent(LocalElasticAgent):
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         with self.restarts.starting(), self.worker_store.hosting(worker_group):
             pids: dict[int, Any] = super()._start_workers(worker_group)
-        _mark_closes(self._pcontext)
+        _mark_closes(self._pcontext, self.restarts.quick_waits)
         self.restarts.started(self.attempt, _world_size(worker_group), pids)
         self.drain.install()  # torch's process context took SIGTERM for itself
         for worker in worker_group.workers:

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["ExitWatch"]
+__all__ = ["ExitWatch", "QuickWaits"]
 
 
 class ExitWatch:
@@ -109,3 +109,53 @@ class ExitWatch:
         finally:
             spec.monitor_interval = self.interval
             self.close()
+
+
+class QuickWaits:
+    """Torch's wait for the workers it stopped, ended by their exit.
+
+    Torch's process context stops a group by signalling every worker and then calling
+    each one's ``Popen.wait(timeout)``, which polls: it sleeps 0.5 ms, doubling up to
+    50 ms, between two looks. A survivor that takes 60 ms to exit is seen up to 50 ms
+    later. :meth:`install` gives each worker's ``Popen`` a ``wait`` that first waits on a
+    pidfd for the exit (the timeout bound as before), then lets ``Popen.wait`` reap it:
+    its first look finds it. Where pidfds are refused, ``Popen.wait`` as it is.
+    """
+
+    def __init__(self) -> None:
+        #: waits a pidfd ended (the worker exited before the timeout)
+        self.ended = 0
+
+    def install(self, pcontext: Any) -> None:
+        """Each worker ``Popen`` of torch's process context ``pcontext`` waits this way."""
+        handlers = getattr(pcontext, "subprocess_handlers", None)
+        if not isinstance(handlers, dict) or not hasattr(os, "pidfd_open"):
+            return
+        for handler in handlers.values():
+            proc = getattr(handler, "proc", None)
+            wait = getattr(proc, "wait", None)
+            if proc is None or wait is None or getattr(wait, "_eventbus_quick", False):
+                continue
+            quick = self._quick(proc, wait)
+            quick._eventbus_quick = True  # type: ignore[attr-defined]
+            proc.wait = quick
+
+    def _quick(self, proc: Any, wait: Callable[..., Any]) -> Callable[..., Any]:
+        def quick_wait(timeout: float | None = None) -> Any:
+            if timeout is None or proc.returncode is not None:
+                return wait(timeout)
+            deadline = time.monotonic() + timeout
+            try:
+                fd = os.pidfd_open(proc.pid)  # unreaped (no returncode): still its pid
+            except OSError:
+                return wait(timeout)
+            try:
+                poller = select.poll()
+                poller.register(fd, select.POLLIN)
+                if poller.poll(max(0, int(timeout * 1000))):
+                    self.ended += 1
+            finally:
+                os.close(fd)
+            return wait(max(0.0, deadline - time.monotonic()))
+
+        return quick_wait

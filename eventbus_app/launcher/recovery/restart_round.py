@@ -14,11 +14,15 @@ costs that are no part of that agreement:
   it). The agent skips that sleep when it restarts (:func:`restart_round`); the first
   rendezvous keeps it.
 - **The one-second poll while nodes gather.** A node whose round is not complete (it
-  waits for another node to leave the old round, or to join the new one) polls the
-  shared state every second: a restart of several nodes took one second or more there.
-  During a restart's round, the first :data:`QUICK_WINDOW_S` of that polling go at
-  :data:`QUICK_POLL_S`; torch's one second after that (a node that waits long, for a
-  slow peer or a join timeout, loads the store no more than torch does).
+  waits for another node to leave the old round, or to join the new one) sleeps a second
+  between two looks at the shared state, and its state holder reads the store at most
+  once a second (its cache): a restart of several nodes took one second or more there,
+  on each node. During a restart's round, the first :data:`QUICK_WINDOW_S` of that
+  polling go at :data:`QUICK_POLL_S`, each look a read of the store (the cache is off
+  meanwhile); torch's one second after that, the cache as it was (a node that waits
+  long, for a slow peer or a join timeout, loads the store no more than torch does). The
+  price: a restart of N nodes reads the state up to N / :data:`QUICK_POLL_S` times a
+  second, for :data:`QUICK_WINDOW_S` at most.
 - **The records' stack walks.** Each of torch's rendezvous records names its caller with
   ``inspect.stack()``, twice, which reads the source of every frame on the stack: about
   1 ms each, a dozen per round, more on a loaded machine. :func:`cheap_method_names`
@@ -100,51 +104,73 @@ def cheap_method_names() -> bool:
 
 
 def quick_delay(delay: Callable[[Any], None], counts: RoundCounts, *,
-                until: float, clock: Callable[[], float] = time.monotonic
-                ) -> Callable[..., None]:
+                until: float, clock: Callable[[], float] = time.monotonic,
+                window_over: Callable[[], None] = lambda: None) -> Callable[..., None]:
     """Torch's ``_delay`` for a restart's round: the random jitter (a ``(low, high)``
     tuple) skipped, the gathering poll (one second) at :data:`QUICK_POLL_S` until
-    ``until`` on ``clock``; anything else passed to ``delay``."""
+    ``until`` on ``clock`` (then ``window_over()``, once); anything else passed to
+    ``delay``."""
+    over = [False]
 
     def quick(seconds: Any) -> None:
         if isinstance(seconds, tuple):
             counts.jitter_skipped += 1
             return
-        if seconds == _TORCH_POLL_S and clock() < until:
-            counts.quick_polls += 1
-            delay(QUICK_POLL_S)
-            return
+        if seconds == _TORCH_POLL_S:
+            if clock() < until:
+                counts.quick_polls += 1
+                delay(QUICK_POLL_S)
+                return
+            if not over[0]:
+                over[0] = True
+                window_over()
         delay(seconds)
 
     return quick
 
 
 @contextlib.contextmanager
-def restart_round(restarting: bool) -> Iterator[RoundCounts]:
-    """While the body runs (the agent's rendezvous): where ``restarting``, torch's dynamic
-    rendezvous sleeps as :func:`quick_delay` says. Yields the counts (zero where nothing
-    was changed). The heartbeat thread's keep-alive never sleeps through ``_delay``."""
+def restart_round(handler: Any, *, restarting: bool) -> Iterator[RoundCounts]:
+    """While the body runs (the agent's rendezvous on torch's dynamic rendezvous
+    ``handler``): where ``restarting``, torch's rendezvous sleeps as :func:`quick_delay`
+    says and its state holder reads the store at each look until the window is over.
+    Yields the counts (zero where nothing was changed). The heartbeat thread's keep-alive
+    never sleeps through ``_delay``; it may read the store once more meanwhile."""
     counts = RoundCounts(restarting=restarting)
     module = _module()
     original = getattr(module, "_delay", None)
     if not restarting or original is None:
         yield counts
         return
+    holder: Any = getattr(handler, "_state_holder", None)
+    cached = getattr(holder, "_cache_duration", None)
+    cache = isinstance(cached, (int, float)) and not isinstance(cached, bool)
+
+    def cache_back() -> None:
+        if cache:
+            holder._cache_duration = cached
+
+    if cache:
+        holder._cache_duration = 0
     setattr(module, "_delay",  # noqa: B010
             quick_delay(lambda s: original(seconds=s), counts,
-                        until=time.monotonic() + QUICK_WINDOW_S))
+                        until=time.monotonic() + QUICK_WINDOW_S, window_over=cache_back))
     try:
         yield counts
     finally:
         setattr(module, "_delay", original)  # noqa: B010
+        cache_back()
 
 
 @contextlib.contextmanager
-def joining(*, restarting: bool) -> Iterator[RoundCounts]:
-    """The agent's rendezvous: torch's join as :func:`membership.patient_join
+def joining(handler: Any, formation: Any) -> Iterator[RoundCounts]:
+    """The agent's rendezvous on ``handler``: torch's join as
+    :func:`membership.patient_join
     <eventbus.app.launcher.recovery.membership.patient_join>` has it, its records named
-    cheaply (:func:`cheap_method_names`), its sleeps as :func:`restart_round` has them.
-    Yields the counts."""
+    cheaply (:func:`cheap_method_names`), its sleeps as :func:`restart_round` has them
+    where a group formed before (``formation.formed``: a restart or a re-form). Yields
+    the counts."""
     cheap_method_names()
-    with membership.patient_join(), restart_round(restarting) as counts:
+    with membership.patient_join(), \
+            restart_round(handler, restarting=bool(formation.formed)) as counts:
         yield counts

@@ -32,6 +32,7 @@ from contextlib import AbstractContextManager
 from eventbus.app.launcher.cli import console
 from eventbus.app.launcher.recovery.anatomy import Recovery
 from eventbus.app.launcher.recovery.exit_watch import ExitWatch
+from eventbus.app.launcher.recovery.exit_watch import QuickWaits
 from eventbus.app.launcher.recovery.spares import SparePool
 from eventbus.app.launcher.recovery.spares import serving
 from eventbus.app.protocol import agent_worker as protocol
@@ -74,6 +75,8 @@ class Restarts:
         #: the monitor's wait, woken by a worker's exit (exit_watch.py); its interval is
         #: set while the agent runs (0 before: no wait)
         self.exit_watch = ExitWatch(0.0)
+        #: torch's wait for the workers it stopped, ended by their exit (exit_watch.py)
+        self.quick_waits = QuickWaits()
         #: (attempt, rank) of the ranks whose first step is done (their marks came): the
         #: spares start once this node's workers all took theirs
         self._stepped: set[tuple[int, int]] = set()
