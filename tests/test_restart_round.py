@@ -149,18 +149,26 @@ def test_torchs_first_restart_sleeps_the_jitter_and_the_restart_round_does_not()
 
 def test_the_records_name_the_same_caller_without_reading_the_stack(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dr, "get_method_name", dr.get_method_name)  # put back after
-    assert "inspect.stack()[depth].function" in inspect.getsource(dr)  # torch's way
+    from torch.distributed.elastic import events
+
+    monkeypatch.setattr(dr, "get_method_name", lambda depth=2: "torch's")  # put back after
+    monkeypatch.setattr(events, "inspect", inspect)
+    assert "inspect.stack()[depth].function" in inspect.getsource(dr)  # torch's ways
+    assert "callstack = inspect.stack()" in inspect.getsource(events)
     restart_round.cheap_method_names()
 
-    def caller() -> tuple[str, str]:
-        def record() -> tuple[str, str]:  # torch's _record calls get_method_name()
-            return inspect.stack()[1].function, dr.get_method_name()  # type: ignore[no-untyped-call]
+    def caller() -> tuple[Any, ...]:
+        def record() -> tuple[Any, ...]:  # torch's _record calls get_method_name()
+            real, cheap = inspect.stack()[1], events.inspect.stack()[1]
+            return (real.function, dr.get_method_name(),  # type: ignore[no-untyped-call]
+                    (real.filename, real.function), (cheap.filename, cheap.function))
         return record()
 
-    assert caller() == ("caller", "caller")
-    assert dr.get_method_name is restart_round.get_method_name
+    got = caller()
+    assert got[:2] == ("caller", "caller") and got[2] == got[3]
+    assert events.inspect.getsource is inspect.getsource  # the rest is the real module
     assert restart_round.cheap_method_names() is False  # once
+    assert dr.get_method_name is restart_round.get_method_name
 
 
 def test_the_look_for_a_stop_ends_once_every_other_node_decided_to_restart() -> None:
