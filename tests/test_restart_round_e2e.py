@@ -126,3 +126,24 @@ def test_a_node_that_comes_while_two_run_joins_through_torchs_round(
     assert "restart_round" not in _rendezvous(job, "node-c")[0]["data"]
     for host in ("node-a", "node-b", "node-c"):
         assert max(_attempts(job.out, host).items())[1][1] == 3, (host, outputs[host])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_workers_exit_wakes_the_monitor_long_before_its_interval(tmp_path: Path) -> None:
+    """``--monitor-interval 20``: rank 1 exits on attempt 0 and both ranks end on attempt
+    1. Each exit wakes the agent (exit_watch.py): the failure is published within 2 s of
+    the exit, and the job ends within 8 s of the ranks' last event (their interpreters'
+    teardown), where a 20 s tick would see each 10 s later on average."""
+    from tests.launcher_helpers import run_job
+
+    run = run_job(tmp_path, torchrun_args=["--max-restarts", "1", "--monitor-interval", "20"],
+                  job_args=["--fail-on", "0"], timeout=240)
+    assert run.returncode == 0, run.describe()
+    (failure,) = run.of("WORKER_EXIT", worker_id=1, exit_code=3)
+    exited = float((run.out / "attempt0_rank1.exit").read_text())
+    assert 0 <= failure["timestamp"] - exited < 2.0, failure["timestamp"] - exited
+    last = max(e["timestamp"] for e in run.of("EPOCH_END", restart_count=1))
+    (agent_exit,) = run.of("AGENT_EXIT")
+    assert agent_exit["state"] == "SUCCEEDED", run.describe()
+    assert agent_exit["timestamp"] - last < 8.0, agent_exit["timestamp"] - last

@@ -15,8 +15,11 @@ pidfd would stay readable: kept, it would make every later wait return at once).
 ``os.pidfd_open`` is missing or refused (another OS, an old kernel, a seccomp filter), the
 wait is the plain sleep torch does.
 
+:class:`QuickWaits` does the same for torch's wait for the workers it stopped (the
+survivors of a failure, at a restart, at the end), which polls.
+
 Torch-free; the counts (:attr:`ExitWatch.ticks`, :attr:`ExitWatch.woken`) show the
-loop's pace: one tick per interval, plus one per worker exit, never a busy loop.
+loop's pace: at most one tick per interval plus one per worker exit, never a busy loop.
 """
 
 from __future__ import annotations
