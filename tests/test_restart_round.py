@@ -199,3 +199,17 @@ def test_the_look_for_a_stop_ends_once_every_other_node_decided_to_restart() -> 
     finally:
         a.close()
         b.close()
+
+
+def test_the_torch_code_the_waits_stand_in_for_is_there() -> None:
+    """ExitWatch.ticking: torch's loop reads the interval once, before its loop, and sleeps
+    it before each tick. QuickWaits: torch's process context waits for each worker it
+    stopped with ``handler.proc.wait(timeout)``."""
+    from torch.distributed.elastic.agent.server import api as agent_api
+    from torch.distributed.elastic.multiprocessing import api as mp_api
+
+    loop = inspect.getsource(agent_api.SimpleElasticAgent._invoke_run)
+    assert loop.index("monitor_interval = spec.monitor_interval") < loop.index("while True")
+    assert "time.sleep(monitor_interval)" in loop
+    assert "handler.proc.wait(time_to_wait)" in inspect.getsource(
+        mp_api.SubprocessContext._close)
