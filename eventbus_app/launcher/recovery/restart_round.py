@@ -32,8 +32,10 @@ costs that are no part of that agreement:
   events module an ``inspect`` whose ``stack()`` is :func:`outer_frames`, the two frames
   it reads, with the same answers.
 
-All three patch torch's private ``dynamic_rendezvous`` module; where it is not there or
-has another shape (another torch), they change nothing. Torch-free to import.
+All three patch torch's private modules (``dynamic_rendezvous``, and ``events`` for the
+last); where they are not there or have another shape (another torch), they change
+nothing (tests/test_restart_round.py pins the code they stand in for). Torch-free to
+import.
 """
 
 from __future__ import annotations
