@@ -120,15 +120,21 @@ def one(launcher: str, crash_at: int = 40) -> dict[str, Any]:
             seen = [m["t"] for m in marks if m["mark"] == name and m["attempt"] == 1]
             out[name] = (max(seen) - crash) if crash is not None and len(seen) == 2 else None
         out["ok"] = rc == 0 and out["step"] is not None
-        recovered = []
+        recovered, exits = [], []
         if (folder / "events.jsonl").exists():
             for line in (folder / "events.jsonl").read_text().splitlines():
                 with contextlib.suppress(ValueError):
                     event = json.loads(line)
                     if event.get("type") == "RECOVERED":
                         recovered.append(event)
+                    if event.get("type") == "WORKER_EXIT" and crash is not None:
+                        exits.append(float(event["timestamp"]) - crash)
         if recovered:
-            out["phases"] = recovered[0]["data"]["phases"]
+            # "seen": the crash to the agent's first WORKER_EXIT (before RECOVERED's
+            # "detect", which starts there), on the same clock as the script's marks
+            seen = min((t for t in exits if t >= 0), default=None)
+            out["phases"] = {"seen": None if seen is None else round(seen, 3),
+                             **recovered[0]["data"]["phases"]}
         if not out["ok"]:
             text = (folder / "job.log").read_text(errors="replace").splitlines()
             out["tail"] = " | ".join(line for line in text[-4:])[-400:]
@@ -194,6 +200,7 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     steps/s cases, the launchers interleaved (their order reversed every other round);
     the medians side by side."""
     rounds = 2 if quick else ROUNDS
+    load = os.getloadavg()[0]
     crashes = {"late": LATE_STEP, "early": EARLY_STEP}
     jobs: dict[str, list[dict[str, Any]]] = {name: [] for name in crashes}
     rates: dict[str, list[float]] = {case: [] for case in RATE_CASES}
@@ -209,7 +216,9 @@ def run(*, quick: bool = False) -> dict[str, Any]:
             rates[case].append(rate(case, 300 if quick else RATE_STEPS))
             print(f"bench_recovery: round {index + 1}/{rounds} {case}: "
                   f"{rates[case][-1]:.0f} steps/s", file=sys.stderr, flush=True)
-    result: dict[str, Any] = {"rows": [], "rounds": rounds}
+    result: dict[str, Any] = {"rows": [], "rounds": rounds,
+                              "1-minute load average, start / end": (
+                                  f"{load:.1f} / {os.getloadavg()[0]:.1f}")}
     figures: dict[str, Any] = {}
     for name, step in crashes.items():
         rows, medians = _crash_rows(jobs[name], f"{name} ({step / 10:.0f} s)")

@@ -61,7 +61,7 @@ def test_recovered_comes_once_every_rank_reached_its_first_step() -> None:
     event = recovery.ready()
     assert isinstance(event, eventbus.Recovered) and event.attempt == 1
     assert list(event.phases) == list(PHASES)
-    assert event.phases == {"detect": 0.05, "stop": 0.2, "rendezvous": 0.2, "start": 0.3,
+    assert event.phases == {"detect": 0.05, "stop": 0.2, "rendezvous": 0.2, "start": 0.35,
                             "import": 1.2, "init": 0.2, "restore": 0.1,
                             "first_step": 0.3}
     assert event.total_s == pytest.approx(2.6)
@@ -78,7 +78,7 @@ def test_a_phase_not_seen_is_none_never_guessed() -> None:
     event = recovery.ready()
     assert event is not None
     assert event.phases["import"] is None and event.phases["restore"] is None
-    assert event.phases["start"] == 0.2 and event.phases["first_step"] == 0.4
+    assert event.phases["start"] == 0.25 and event.phases["first_step"] == 0.4
 
 
 def test_a_membership_change_is_no_recovery() -> None:

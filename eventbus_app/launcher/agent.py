@@ -95,6 +95,8 @@ from eventbus.app.launcher.hosts.eviction import Eviction
 from eventbus.app.launcher.hosts.lost import LostNodes
 from eventbus.app.launcher.job_health import Health
 from eventbus.app.launcher.recovery import membership
+from eventbus.app.launcher.recovery import restart_round
+from eventbus.app.launcher.recovery.exit_watch import QuickWaits
 from eventbus.app.launcher.recovery.formation import Formation
 from eventbus.app.launcher.recovery.formation import rendezvous_info
 from eventbus.app.launcher.recovery.restarts import Restarts
@@ -155,11 +157,13 @@ class _DrainEnded(Exception):
 
 
 
-def _mark_closes(pcontext: Any) -> None:
+def _mark_closes(pcontext: Any, quick_waits: QuickWaits) -> None:
     """Torch's process context signals the workers from its ``close()``: on a failure
     (inside ``wait()``, the survivors), a restart, the agent's shutdown. Each call is
     marked as the agent's own stop, so no worker takes it for a scheduler's drain signal
-    (protocol/drain_signals.py, ``agent_stopping``)."""
+    (protocol/drain_signals.py, ``agent_stopping``); and its wait for the workers' exit
+    is ended by their exit (``quick_waits``: exit_watch.py), not by a poll."""
+    quick_waits.install(pcontext)
     close = getattr(pcontext, "close", None)
     if close is None or getattr(close, "_eventbus_marked", False):
         return
@@ -429,7 +433,8 @@ class EventAgent(LocalElasticAgent):
         self.drain.install()
         self.slurm_drain.start()
         try:
-            result = super().run(role)
+            with self.restarts.exit_watch.ticking(spec):  # woken by an exit (exit_watch.py)
+                result = super().run(role)
             if self.drain.active:
                 self.eviction.announce()  # a host fault during the drain (when one came)
                 return self.draining.result()
@@ -514,7 +519,7 @@ class EventAgent(LocalElasticAgent):
         started = time.perf_counter()
         name = worker_group.spec.rdzv_handler.get_backend()
         try:
-            with membership.patient_join():
+            with restart_round.joining(worker_group.spec.rdzv_handler, self.formation) as round_:
                 super()._rendezvous(worker_group)
         except Exception as exc:
             self.bus.record(EventType.RENDEZVOUS, state="FAILED", name=name,
@@ -537,7 +542,7 @@ class EventAgent(LocalElasticAgent):
                   "group_world_size": worker_group.group_world_size,
                   "master_addr": worker_group.master_addr,
                   "master_port": worker_group.master_port,
-                  **({"lost": lost} if lost else {})},
+                  **({"lost": lost} if lost else {}), **round_.data()},
         )
         if lost and worker_group.group_rank == 0:  # said and recorded once, by rank 0
             console.write(f"eventbus: {', '.join(lost)} lost: gone from the rendezvous "
@@ -574,9 +579,8 @@ class EventAgent(LocalElasticAgent):
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         with self.restarts.starting(), self.worker_store.hosting(worker_group):
             pids: dict[int, Any] = super()._start_workers(worker_group)
-        _mark_closes(self._pcontext)
-        workers = worker_group.workers
-        self.restarts.started(self.attempt, workers[0].world_size if workers else 0)
+        _mark_closes(self._pcontext, self.restarts.quick_waits)
+        self.restarts.started(self.attempt, _world_size(worker_group), pids)
         self.drain.install()  # torch's process context took SIGTERM for itself
         for worker in worker_group.workers:
             pid = pids.get(worker.local_rank)
@@ -586,7 +590,7 @@ class EventAgent(LocalElasticAgent):
         return pids
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
-        self.restarts.recovered()
+        self.restarts.tick()
         self.restarts.fill_spares(self.attempt, (w.global_rank for w in worker_group.workers),
                                   draining=self.drain.active)
         # 0. A drain: the workers stop by themselves until the deadline (drain/monitor.py).
@@ -674,6 +678,12 @@ def _peek(pid: int) -> int | None:
     """:func:`~eventbus.app.launcher.group.processes.peek_exit`, looked up in this module at
     each call: a test without ``waitid`` replaces ``agent.peek_exit``."""
     return peek_exit(pid)
+
+
+def _world_size(worker_group: WorkerGroup) -> int:
+    """The attempt's ranks in all (0 before its workers are assigned)."""
+    workers = worker_group.workers
+    return int(workers[0].world_size) if workers else 0
 
 
 def _set_context(worker_group: WorkerGroup, attempt: int) -> None:

@@ -34,17 +34,32 @@ class RemoteStop:
 
     def __init__(self) -> None:
         self._signal: StopSignal | None = None
+        #: the attempt the last rendezvous formed (the one a restart ends)
+        self._attempt: int | None = None
 
     def remote(self) -> str | None:
         """The reason of a STOP another node announced, or None."""
         return self._signal.remote if self._signal is not None else None
 
     def watch(self, info: Callable[[], RendezvousInfo], group_world_size: int) -> None:
-        """After a rendezvous: watch the key, once, when the group has several nodes."""
-        if self._signal is not None or group_world_size < 2:
+        """After a rendezvous: watch the key, once, when the group has several nodes (the
+        group's ranks kept up to date at each rendezvous after that)."""
+        if self._signal is not None:
+            try:
+                rdzv = info()
+            except Exception:
+                logger.exception("eventbus: the job-wide STOP keeps the last group's ranks")
+                self._attempt = None
+                return
+            self._signal.group_rank = rdzv.group_rank
+            self._signal.group_world_size = rdzv.group_world_size
+            self._attempt = rdzv.restart_count
+            return
+        if group_world_size < 2:
             return
         try:
             rdzv = info()
+            self._attempt = rdzv.restart_count
             self._signal = StopSignal(host=rdzv.store_host, port=rdzv.store_port,
                                       run_id=rdzv.run_id, group_rank=rdzv.group_rank,
                                       group_world_size=rdzv.group_world_size)
@@ -65,8 +80,11 @@ class RemoteStop:
 
     def before_restart(self) -> str | None:
         """About to restart: another node's STOP, set while this node's workers lost their
-        peers to it (waited for a moment), or None."""
-        return self._signal.wait_remote() if self._signal is not None else None
+        peers to it (waited for a moment, less when every other node decided to restart
+        the same attempt: stop_signal.py), or None."""
+        if self._signal is None:
+            return None
+        return self._signal.wait_remote(attempt=self._attempt)
 
     def announce(self, reason: str) -> None:
         """This node's STOP: the other nodes hear it."""

@@ -20,6 +20,13 @@ another node's agent may be about to restart when the key is set: before it rest
 agent looks for the key for up to :data:`RESTART_GRACE_S` (:meth:`StopSignal.wait_remote`),
 and stops instead of restarting if it appears (seen without it under load: a node
 restarted once, then stopped).
+
+That look ends early when every other node of the group decided to restart the same
+attempt: each agent about to restart sets ``eventbus/stop/<run id>/restart/<attempt>/<group
+rank>`` first, and one that finds the others' keys there knows no STOP can come for that
+attempt (a node that STOPs sets no restart key). A restart of several nodes then waits for
+the slowest node's decision, not a whole second; a node that decides nothing (its workers
+still healthy, or it is gone) leaves the look at its full length, as before.
 """
 
 from __future__ import annotations
@@ -31,7 +38,8 @@ from typing import Any
 
 from eventbus.store_client import connect_store
 
-__all__ = ["RESTART_GRACE_S", "STOP_ACK_TIMEOUT_S", "STOP_POLL_S", "StopSignal"]
+__all__ = ["RESTART_GRACE_S", "RESTART_POLL_S", "STOP_ACK_TIMEOUT_S", "STOP_POLL_S",
+           "StopSignal"]
 
 logger = logging.getLogger("eventbus")
 
@@ -41,6 +49,8 @@ STOP_POLL_S = 0.5
 STOP_ACK_TIMEOUT_S = 10.0
 #: how long an agent about to restart its group looks for another node's STOP first
 RESTART_GRACE_S = 1.0
+#: how often it looks meanwhile (the STOP key, and the other nodes' restart keys)
+RESTART_POLL_S = 0.02
 
 
 class StopSignal:
@@ -55,6 +65,8 @@ class StopSignal:
         #: the reason another node stopped the job, once seen
         self.remote: str | None = None
         self.announced = False
+        #: restarts whose look ended early: every other node had decided to restart
+        self.agreed = 0
         self._lock = threading.Lock()
         self._client: Any = None
         self._done = threading.Event()
@@ -97,21 +109,39 @@ class StopSignal:
                 logger.debug("eventbus: STOP watch: %s", exc)
                 return
 
-    def wait_remote(self, timeout: float = RESTART_GRACE_S) -> str | None:
-        """Look for another node's STOP now, and every 0.1 s for up to ``timeout``
-        seconds (the agent, before a restart): its reason, or None."""
+    def _restart_key(self, attempt: int, rank: int) -> str:
+        return f"{self.key}/restart/{attempt}/{rank}"
+
+    def wait_remote(self, timeout: float = RESTART_GRACE_S, *,
+                    attempt: int | None = None) -> str | None:
+        """Look for another node's STOP now, and every :data:`RESTART_POLL_S` for up to
+        ``timeout`` seconds (the agent, before it restarts ``attempt``): its reason, or
+        None. With ``attempt``, this node's restart key is set first, and the look ends
+        as soon as every other node's is there (:attr:`agreed` counts those looks)."""
         deadline = time.monotonic() + timeout
+        others: list[str] = []
+        if attempt is not None and self.group_world_size > 1:
+            others = [self._restart_key(attempt, r) for r in range(self.group_world_size)
+                      if r != self.group_rank]
+            try:
+                with self._lock:
+                    self._store().set(self._restart_key(attempt, self.group_rank), b"1")
+            except Exception as exc:  # the store is gone: the look below says so
+                logger.debug("eventbus: restart key: %s", exc)
         while self.remote is None and not self.announced:
             try:
                 with self._lock:
                     if self._look():
+                        break
+                    if others and self._store().check(others):
+                        self.agreed += 1
                         break
             except Exception as exc:  # the store is gone: no STOP can be read from it
                 logger.debug("eventbus: STOP look: %s", exc)
                 break
             if time.monotonic() >= deadline:
                 break
-            time.sleep(0.1)
+            time.sleep(RESTART_POLL_S)
         return self.remote
 
     def announce(self, reason: str) -> None:

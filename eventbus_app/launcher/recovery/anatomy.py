@@ -9,7 +9,9 @@ of the new attempt completed its first step, :meth:`Recovery.ready` gives the
 - ``detect``: the agent saw the failure (or judged the stall) to its decision;
 - ``stop``: the decision to the survivors gone (the rendezvous begins);
 - ``rendezvous``: the new attempt's rendezvous;
-- ``start``: the new workers started to the script's first line (the slowest rank's);
+- ``start``: the rendezvous's end to the script's first line (the slowest rank's): the
+  agent's work after the round (its plugins, the attempt's workers' store), the workers
+  handed to the spares or started, and each one's bootstrap;
 - ``import``: to ``import torch`` done;
 - ``init``: to ``init_process_group`` returned;
 - ``restore``: the checkpoint loads before the first step;
@@ -18,7 +20,8 @@ of the new attempt completed its first step, :meth:`Recovery.ready` gives the
 
 The worker phases are the critical rank's: the one whose first step came last. A phase
 whose ends were not both seen is None, never guessed; ``total_s`` runs from the failure
-seen to the last rank's first step. A restart whose workers take no optimizer step and
+seen to the last rank's first step, and the phases follow one another without a gap, so
+they add up to it. A restart whose workers take no optimizer step and
 record no ``METRIC`` step gives no event (there is no first step to reach).
 """
 
@@ -117,7 +120,8 @@ class Recovery:
             "detect": _span(self._failed, self._decided),
             "stop": _span(self._decided, self._stopped),
             "rendezvous": _span(*rendezvous) if rendezvous else None,
-            "start": _span(self._spawned, script),
+            # from the round's end (the workers started where there was none)
+            "start": _span(rendezvous[1] if rendezvous else self._spawned, script),
             # torch imported before the script's first line (a warm process): no import
             "import": _span(script, torch_at) if torch_at is None or script is None
             or torch_at >= script else 0.0,

@@ -26,10 +26,13 @@ import time
 from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Iterator
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
 
 from eventbus.app.launcher.cli import console
 from eventbus.app.launcher.recovery.anatomy import Recovery
+from eventbus.app.launcher.recovery.exit_watch import ExitWatch
+from eventbus.app.launcher.recovery.exit_watch import QuickWaits
 from eventbus.app.launcher.recovery.spares import SparePool
 from eventbus.app.launcher.recovery.spares import serving
 from eventbus.app.protocol import agent_worker as protocol
@@ -69,6 +72,11 @@ class Restarts:
         self.spares = spares if spares is not None else SparePool(
             enabled=warm_spares not in (False, "off"), cuda=warm_spares == "cuda")
         self._launched: Launched = {}
+        #: the monitor's wait, woken by a worker's exit (exit_watch.py); its interval is
+        #: set while the agent runs (0 before: no wait)
+        self.exit_watch = ExitWatch(0.0)
+        #: torch's wait for the workers it stopped, ended by their exit (exit_watch.py)
+        self.quick_waits = QuickWaits()
         #: (attempt, rank) of the ranks whose first step is done (their marks came): the
         #: spares start once this node's workers all took theirs
         self._stepped: set[tuple[int, int]] = set()
@@ -115,10 +123,13 @@ class Restarts:
             yield
         self._on_spares = self.spares.used > used
 
-    def started(self, attempt: int, world_size: int) -> None:
-        """The workers of ``attempt`` (``world_size`` ranks in all) were started."""
+    def started(self, attempt: int, world_size: int,
+                pids: Mapping[int, object] | None = None) -> None:
+        """The workers of ``attempt`` (``world_size`` ranks in all) were started, this
+        node's with ``pids`` (local rank -> pid): the exit watch watches them."""
         self._started_at = self._clock()
         self.recovery.spawned(attempt, world_size)
+        self.exit_watch.watch(pid for pid in (pids or {}).values() if isinstance(pid, int))
 
     def observe_marks(self, event: Event) -> None:
         """A worker's start-up marks (a beat's ``data["marks"]``), for the anatomy."""
@@ -128,6 +139,12 @@ class Restarts:
         if found is not None and isinstance(rank, int) and isinstance(attempt, int):
             self._stepped.add((attempt, rank))
             self.recovery.observe(attempt, rank, found)
+
+    def tick(self) -> None:
+        """The monitor's tick: the wait torch's loop would sleep (one interval, ended by a
+        worker's exit: :class:`ExitWatch`), then :meth:`recovered`."""
+        self.exit_watch.wait()
+        self.recovered()
 
     def recovered(self) -> None:
         """Publish RECOVERED (and its console line) once the restart reached its step."""
@@ -161,4 +178,5 @@ class Restarts:
     def close(self) -> None:
         """The agent's end: every spare ended, the marks no longer observed."""
         self.spares.close()
+        self.exit_watch.close()
         self._marks_sub.cancel()
