@@ -9,8 +9,8 @@ as the log folder (the same layout within), so it knows the folder it owns. At t
 the command, once the failure table was printed and the root cause's error file copied
 (torch's ``record``), the folder is removed, unless it holds what the user may still read:
 a worker's error file (the failure table names it as ``error_file:``), or the logs
-``--redirects`` or ``--tee`` asked for. Then it stays, named in one console line
-(docs/run.md, "What a job leaves behind").
+``--redirects`` or ``--tee`` asked for. Then it stays: the logs named in one console line,
+an error file by the failure table (docs/run.md, "What a job leaves behind").
 
 A folder the user named (``--log-dir``), or a ``--logs-specs`` of the user's own, is the
 user's: never touched. Torch-free.
@@ -70,16 +70,14 @@ class JobLogDir:
         return cls(path, keep=asks_for_logs(args.redirects, args.tee))
 
     def close(self) -> None:
-        """The command's end: the folder removed, or, holding the logs asked for or a
-        worker's error file, kept and named. A folder without any file (no worker started,
+        """The command's end: the folder removed, or kept when it holds the logs asked for
+        (named in a console line) or a worker's error file (named by the failure table). A folder without any file (no worker started,
         no worker failed) is removed either way. Never raises."""
         files = [name for _, _, names in os.walk(self.path) for name in names]
         if self.keep and files:
             console.write(f"the workers' logs are kept in {self.path} (--redirects/--tee "
                           "without --log-dir)")
             return
-        if ERROR_FILE in files:
-            console.write(f"the workers' error files are kept in {self.path} (the failure "
-                          "table names them; --log-dir chooses the folder)")
+        if ERROR_FILE in files:  # the failure table named it (``error_file:``): no line
             return
         shutil.rmtree(self.path, ignore_errors=True)
