@@ -41,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -155,6 +156,13 @@ def _progress(prefix: str, job: dict[str, Any]) -> None:
 def rate(case: str, steps: int = RATE_STEPS) -> float:
     """Steps/s of benchmarks/health_loop.py over ``steps`` steps after its first step, under
     ``case`` (:data:`RATE_CASES`), each option its default but the spares' in the last."""
+    return rate_and_start(case, steps)[0]
+
+
+def rate_and_start(case: str, steps: int = RATE_STEPS) -> tuple[float, float | None]:
+    """:func:`rate`, and the seconds from the launcher's start to the end of the job's first
+    step (the start's cost: with spares on, their imports share the cores with the
+    workers' own start)."""
     launcher = ([sys.executable, "-m", "torch.distributed.run"] if case == "torchrun"
                 else [sys.executable, "-m", "eventbus", "run"])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "BENCH_STEPS": str(steps),
@@ -168,6 +176,7 @@ def rate(case: str, steps: int = RATE_STEPS) -> float:
     cmd = [*launcher, "--standalone", "--nproc-per-node", "2", "--monitor-interval", "0.1",
            str(LOOP)]
     with tempfile.TemporaryDirectory(prefix="bench-rate-") as tmp:
+        launched = time.time()
         try:
             done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tmp,
                                   timeout=JOB_LIMIT_S * 2, check=False)
@@ -175,7 +184,9 @@ def rate(case: str, steps: int = RATE_STEPS) -> float:
             sweep(token)
     for line in done.stdout.splitlines():
         if line.startswith("{"):
-            return float(json.loads(line)["steps_per_s"])
+            found = json.loads(line)
+            first = found.get("first_step_unix")
+            return float(found["steps_per_s"]), (float(first) - launched if first else None)
     raise RuntimeError(f"{case}: no rate (rc {done.returncode}): {done.stderr[-2000:]}")
 
 
@@ -204,6 +215,7 @@ def run(*, quick: bool = False) -> dict[str, Any]:
     crashes = {"late": LATE_STEP, "early": EARLY_STEP}
     jobs: dict[str, list[dict[str, Any]]] = {name: [] for name in crashes}
     rates: dict[str, list[float]] = {case: [] for case in RATE_CASES}
+    starts: dict[str, list[float]] = {case: [] for case in RATE_CASES}
     for index in range(rounds):
         flip = index % 2 == 1
         for name, step in crashes.items():
@@ -213,7 +225,10 @@ def run(*, quick: bool = False) -> dict[str, Any]:
                 _progress(f"bench_recovery: round {index + 1}/{rounds} {name} crash, "
                           f"{launcher}", job)
         for case in tuple(reversed(RATE_CASES)) if flip else RATE_CASES:
-            rates[case].append(rate(case, 300 if quick else RATE_STEPS))
+            steps_per_s, start_s = rate_and_start(case, 300 if quick else RATE_STEPS)
+            rates[case].append(steps_per_s)
+            if start_s is not None:
+                starts[case].append(start_s)
             print(f"bench_recovery: round {index + 1}/{rounds} {case}: "
                   f"{rates[case][-1]:.0f} steps/s", file=sys.stderr, flush=True)
     result: dict[str, Any] = {"rows": [], "rounds": rounds,
@@ -250,6 +265,8 @@ def run(*, quick: bool = False) -> dict[str, Any]:
         f"{median_rate['eventbus run, spares off'] / plain:.2f}x")
     figures["steps/s target (spares on >= 0.97x torchrun)"] = (
         "met" if median_rate["eventbus run"] >= RATE_TARGET * plain else "not met")
+    figures["launch to the first step's end, median s: torchrun / eventbus run / spares off"] = (
+        " / ".join(_fmt(_median(starts[c])) for c in RATE_CASES))
     figures["steps/s, every round (torchrun; on; off)"] = "; ".join(
         ", ".join(f"{r:.0f}" for r in rates[c]) for c in RATE_CASES)
     result.update(figures)

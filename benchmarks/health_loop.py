@@ -2,7 +2,8 @@
 eventbus): small tensors, one ``all_reduce`` and one optimizer step per step, no sleep.
 
 Rank 0 prints one JSON line over the steps after ``BENCH_WARMUP`` warm-up steps
-(environment: ``BENCH_STEPS``, default 3000): ``steps_per_s``, ``steps``, ``wall_s``, and
+(environment: ``BENCH_STEPS``, default 3000): ``steps_per_s``, ``steps``, ``wall_s``,
+``first_step_unix`` (the wall clock when the warm-up steps were done), and
 ``threads``, each Python thread's CPU seconds in those steps by thread name (``main`` for
 the training thread; eventbus's own threads are named ``eventbus-*``), read from
 ``/proc/self/task/<tid>/schedstat`` (nanoseconds; ``.../stat``'s clock ticks where there is
@@ -68,11 +69,12 @@ def main() -> None:
     model = torch.nn.Linear(16, 16)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(4, 16)
-    started = 0.0
+    started = first_step_unix = 0.0
     cpu_before: dict[str, float] = {}
     woken_before: dict[str, int] = {}
     for step in range(warmup + steps):
         if step == warmup:
+            first_step_unix = time.time()  # the warm-up's steps done (BENCH_WARMUP=1: one)
             dist.barrier()
             started = time.perf_counter()
             cpu_before = thread_cpu()
@@ -89,6 +91,7 @@ def main() -> None:
     if dist.get_rank() == 0:
         print(json.dumps({"steps_per_s": steps / elapsed, "steps": steps,
                           "wall_s": elapsed, "threads": threads,
+                          "first_step_unix": first_step_unix,
                           **{k: v - woken_before.get(k, 0) for k, v in wakeups().items()}}),
               flush=True)
     dist.destroy_process_group()
