@@ -71,8 +71,9 @@ class JobLogDir:
 
     def close(self) -> None:
         """The command's end: the folder removed, or kept when it holds the logs asked for
-        (named in a console line) or a worker's error file (named by the failure table). A folder without any file (no worker started,
-        no worker failed) is removed either way. Never raises."""
+        (named in a console line) or a worker's error file (named by the failure table).
+        A folder without any file (no worker started, none failed) is removed either way.
+        Never raises."""
         files = [name for _, _, names in os.walk(self.path) for name in names]
         if self.keep and files:
             console.write(f"the workers' logs are kept in {self.path} (--redirects/--tee "
