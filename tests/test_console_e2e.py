@@ -85,7 +85,11 @@ def test_a_reactor_answering_a_string_is_one_error_and_no_stop(tmp_path: Path) -
     assert len(errors) == 1, run.stderr[-4000:]
     assert "answers_stop_as_text returned 'stop' (str)" in errors[0]
     assert "eventbus.Decision.STOP, eventbus.Decision.RESTART or None" in errors[0]
-    assert "Traceback" not in run.stderr.split("reactor error")[1].split("\n\n")[0]
+    # the agent's lines after it: a survivor's own traceback ("[rank0]: ...", gloo's
+    # connection closed by its failed peer) may come before the agent's SIGTERM reaches it
+    after = run.stderr.split("reactor error")[1].split("\n\n")[0]
+    assert not [line for line in after.splitlines()
+                if "Traceback" in line and not line.startswith("[rank")], after
     assert " raised " not in run.stderr
 
 
