@@ -7,7 +7,6 @@ each node's ``RENDEZVOUS`` counts in ``data["restart_round"]``."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,26 +19,9 @@ from tests.reliability.test_bad_hosts import _attempts
 JOBS = Path(__file__).resolve().parent / "jobs"
 
 
-class _Nodes(Nodes):
-    """test_bad_hosts.py's nodes, on a job of the test's choosing."""
-
-    def __init__(self, tmp_path: Path, job: Path, **kwargs: Any) -> None:
-        super().__init__(tmp_path, **kwargs)
-        self.job = job
-
-    def start(self, host: str) -> None:
-        import tests.reliability.test_bad_hosts as bad_hosts
-
-        saved, bad_hosts.JOB = bad_hosts.JOB, self.job
-        try:
-            super().start(host)
-        finally:
-            bad_hosts.JOB = saved
-
-
 @pytest.fixture
-def made() -> Iterator[list[_Nodes]]:
-    jobs: list[_Nodes] = []
+def made() -> Iterator[list[Nodes]]:
+    jobs: list[Nodes] = []
     yield jobs
     for job in jobs:
         job.kill()
@@ -55,12 +37,12 @@ def _rendezvous(job: Nodes, host: str) -> list[dict[str, Any]]:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_two_nodes_restart_through_torchs_round_without_its_sleeps(
-        tmp_path: Path, made: list[_Nodes]) -> None:
+        tmp_path: Path, made: list[Nodes]) -> None:
     """Rank 1 (node-b's worker) fails on attempt 0: both nodes restart into attempt 1,
     through one round of torch's rendezvous (the same attempt, group ranks 0 and 1, world
     2 and one workers' store on both), and each node's restart round skipped the first
     run's jitter. Both ranks of attempt 1 end 0."""
-    job = _Nodes(tmp_path, JOBS / "gloo_fail_once.py", nnodes="2:2", max_restarts=1,
+    job = Nodes(tmp_path, job=JOBS / "gloo_fail_once.py", nnodes="2:2", max_restarts=1,
                  job_args=["--fail-on", "0", "--fail-rank", "1"])
     made.append(job)
     job.start("node-a")
@@ -95,20 +77,18 @@ def test_two_nodes_restart_through_torchs_round_without_its_sleeps(
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_node_that_comes_while_two_run_joins_through_torchs_round(
-        tmp_path: Path, made: list[_Nodes]) -> None:
+        tmp_path: Path, made: list[Nodes]) -> None:
     """``--nnodes 2:3``: node-a and node-b run; node-c comes once they trained. It waits
     (torch's wait list), the running nodes see it (``num_nodes_waiting``) and re-form, and
     torch's round admits it: the next attempt has three nodes, ranks 0-2, on every node.
     The running nodes' re-form is a restart round (its sleeps cut); node-c's first round
     is not."""
-    job = _Nodes(tmp_path, JOBS / "bad_host_job.py", nnodes="2:3", max_restarts=3,
+    job = Nodes(tmp_path, job=JOBS / "bad_host_job.py", nnodes="2:3", max_restarts=3,
                  job_args=["--steps", "80"])
     made.append(job)
     job.start("node-a")
     job.start("node-b")
-    deadline = time.monotonic() + 200
-    while not _attempts(job.out, "node-a") and time.monotonic() < deadline:
-        time.sleep(0.1)
+    job.wait_for_a_worker("node-a", 200)
     job.start("node-c")
     codes = job.wait(300)
     outputs = job.kill()

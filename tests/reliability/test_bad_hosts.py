@@ -43,12 +43,13 @@ class Nodes:
 
     def __init__(self, tmp_path: Path, *, job_args: list[str], max_restarts: int = 3,
                  agent_args: tuple[str, ...] = ("--stall-timeout", "off"),
-                 nnodes: str = "2:3", rdzv_conf: str = "") -> None:
+                 nnodes: str = "2:3", rdzv_conf: str = "", job: Path = JOB) -> None:
         self.tmp = tmp_path
         self.out = tmp_path / "out"
         self.out.mkdir()
         self.ledger = tmp_path / "hosts.sqlite"
         self.port = free_port()
+        self.job = job
         self.job_args = job_args
         self.max_restarts = max_restarts
         self.agent_args = list(agent_args)
@@ -66,12 +67,18 @@ class Nodes:
                "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--rdzv-id", "bad-hosts",
                "--rdzv-conf", self.rdzv_conf,
                "--max-restarts", str(self.max_restarts), "--monitor-interval", "0.1",
-               str(JOB), "--out", str(self.out), *self.job_args]
+               str(self.job), "--out", str(self.out), *self.job_args]
         env = {**job_env(), "EVENTBUS_HOSTNAME": host}
         self.procs[host] = subprocess.Popen(
             cmd, cwd=self.tmp, env=env, text=True, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, start_new_session=True)
         self.started[host] = time.monotonic()
+
+    def wait_for_a_worker(self, host: str, timeout: float) -> None:
+        """Until ``host``'s first worker wrote its attempt file (at most ``timeout`` s)."""
+        deadline = time.monotonic() + timeout
+        while not _attempts(self.out, host) and time.monotonic() < deadline:
+            time.sleep(0.1)
 
     def wait(self, timeout: float) -> dict[str, int | None]:
         deadline = time.monotonic() + timeout
@@ -320,9 +327,7 @@ def test_a_node_left_waiting_when_the_job_ends_exits_0_and_says_so(
     store = TCPStore("127.0.0.1", job.port, is_master=True, wait_for_workers=False,
                      timeout=datetime.timedelta(seconds=60))
     job.start("node-a")
-    deadline = time.monotonic() + 120
-    while not _attempts(job.out, "node-a") and time.monotonic() < deadline:
-        time.sleep(0.1)
+    job.wait_for_a_worker("node-a", 120)
     job.start("node-b")
     codes = job.wait(200)
     outputs = job.kill()
