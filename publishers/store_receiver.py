@@ -72,6 +72,10 @@ BELL_WAIT_S = 3600.0
 #: backlog of large values in a thousand queues a whole round took a minute
 MAX_ROUND_S = 0.25
 
+#: the shortest sleep of an idle receiver's thread (a queue due now is polled in the
+#: next round; this only keeps a clock step from spinning it)
+_MIN_WAIT_S = 0.001
+
 
 @attrs.define
 class _Queue:
@@ -88,8 +92,10 @@ class _Queue:
 class StoreReceiver:
     """Drains queues of a c10d store and republishes their events on ``bus``.
 
-    Call :meth:`watch` for each queue, then :meth:`start` (a background thread polling
-    every ``poll_interval`` seconds while idle) or :meth:`drain_once` by hand.
+    Call :meth:`watch` for each queue, then :meth:`start` (a background thread that polls
+    each queue when it is due: ``poll_interval`` after it gave values, backing off to
+    ``max_idle_interval`` while it is empty, at once when it rings) or :meth:`drain_once`
+    by hand.
     ``on_end(key, sender)`` runs when a sender's end marker arrives. ``bell``: this
     receiver's doorbell queue (needs ``host`` and ``port``): :meth:`start` also starts a
     thread blocking on it, and a queue whose key rings is popped at once. ``hold``: asked
@@ -171,6 +177,8 @@ class StoreReceiver:
         self.hold = hold
         #: pops deferred because ``hold`` said so, and whether the last drain was held
         self.holds = 0
+        #: rounds the background thread ran (its wake-ups: a ring, a due queue, a watch)
+        self.wakeups = 0
         self._held = False
         self.max_round_s = max_round_s
         #: where the next round starts (see drain_once)
@@ -186,6 +194,7 @@ class StoreReceiver:
         rank, or a node's group rank). Watching it again cancels a pending retirement."""
         with self._lock:
             self._queues[key] = _Queue(key, kind, rank)
+        self._wake.set()  # due at once: the thread may be sleeping until another is due
 
     def retire(self, key: str, *, after: float) -> None:
         """Stop draining ``key`` once it is found empty ``after`` seconds from now."""
@@ -207,7 +216,8 @@ class StoreReceiver:
         A queue found empty is polled less and less often, up to ``max_idle_interval``
         apart. One that gave values until it was found empty starts that back-off at
         ``poll_interval`` (its sender pushes at most once per flush interval: polling it
-        again at once would find it empty, one store round trip per push for nothing);
+        again at once would find it empty, one store round trip per push for nothing),
+        or, with a doorbell, at ``max_idle_interval`` (its sender rings at its next push);
         one that still held values (``max_pops_per_queue`` reached, or held) is polled
         again at once. Idle queues cost the store one pop per ``max_idle_interval`` each
         (see docs/across-processes.md, Scaling; docs/scale.md).
@@ -290,8 +300,11 @@ class StoreReceiver:
         if values_left:  # due again at once
             queue.idle = 0.0
             queue.next_poll = now
-        elif got:  # emptied: its sender's next push is a flush interval away
-            queue.idle = self.poll_interval
+        elif got and self.bell is None:  # emptied: its sender's next push is a flush
+            queue.idle = self.poll_interval  # interval away
+            queue.next_poll = now + queue.idle
+        elif got:  # emptied, and its sender rings at its next push: polled only in case
+            queue.idle = self.max_idle_interval  # a ring is lost
             queue.next_poll = now + queue.idle
         else:
             queue.idle = min(self.max_idle_interval, max(self.poll_interval, queue.idle * 2))
@@ -360,17 +373,32 @@ class StoreReceiver:
         wake = self._wake
         while not self._stop.is_set():
             wake.clear()  # a ring from here on ends the wait below at once
+            self.wakeups += 1
             try:
                 popped = self.drain_once()
             except Exception:  # never let the agent lose its receiver
                 logger.exception("store receiver: draining failed; retrying")
                 popped = 0
             if not popped:
-                wake.wait(self.poll_interval)
+                wake.wait(self._idle_wait())
             else:
                 # a thread waiting for the lock (stats(), watch()) gets it now: a lock let
                 # go of and taken again in one breath starves its waiters
                 time.sleep(0)
+
+    def _idle_wait(self) -> float:
+        """How long the thread sleeps after a round that popped nothing: until the soonest
+        queue is due (each backs off while idle, up to ``max_idle_interval``), so that an
+        idle receiver wakes a few times a second, not every ``poll_interval``; a ring, a
+        :meth:`watch` and :meth:`stop` end the wait at once. ``poll_interval`` while held
+        (the sinks may catch up any moment) or while the store is gone."""
+        if self._held or self.client is None:
+            return self.poll_interval
+        with self._lock:
+            soonest = min((queue.next_poll for queue in self._queues.values()), default=None)
+        if soonest is None:
+            return self.max_idle_interval
+        return min(self.max_idle_interval, max(_MIN_WAIT_S, soonest - time.monotonic()))
 
     def _listen(self, bell: str) -> None:
         """The doorbell thread: block on ``bell`` with a client of its own (a blocking pop
@@ -477,6 +505,7 @@ class StoreReceiver:
             return {
                 "values": self.values,
                 "delivered": self.delivered,
+                "wakeups": self.wakeups,
                 "rejected": dict(self.rejected),
                 "lost": dict(self.lost),
                 "store_errors": self.store_errors,

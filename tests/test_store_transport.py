@@ -340,6 +340,57 @@ def test_doorbell_ignores_strangers_and_stop_wakes_and_removes_it(store: Any) ->
     assert not store.check([bell])
 
 
+def test_an_idle_receiver_sleeps_until_a_queue_is_due_not_every_poll_interval(
+        store: Any) -> None:
+    """The agent's receiver shares a node's cores with the workers: with its queues empty
+    its thread wakes when the soonest is due (backed off to ``max_idle_interval``), not
+    every ``poll_interval`` (10 ms: a hundred wake-ups a second of a thread that finds
+    nothing, each one taking a core from a rank in a collective). A push without a ring
+    still arrives by the back-off."""
+    dst, got = _bus_with_log("dst")
+    rx = StoreReceiver(bus=dst, host="127.0.0.1", port=store.port, connect_timeout=10,
+                       poll_interval=0.01, max_idle_interval=0.4)
+    rx.watch(KEY, kind="w", rank=0)
+    rx.start()
+    try:
+        assert _wait_for(lambda: rx.stats()["wakeups"] > 0, 10.0)
+        time.sleep(1.0)  # the back-off reaches 0.4 s within 0.7 s
+        before = rx.stats()["wakeups"]
+        time.sleep(2.0)
+        woken = rx.stats()["wakeups"] - before
+        assert woken <= 8, woken  # every 10 ms: about 200
+        src = eventbus.Bus("src")
+        fwd = StoreForwarder(host="127.0.0.1", port=store.port, key=KEY, rank=0, bus=src)
+        src.record(EventType.EPOCH_END, epoch=1)
+        assert fwd.close(10.0)
+        assert _wait_for(lambda: len(got) == 1, 10.0), rx.stats()
+    finally:
+        rx.stop()
+
+
+def test_a_queue_watched_while_the_receiver_sleeps_is_polled_at_once(store: Any) -> None:
+    """The thread sleeps until its soonest queue is due (here a minute away); watching a
+    new queue wakes it, so that queue is popped now, not after the others' back-off."""
+    dst, got = _bus_with_log("dst")
+    rx = StoreReceiver(bus=dst, host="127.0.0.1", port=store.port, connect_timeout=10,
+                       poll_interval=60.0, max_idle_interval=60.0)
+    rx.watch(KEY, kind="w", rank=0)
+    rx.start()
+    other = worker_key("eventbus/test/0", 1)
+    try:
+        assert _wait_for(lambda: rx.stats()["wakeups"] > 0, 10.0)
+        time.sleep(0.2)  # the first round found KEY empty: the thread sleeps 60 s
+        src = eventbus.Bus("src")
+        fwd = StoreForwarder(host="127.0.0.1", port=store.port, key=other, rank=1, bus=src)
+        src.record(EventType.EPOCH_END, epoch=1)
+        assert fwd.close(10.0)
+        rx.watch(other, kind="w", rank=1)
+        assert _wait_for(lambda: len(got) == 1, 20.0), rx.stats()
+        assert [e.epoch for e in got] == [1]
+    finally:
+        rx.stop()
+
+
 @pytest.mark.parametrize("pipelined", [False, True], ids=["pops", "pipelined"])
 def test_a_held_receiver_leaves_the_pushes_in_the_store_until_released(
         store: Any, pipelined: bool) -> None:
