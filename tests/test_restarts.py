@@ -35,11 +35,18 @@ class CountingPool(SparePool):
     def __init__(self, *, enabled: bool = True) -> None:
         super().__init__(enabled=enabled)
         self.fills: list[dict[int, tuple[str, Sequence[str], Mapping[str, str]]]] = []
+        self.low: list[bool] = []
+        self.demoted = 0
         self.closed = False
 
-    def fill(self, workers: Mapping[int, tuple[str, Sequence[str], Mapping[str, str]]]) -> int:
+    def fill(self, workers: Mapping[int, tuple[str, Sequence[str], Mapping[str, str]]], *,
+             low: bool = False) -> int:
         self.fills.append(dict(workers))
+        self.low.append(low)
         return len(workers)
+
+    def demote(self) -> None:
+        self.demoted += 1
 
     def close(self, timeout: float = 2.0) -> None:
         self.closed = True
@@ -114,8 +121,9 @@ def test_the_spares_start_with_fresh_workers_and_after_a_restart_on_spares_stepp
     """The next attempt's spares start once per attempt, with the launches torch made: at
     once where the attempt's workers started fresh (they warm up while the workers start);
     where they started on spares, after this node's ranks all sent their marks (or
-    SPARES_AFTER_S into the attempt). Never before a launch, nor during a drain. (Each
-    spare warms up at the lowest priority: tests/test_spare_priority.py.)"""
+    SPARES_AFTER_S into the attempt), at the lowest priority from their start. Once the
+    ranks stepped, the spares are put at the lowest priority, once per attempt. Never
+    before a launch, nor during a drain."""
     bus, clock = eventbus.Bus("restarts"), Clock()
     pool = CountingPool()
     restarts = _restarts(bus, clock, pool)
@@ -127,12 +135,13 @@ def test_the_spares_start_with_fresh_workers_and_after_a_restart_on_spares_stepp
     restarts.fill_spares(0, [0, 1], draining=False)
     restarts.fill_spares(0, [0, 1], draining=False)
     assert [sorted(f) for f in pool.fills] == [[0, 1]]  # fresh workers: at once, once
-    assert pool.fills[0][0][2] == {"RANK": "0"}
+    assert pool.fills[0][0][2] == {"RANK": "0"} and pool.low == [False]
+    assert pool.demoted == 0  # the workers have not stepped: the spares warm up beside them
     bus.publish(_beat(0, 0, {"step": 1.0}))
     bus.publish(_beat(0, 1, {"step": 1.0}))
     restarts.fill_spares(0, [0, 1], draining=False)
     restarts.fill_spares(0, [0, 1], draining=False)
-    assert len(pool.fills) == 1
+    assert pool.demoted == 1 and len(pool.fills) == 1
     _start_on_spares(restarts, attempt=1)
     restarts.fill_spares(1, [0, 1], draining=False)
     bus.publish(_beat(1, 0, {"step": 1.0}))
@@ -140,7 +149,7 @@ def test_the_spares_start_with_fresh_workers_and_after_a_restart_on_spares_stepp
     assert len(pool.fills) == 1  # rank 1 has not stepped
     bus.publish(_beat(1, 1, {"step": 1.0}))
     restarts.fill_spares(1, [0, 1], draining=False)
-    assert len(pool.fills) == 2
+    assert len(pool.fills) == 2 and pool.low == [False, True] and pool.demoted == 2
     _start_on_spares(restarts, attempt=2)  # no marks this time: the clock decides
     restarts.fill_spares(2, [0, 1], draining=False)
     assert len(pool.fills) == 2

@@ -105,7 +105,7 @@ def test_a_spare_warms_up_low_and_becomes_a_worker_at_normal_priority(
     log = tmp_path / "spare.log"
     pool = SparePool(spawn=_spawn(log, None if when == "while it warms up" else "json"))
     env = _env()
-    assert pool.fill({0: (sys.executable, ("-u",), env)}) == 1
+    assert pool.fill({0: (sys.executable, ("-u",), env)}, low=True) == 1
     pid = pool._spares[0].proc.pid
     has_group = yielding._autogroup_nice(f"/proc/{pid}/autogroup") is not None
     lowers = yielding.can_raise(nice)
@@ -140,25 +140,24 @@ def test_a_spare_warms_up_low_and_becomes_a_worker_at_normal_priority(
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_the_agent_puts_a_warming_spare_back_at_the_workers_priority(
+def test_the_agent_lowers_a_warming_spare_and_puts_it_back_at_the_workers_priority(
         tmp_path: Path) -> None:
-    """A spare warms up at the lowest priority from its start, whether the workers are
-    starting or training (its main thread kept at this process's); promote(pid), which
-    the agent calls as it hands a spare its worker, raises it from outside: the spare's
-    own main thread needs the GIL to do it, which its starved warm-up thread may hold."""
+    """A spare started beside starting workers warms up at their priority; the pool's
+    demote (the workers' first step) lowers its warm-up thread and autogroup, its main
+    thread kept; promote(pid), which the agent calls as it hands a spare its worker,
+    raises them from outside: the spare's own main thread needs the GIL to do it, which
+    its starved warm-up thread may hold."""
     nice = os.getpriority(os.PRIO_PROCESS, 0)
     pool = SparePool(spawn=_spawn(tmp_path / "spare.log"))
-    assert pool.fill({0: (sys.executable, ("-u",), _env())}) == 1
+    assert pool.fill({0: (sys.executable, ("-u",), _env())}) == 1  # at normal priority
     pid = pool._spares[0].proc.pid
     lowers = yielding.can_raise(nice)
-    has_group = yielding._autogroup_nice(f"/proc/{pid}/autogroup") is not None
-
-    def warming() -> bool:
-        threads, group = _state(pid)
-        return ((not lowers or (SCHED_IDLE, 19) in threads)
-                and (not has_group or group == 19))
-
-    _until(warming)
+    _until(lambda: len(_state(pid)[0]) >= 1)  # its warm-up thread runs
+    threads, group = _state(pid)
+    assert all(t == (SCHED_OTHER, nice) for t in threads) and group in (0, None)
+    pool.demote()  # the workers took their first step
+    threads, group = _state(pid)
+    assert (not lowers or (SCHED_IDLE, 19) in threads) and group in (19, None), threads
     assert sched_of(pid) == (SCHED_OTHER, nice)
     yielding.promote(pid)
     threads, group = _state(pid)

@@ -5,9 +5,10 @@ worker of the next attempt.
 The agent starts it as ``python -u -m eventbus.app.worker.spare`` with the next worker's
 environment less what changes per attempt, the agent's cwd and stdio, in a session of its
 own, and the read end of a pipe whose number is in ``EVENTBUS_SPARE_FD``. The spare
-imports :data:`WARM_MODULES` on a thread of its own at the lowest priority
-(eventbus_app/worker/yielding.py), while its main thread, at the worker's priority,
-blocks on the pipe. The agent writes one JSON line,
+imports :data:`WARM_MODULES` on a thread of its own, lowered to the lowest priority once
+the workers train (by the agent at their first step, or at once with
+``EVENTBUS_SPARE_LOW=1``: eventbus_app/worker/yielding.py), while its main thread, at the
+worker's priority, blocks on the pipe. The agent writes one JSON line,
 ``{"env": {...}, "argv": [...], "cwd": "..."}``: the spare closes the pipe, drops the
 variable, puts the worker's environment in place of its own (``os.environ`` cleared and
 refilled), changes to the cwd, and runs the bootstrap's :func:`eventbus.app.worker.main`
@@ -36,8 +37,8 @@ from typing import Any
 
 from eventbus.app.worker import yielding
 
-__all__ = ["ENV_SPARE_CUDA_DEVICE", "ENV_SPARE_FD", "ENV_SPARE_MODULES", "WARM_MODULES",
-           "main"]
+__all__ = ["ENV_SPARE_CUDA_DEVICE", "ENV_SPARE_FD", "ENV_SPARE_LOW", "ENV_SPARE_MODULES",
+           "WARM_MODULES", "main"]
 
 ENV_SPARE_FD = "EVENTBUS_SPARE_FD"
 #: set by the agent for ``--warm-spares cuda`` (launcher/recovery/spares.py; the value is the local
@@ -50,6 +51,9 @@ WARM_MODULES = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynam
 #: the modules to import instead of :data:`WARM_MODULES`, comma-separated (tests set it
 #: to warm up at once); the spare drops it before the script
 ENV_SPARE_MODULES = "EVENTBUS_SPARE_MODULES"
+#: "1": warm up at the lowest priority from the start (the workers train already); the
+#: spare drops it before the script
+ENV_SPARE_LOW = "EVENTBUS_SPARE_LOW"
 
 
 def _read_assignment(fd: int) -> dict[str, Any] | None:
@@ -114,23 +118,27 @@ def _warm_up(done: int, lower: bool, modules: tuple[str, ...]) -> None:
             f.write(b"1")
 
 
-def _wait(fd: int) -> tuple[threading.Thread, bool]:
-    """Warm up at the lowest priority until the warm-up ends or the pipe is readable (an
-    assignment, or its end of file), whichever comes first; then back to the worker's
-    priority. The warm-up thread, and whether the assignment came before it ended."""
-    yielding.GroupNice(original=0).lower()  # a new session's autogroup is at 0
+def _wait(fd: int, low: bool) -> tuple[threading.Thread, bool]:
+    """Warm up (at the lowest priority from the start with ``low``; the agent may lower it
+    later) until the warm-up ends or the pipe is readable (an assignment, or its end of
+    file), whichever comes first; then back to the worker's priority. The warm-up
+    thread, and whether the assignment came before it ended."""
+    group = yielding.GroupNice(original=0)  # a new session's autogroup is at 0
+    if low:
+        group.lower()
     done_read, done_write = os.pipe()
-    raisable = yielding.can_raise()  # the thread is lowered only where it can be raised
+    raisable = yielding.can_raise()
+    lower = low and raisable
     listed = os.environ.pop(ENV_SPARE_MODULES, None)
     modules = WARM_MODULES if listed is None else tuple(filter(None, listed.split(",")))
-    warm = threading.Thread(target=_warm_up, args=(done_write, raisable, modules),
+    warm = threading.Thread(target=_warm_up, args=(done_write, lower, modules),
                             name="eventbus-spare-warm-up", daemon=True)
     warm.start()
     try:
         readable = select.select([fd, done_read], [], [])[0]
     finally:
         os.close(done_read)
-    yielding.GroupNice(original=0).restore()  # lowered above; the agent may have already
+    yielding.GroupNice(original=0).restore()  # lowered here or by the agent
     if raisable:  # the warm-up thread, if still running, and the threads it started
         yielding.raise_threads()
     return warm, done_read not in readable
@@ -144,7 +152,7 @@ def main() -> int:
         print("eventbus: the spare worker was started without its pipe "
               f"({ENV_SPARE_FD}); nothing to do", file=sys.stderr)
         return 2
-    warm, early = _wait(fd)
+    warm, early = _wait(fd, os.environ.pop(ENV_SPARE_LOW, None) == "1")
     cuda = os.environ.pop(ENV_SPARE_CUDA_DEVICE, None)
     if early:
         assignment = _read_assignment(fd)

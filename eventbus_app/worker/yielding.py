@@ -1,12 +1,10 @@
-"""A warm spare's priority: its warm-up yields the CPU to the workers, starting or
-training; the worker it becomes runs at the worker's normal priority
-(eventbus_app/worker/spare.py).
+"""A warm spare's priority: once the workers train, its warm-up yields the CPU to them;
+the worker it becomes runs at the worker's normal priority (eventbus_app/worker/spare.py).
 
-The spare lowers itself as it starts, so that it takes only CPU the workers leave idle,
-from their start on: it once warmed up at their priority until their first step, to be
-ready sooner for a crash right after it, which on a node with fewer free cores than
-spares delayed every job's first step (docs/run.md, "The spares' priority"). Two levels,
-because Linux weighs threads within a scheduling group, and groups against each other:
+A spare started beside starting workers warms up at their priority (the job is not
+training yet). At the workers' first step the agent lowers it (:func:`demote`); a spare
+started after that step lowers itself from its start. Two levels, because Linux weighs
+threads within a scheduling group, and groups against each other:
 
 - **The session's group** (:class:`GroupNice`). With autogroup
   (``/proc/sys/kernel/sched_autogroup_enabled``, processes in the root cgroup), each
@@ -39,8 +37,8 @@ import os
 import threading
 import time
 
-__all__ = ["AUTOGROUP", "LOW_NICE", "GroupNice", "can_raise", "lower_this_thread",
-           "promote", "raise_threads", "sched_of"]
+__all__ = ["AUTOGROUP", "LOW_NICE", "GroupNice", "can_raise", "demote",
+           "lower_this_thread", "promote", "raise_threads", "sched_of"]
 
 #: the nice value of a spare's warm-up (the lowest priority)
 LOW_NICE = 19
@@ -105,6 +103,28 @@ def raise_threads(pid: int | None = None) -> int:
             continue
         count += 1
     return count
+
+
+def demote(pid: int) -> None:
+    """Spare ``pid`` to the lowest priority, from the agent, once the workers train: its
+    session's autogroup to :data:`LOW_NICE`, and its threads but the main one (the
+    warm-up's) to ``SCHED_IDLE`` and :data:`LOW_NICE` where they can be put back
+    (:func:`can_raise`). Nothing for a thread that ended meanwhile."""
+    group = GroupNice(f"/proc/{pid}/autogroup")
+    if group.original is not None and group.original < LOW_NICE:
+        group._write(LOW_NICE)  # refused (rate limited): the spare stays as it is
+    if not can_raise():
+        return
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except (OSError, ValueError):
+        return
+    for tid in tids:
+        if tid == pid:
+            continue
+        with contextlib.suppress(AttributeError, OSError):
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+            os.setpriority(os.PRIO_PROCESS, tid, LOW_NICE)
 
 
 def promote(pid: int) -> None:

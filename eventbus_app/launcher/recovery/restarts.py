@@ -83,6 +83,8 @@ class Restarts:
         self._spares_for = -1
         #: whether the attempt last started took a spare (its own spares wait for its step)
         self._on_spares = False
+        #: the attempt whose workers' first step put the spares at the lowest priority
+        self._demoted_for = -1
         self._started_at = clock()
         self._marks_sub = bus.subscribe(EventType.WORKER_PROGRESS,
                                         on_event=self.observe_marks)
@@ -154,12 +156,12 @@ class Restarts:
     # -- the warm spares -------------------------------------------------------------------
     def fill_spares(self, attempt: int, ranks: Iterable[int], *, draining: bool) -> None:
         """Start the spares of the next attempt: at once where this attempt's workers
-        started fresh, so that they warm up on what CPU the starting workers leave idle;
+        started fresh, so that they warm up while the workers start, not while they train;
         where they started on spares, once this node's workers (``ranks``) all took their
         first step (or :data:`SPARES_AFTER_S` into the attempt), so that the restart's way
-        to its step has the CPU alone. Every spare warms up at the lowest priority
-        (eventbus_app/worker/yielding.py). None during a drain (it starts no new
-        attempt)."""
+        to its step has the CPU alone. From that step on, every spare still warming up
+        does so at the lowest priority (eventbus_app/worker/yielding.py). None during a
+        drain (it starts no new attempt)."""
         pool = self.spares
         if not pool.enabled or not self._launched or draining:
             return
@@ -168,7 +170,10 @@ class Restarts:
             self._clock() - self._started_at >= SPARES_AFTER_S
         if self._spares_for != attempt and (stepped or not self._on_spares):
             self._spares_for = attempt
-            pool.fill(self._launched)
+            pool.fill(self._launched, low=stepped)
+        if stepped and self._demoted_for != attempt:
+            self._demoted_for = attempt
+            pool.demote()
 
     def close(self) -> None:
         """The agent's end: every spare ended, the marks no longer observed."""

@@ -15,11 +15,10 @@ it would without spares). One that cannot read its assignment (its end of the pi
 since it was found alive) is thrown away and ended too, and its worker starts fresh. A
 worker whose output goes to files (``--redirects``, ``--tee``, ``--log-dir`` with
 redirects) or whose command is wrapped (NUMA binding) starts fresh.
-Spares are started with an attempt's fresh workers, or once a restart's workers took
-their first step (:meth:`SparePool.fill`, asked by the agent's monitor), and warm up at
-the lowest priority (eventbus_app/worker/yielding.py), so that their imports never
-compete with the workers'; those used are replaced for the attempt after. Thrown-away
-spares read the end of their pipe and exit; the pool ends them all at the agent's end.
+Spares are started once the attempt's workers are up (:meth:`SparePool.fill`, asked by
+the agent's monitor), so that their imports do not compete with the workers'; those used
+are replaced for the attempt after. Thrown-away spares read the end of their pipe and exit;
+the pool ends them all at the agent's end.
 """
 
 from __future__ import annotations
@@ -37,6 +36,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from eventbus.app.worker.spare import ENV_SPARE_CUDA_DEVICE
+from eventbus.app.worker.spare import ENV_SPARE_LOW
+from eventbus.app.worker.yielding import demote
 from eventbus.app.worker.yielding import promote
 
 __all__ = ["PER_ATTEMPT", "SPARE_MODULE", "Spare", "SparePool", "interpreter_options",
@@ -159,9 +160,11 @@ class SparePool:
     def __len__(self) -> int:
         return len(self._spares)
 
-    def fill(self, workers: Mapping[int, tuple[str, Sequence[str], Mapping[str, str]]]) -> int:
+    def fill(self, workers: Mapping[int, tuple[str, Sequence[str], Mapping[str, str]]], *,
+             low: bool = False) -> int:
         """Start a spare for each local rank that has none: ``workers`` maps a local rank to
-        the (interpreter, interpreter options, environment) its worker was started with.
+        the (interpreter, interpreter options, environment) its worker was started with;
+        ``low``: they warm up at the lowest priority from the start (the workers train).
         Returns how many were started."""
         if not self.enabled:
             return 0
@@ -173,7 +176,8 @@ class SparePool:
             if spare is not None:
                 self.discarded.append(f"local rank {local_rank}: it died")
             try:
-                self._spares[local_rank] = self._start(local_rank, executable, options, env)
+                self._spares[local_rank] = self._start(local_rank, executable, options, env,
+                                                       low=low)
             except OSError as exc:
                 logger.warning("eventbus: no warm spare for local rank %d (%s); its next "
                                "worker starts fresh", local_rank, exc)
@@ -183,11 +187,13 @@ class SparePool:
         return count
 
     def _start(self, local_rank: int, executable: str, options: Sequence[str],
-               env: Mapping[str, str]) -> Spare:
+               env: Mapping[str, str], *, low: bool = False) -> Spare:
         read, write = os.pipe()
         os.set_inheritable(read, True)
         base = _base(env)
         spare_env = {**base, "EVENTBUS_SPARE_FD": str(read)}
+        if low:
+            spare_env[ENV_SPARE_LOW] = "1"
         visible = env.get("CUDA_VISIBLE_DEVICES")
         if self.cuda:
             spare_env[ENV_SPARE_CUDA_DEVICE] = str(local_rank)
@@ -222,6 +228,14 @@ class SparePool:
             return None
         self.used += 1
         return spare
+
+    def demote(self) -> None:
+        """Every spare to the lowest priority (the workers train now): see
+        eventbus_app/worker/yielding.py."""
+        for spare in self._spares.values():
+            if spare.alive:
+                with contextlib.suppress(OSError):
+                    demote(spare.proc.pid)
 
     def unusable(self, local_rank: int, spare: Spare, error: OSError) -> None:
         """A spare taken for ``local_rank`` could not be given its worker (``error``): it is
