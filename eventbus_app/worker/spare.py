@@ -19,6 +19,17 @@ at the worker's priority first, then waits for the imports to end. An end of fil
 pipe (the agent is gone, or it threw the spare
 away) ends the spare with exit code 0 and nothing run.
 
+**The template.** Started with ``EVENTBUS_SPARE_TEMPLATE_FD`` (a Unix socket) instead of
+the pipe, the process warms up the same way once, then forks the node's spares: for each
+request (a JSON object with the read end of a spare's pipe attached) it forks a spare
+through a middle process that exits at once, so that the spare is adopted by the agent
+(a child subreaper meanwhile) and is the agent's child as a spare it started would be;
+the spare makes its own session, makes its CUDA context if asked, and waits on its pipe
+as above. So a node of 8 local ranks imports torch once, not 8 times, and a restart's
+spares are replaced by a fork (milliseconds), not by an import during the training
+(eventbus_app/launcher/recovery/template.py). The template answers each request with the
+spare's pid and ends at its socket's end of file.
+
 The script can tell a spare by what is already imported (``sys.modules`` holds torch and
 :data:`WARM_MODULES`) and by the process's start time; nothing else differs: its
 environment, argv, cwd, stdio, signal dispositions and open files are a fresh worker's.
@@ -31,16 +42,21 @@ import importlib
 import json
 import os
 import select
+import socket
 import sys
 import threading
+import warnings
 from typing import Any
 
 from eventbus.app.worker import yielding
 
 __all__ = ["ENV_SPARE_CUDA_DEVICE", "ENV_SPARE_FD", "ENV_SPARE_LOW", "ENV_SPARE_MODULES",
-           "WARM_MODULES", "main"]
+           "ENV_SPARE_TEMPLATE_FD", "WARM_MODULES", "main"]
 
 ENV_SPARE_FD = "EVENTBUS_SPARE_FD"
+#: set instead of :data:`ENV_SPARE_FD` for the template: the number of its end of a Unix
+#: socket on which the agent asks for spares (eventbus_app/launcher/recovery/template.py)
+ENV_SPARE_TEMPLATE_FD = "EVENTBUS_SPARE_TEMPLATE_FD"
 #: set by the agent for ``--warm-spares cuda`` (launcher/recovery/spares.py; the value is the local
 #: rank); the spare drops it before the script
 ENV_SPARE_CUDA_DEVICE = "EVENTBUS_SPARE_CUDA_DEVICE"
@@ -144,29 +160,9 @@ def _wait(fd: int, low: bool) -> tuple[threading.Thread, bool]:
     return warm, done_read not in readable
 
 
-def main() -> int:
-    """Warm up, wait for the assignment, become the worker."""
-    try:
-        fd = int(os.environ.pop(ENV_SPARE_FD))
-    except (KeyError, ValueError):
-        print("eventbus: the spare worker was started without its pipe "
-              f"({ENV_SPARE_FD}); nothing to do", file=sys.stderr)
-        return 2
-    warm, early = _wait(fd, os.environ.pop(ENV_SPARE_LOW, None) == "1")
-    cuda = os.environ.pop(ENV_SPARE_CUDA_DEVICE, None)
-    if early:
-        assignment = _read_assignment(fd)
-        if assignment is None:  # thrown away while it warmed up: no need to finish
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)
-        warm.join()
-    else:
-        # the context, once made, stays: the script's own CUDA calls find it
-        _cuda_context(cuda)
-        assignment = _read_assignment(fd)
-        if assignment is None:
-            return 0  # thrown away
+def _become(assignment: dict[str, Any]) -> int:
+    """Become the worker ``assignment`` names: its environment, cwd and argv, then the
+    bootstrap; its exit code."""
     import eventbus.app.worker as bootstrap  # imported by the warm-up
 
     env, argv, cwd = assignment.get("env"), assignment.get("argv"), assignment.get("cwd")
@@ -181,6 +177,127 @@ def main() -> int:
 
     refresh_context()  # the job context was read from the spare's environment at import
     return bootstrap.main([str(a) for a in argv])
+
+
+def _forked(fd: int, request: dict[str, Any]) -> int:
+    """A spare forked by the template (its own session already): the CUDA context if
+    asked, then the assignment on ``fd``; its exit code."""
+    visible = request.get("cuda_visible")
+    if isinstance(visible, str):  # CUDA reads it once, at its first call: set it before
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible
+    cuda = request.get("cuda")
+    _cuda_context(cuda if isinstance(cuda, str) else None)
+    assignment = _read_assignment(fd)
+    if assignment is None:  # thrown away: nothing of its own to finish, and an
+        sys.stdout.flush()  # interpreter ending with torch loaded takes 0.4 s of CPU
+        sys.stderr.flush()
+        os._exit(0)
+    return _become(assignment)
+
+
+def _fork() -> int:
+    """``os.fork()``. Python 3.12+ warns of a fork with threads: torch's import leaves one
+    (a futex waiter of its own), as in every DataLoader worker forked from a training
+    script; the filter is the caller's again in both processes once it returns."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return os.fork()
+
+
+def _fork_spare(sock: socket.socket, fd: int, request: dict[str, Any]) -> int:
+    """Fork a spare that waits on ``fd``, through a middle process that exits at once, so
+    that the spare is an orphan the agent (a child subreaper meanwhile) adopts: it is then
+    the agent's child, as a spare it started itself would be. The spare's pid (-1: the
+    fork failed). In the spare this never returns: it exits with its worker's code."""
+    read, write = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    middle = _fork()
+    if middle == 0:
+        pid = -1
+        with contextlib.suppress(OSError):
+            pid = os.fork()
+        if pid == 0:  # the spare
+            os.close(read)
+            os.close(write)
+            sock.close()
+            os.setsid()
+            sys.exit(_forked(fd, request))
+        with contextlib.suppress(OSError):
+            os.write(write, str(pid).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        text = pipe.read()
+    os.waitpid(middle, 0)  # the spare is the agent's once the middle has exited
+    return int(text) if text.strip().lstrip(b"-").isdigit() else -1
+
+
+def _serve_forks(fd: int, low: bool) -> int:
+    """The template: warm up once, then fork one spare for each request on the socket
+    ``fd`` (one message: a JSON object, with the read end of the spare's pipe attached),
+    and answer each with ``{"pid": N}``. Ends at the socket's end of file (the agent closed
+    it or is gone)."""
+    warm, _ = _wait(fd, low)
+    warm.join()  # no thread of ours left when it forks
+    sock = socket.socket(fileno=fd)
+    while True:
+        try:
+            message, fds, _flags, _address = socket.recv_fds(sock, 65536, 1)
+        except OSError:
+            return 0
+        if not message:
+            for passed in fds:
+                os.close(passed)
+            return 0
+        try:
+            request = json.loads(message)
+        except ValueError:
+            request = None
+        pid = -1
+        if fds and isinstance(request, dict):
+            pid = _fork_spare(sock, fds[0], request)
+        for passed in fds:
+            os.close(passed)
+        try:
+            sock.sendall(json.dumps({"pid": pid}).encode())
+        except OSError:
+            return 0
+
+
+def main() -> int:
+    """Warm up, wait for the assignment, become the worker (or, started as the template,
+    fork the spares)."""
+    template = os.environ.pop(ENV_SPARE_TEMPLATE_FD, None)
+    low = os.environ.pop(ENV_SPARE_LOW, None) == "1"
+    if template is not None:
+        if not template.isdigit():
+            print(f"eventbus: the spare template got a bad {ENV_SPARE_TEMPLATE_FD}",
+                  file=sys.stderr)
+            return 2
+        return _serve_forks(int(template), low)
+    try:
+        fd = int(os.environ.pop(ENV_SPARE_FD))
+    except (KeyError, ValueError):
+        print("eventbus: the spare worker was started without its pipe "
+              f"({ENV_SPARE_FD}); nothing to do", file=sys.stderr)
+        return 2
+    warm, early = _wait(fd, low)
+    cuda = os.environ.pop(ENV_SPARE_CUDA_DEVICE, None)
+    if early:
+        assignment = _read_assignment(fd)
+        if assignment is None:  # thrown away while it warmed up: no need to finish
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+        warm.join()
+    else:
+        # the context, once made, stays: the script's own CUDA calls find it
+        _cuda_context(cuda)
+        assignment = _read_assignment(fd)
+        if assignment is None:
+            return 0  # thrown away
+    return _become(assignment)
 
 
 if __name__ == "__main__":

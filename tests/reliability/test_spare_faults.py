@@ -207,18 +207,20 @@ def test_a_second_failure_while_the_spares_are_activated_restarts_on_fresh_worke
                "workers, each rank once per attempt, rc 0")
 
 
-#: a spare's start (PYTHONPATH's sitecustomize): the first spare dies at once, every other
-#: one lives on without its pipe, so it looks alive but can never take its worker
+#: a spare's or the spare template's start (PYTHONPATH's sitecustomize): the first one dies
+#: at once, every other one lives on without its pipe or socket, so it looks alive but can
+#: never take its worker or fork a spare
 _SPARE_FAULTS = '''
 import os, time
-if "EVENTBUS_SPARE_FD" in os.environ:
+fd = os.environ.get("EVENTBUS_SPARE_FD", os.environ.get("EVENTBUS_SPARE_TEMPLATE_FD"))
+if fd is not None:
     out = os.environ["PROBE_OUT"]
     with open(os.path.join(out, f"spare_{os.getpid()}"), "w") as f:
         f.write("started")
     try:
         os.close(os.open(os.path.join(out, "first_spare"), os.O_CREAT | os.O_EXCL))
     except FileExistsError:
-        os.close(int(os.environ["EVENTBUS_SPARE_FD"]))
+        os.close(int(fd))
         time.sleep(3600)
     os._exit(3)
 '''
@@ -227,9 +229,10 @@ if "EVENTBUS_SPARE_FD" in os.environ:
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_spares_that_cannot_start_are_never_used(tmp_path: Path, figure: Any) -> None:
-    """Every spare fails: one dies at its start, the other lives on without its pipe (it
-    can never take its worker). The restart starts fresh workers for both ranks, completes,
-    each rank ran once per attempt, and no spare outlives the job."""
+    """Every spare fails: the template (or a spare) dies at its start, the next lives on
+    without its socket or pipe (it can never fork a spare or take its worker). The
+    restart starts fresh workers for both ranks, completes, each rank ran once per
+    attempt, and no spare outlives the job."""
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(_SPARE_FAULTS)

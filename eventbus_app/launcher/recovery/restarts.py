@@ -70,7 +70,8 @@ class Restarts:
         self.recovery = recovery if recovery is not None else Recovery()
         #: one waiting worker per local rank for the next attempt (spares.py)
         self.spares = spares if spares is not None else SparePool(
-            enabled=warm_spares not in (False, "off"), cuda=warm_spares == "cuda")
+            enabled=warm_spares not in (False, "off"), cuda=warm_spares == "cuda",
+            template=True)
         self._launched: Launched = {}
         #: the monitor's wait, woken by a worker's exit (exit_watch.py); its interval is
         #: set while the agent runs (0 before: no wait)
@@ -165,6 +166,7 @@ class Restarts:
         pool = self.spares
         if not pool.enabled or not self._launched or draining:
             return
+        pool.service()  # the spares the template forked since the last tick
         mine = set(ranks)
         stepped = mine <= {r for a, r in self._stepped if a == attempt} or \
             self._clock() - self._started_at >= SPARES_AFTER_S

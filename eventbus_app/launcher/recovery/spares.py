@@ -27,6 +27,7 @@ import contextlib
 import json
 import logging
 import os
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -35,6 +36,11 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
+from eventbus.app.launcher.recovery.template import Adopted
+from eventbus.app.launcher.recovery.template import Template
+from eventbus.app.launcher.recovery.template import adopted_by_me
+from eventbus.app.launcher.recovery.template import set_subreaper
+from eventbus.app.launcher.recovery.template import subreaper_state
 from eventbus.app.worker.spare import ENV_SPARE_CUDA_DEVICE
 from eventbus.app.worker.spare import ENV_SPARE_LOW
 from eventbus.app.worker.yielding import demote
@@ -67,7 +73,8 @@ def _base(env: Mapping[str, str]) -> dict[str, str]:
 class Spare:
     """One waiting spare: its process, the pipe's write end, what it was started with."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], pipe: int, *, base: dict[str, str],
+    def __init__(self, proc: subprocess.Popen[bytes] | Adopted, pipe: int, *,
+                 base: dict[str, str],
                  executable: str, cwd: str, started: float, cuda: bool = False,
                  cuda_visible: str | None = None) -> None:
         self.proc = proc
@@ -143,8 +150,19 @@ class SparePool:
     def __init__(self, *, enabled: bool = True, cuda: bool = False,
                  clock: Callable[[], float] = time.monotonic,
                  spawn: Callable[..., subprocess.Popen[bytes]] = subprocess.Popen,
-                 discard_timeout: float = 2.0) -> None:
+                 discard_timeout: float = 2.0, template: bool = False,
+                 template_wait: float = 60.0) -> None:
         self.enabled = enabled
+        #: the spares are forked by one template process that imports torch once
+        #: (template.py); False: each spare is started and imports by itself (also where
+        #: the template cannot be used: no fork, no child subreaper)
+        self.template = enabled and template and hasattr(os, "fork") and \
+            hasattr(socket, "send_fds")
+        #: how long a restart waits for the template's spares before its workers start fresh
+        self.template_wait = template_wait
+        self._template: Template | None = None
+        #: whether this pool made the process a child subreaper (while a request is out)
+        self._reaping = False
         #: how long a spare thrown away may take to exit by itself before it is killed
         self.discard_timeout = discard_timeout
         #: ``--warm-spares cuda``: each spare makes its CUDA context on its local device
@@ -168,6 +186,8 @@ class SparePool:
         Returns how many were started."""
         if not self.enabled:
             return 0
+        if self.template:
+            return self._fill_from_template(workers, low=low)
         count = 0
         for local_rank, (executable, options, env) in sorted(workers.items()):
             spare = self._spares.get(local_rank)
@@ -212,10 +232,103 @@ class SparePool:
         return Spare(proc, write, base=base, executable=executable, cwd=os.getcwd(),
                      started=self._clock(), cuda=self.cuda, cuda_visible=visible)
 
+    # -- the template (template.py) ----------------------------------------------------
+    def _fill_from_template(self, workers: Mapping[int, tuple[str, Sequence[str],
+                                                               Mapping[str, str]]], *,
+                            low: bool) -> int:
+        """Ask the template for a spare of each local rank that has none and none asked
+        (the template started first, or anew where its interpreter, options, environment
+        or cwd are no longer the workers'). Where it cannot be had, the spares start each
+        by itself from now on. How many were asked."""
+        self.service()
+        asked = {rank for rank, _w, _v in self._template.pending} if self._template else set()
+        wanted = {}
+        for local_rank, launch in sorted(workers.items()):
+            spare = self._spares.get(local_rank)
+            if local_rank in asked or (spare is not None and spare.alive):
+                continue
+            if spare is not None:
+                self.discarded.append(f"local rank {local_rank}: it died")
+                self._spares.pop(local_rank)
+            wanted[local_rank] = launch
+        if not wanted:
+            return 0
+        executable, options, env = wanted[min(wanted)]
+        key = (executable, tuple(options), _base(env), os.getcwd())
+        try:
+            template = self._template_for(key, low=low)
+            state = subreaper_state()  # True already (set by this pool, or by another)
+            if state is None or (not state and not set_subreaper(True)):
+                raise OSError("this process cannot be a child subreaper (Linux 3.4+)")
+            self._reaping = self._reaping or not state
+            for local_rank, (_exe, _options, worker_env) in sorted(wanted.items()):
+                visible = worker_env.get("CUDA_VISIBLE_DEVICES") if self.cuda else None
+                template.request(local_rank, cuda=str(local_rank) if self.cuda else None,
+                                 cuda_visible=visible)
+        except OSError as exc:
+            logger.info("eventbus: no spare template (%s); each warm spare starts by "
+                        "itself", exc)
+            self.template = False
+            self._close_template()
+            return self.fill(workers, low=low)
+        return len(wanted)
+
+    def _template_for(self, key: tuple[str, tuple[str, ...], dict[str, str], str], *,
+                      low: bool) -> Template:
+        template = self._template
+        if template is not None and template.alive and template.key == key:
+            return template
+        self._close_template()
+        executable, options, base, _cwd = key
+        self._template = Template.start(executable, options, base, low=low,
+                                        spawn=self._spawn, module=SPARE_MODULE)
+        return self._template
+
+    def service(self, timeout: float = 0.0) -> None:
+        """Take in the spares the template forked (within ``timeout`` seconds, 0: those
+        already answered); no longer a child subreaper once none is asked."""
+        template = self._template
+        if template is not None and template.pending:
+            for local_rank, pid, write, visible in template.answers(timeout):
+                self._adopt(local_rank, pid, write, visible, template)
+        if self._reaping and (template is None or not template.pending):
+            set_subreaper(False)
+            self._reaping = False
+
+    def _adopt(self, local_rank: int, pid: int, write: int, visible: str | None,
+               template: Template) -> None:
+        executable, options, base, cwd = template.key
+        if pid <= 0 or not adopted_by_me(pid):
+            os.close(write)  # a spare that is not this process's child reads its end
+            why = "the template could not fork it" if pid <= 0 else "it was not adopted"
+            self.discarded.append(f"local rank {local_rank}: {why}")
+            return
+        args = [executable, *options, "-m", SPARE_MODULE]
+        self._spares[local_rank] = Spare(Adopted(pid, args), write, base=base,
+                                         executable=executable, cwd=cwd,
+                                         started=self._clock(), cuda=self.cuda,
+                                         cuda_visible=visible)
+        self.started += 1
+
+    def _close_template(self) -> None:
+        template, self._template = self._template, None
+        if template is not None:
+            template.close(self.discard_timeout)
+        self.service()
+
     def take(self, local_rank: int, executable: str, env: Mapping[str, str],
              cwd: str) -> Spare | None:
         """The spare of ``local_rank`` if it can be this worker (removed from the pool);
-        None otherwise (a stale or dead one is thrown away, and said why)."""
+        None otherwise (a stale or dead one is thrown away, and said why). A spare the
+        template has not forked yet is waited for, up to :attr:`template_wait` seconds,
+        the template put back at the worker's priority meanwhile."""
+        template = self._template
+        if template is not None and any(r == local_rank for r, _w, _v in template.pending):
+            with contextlib.suppress(OSError):
+                promote(template.proc.pid)
+            self.service(self.template_wait)
+        else:
+            self.service()
         spare = self._spares.pop(local_rank, None)
         if spare is None:
             return None
@@ -236,6 +349,9 @@ class SparePool:
             if spare.alive:
                 with contextlib.suppress(OSError):
                     demote(spare.proc.pid)
+        if self._template is not None and self._template.alive:
+            with contextlib.suppress(OSError):  # still warming up, or idle: no matter
+                demote(self._template.proc.pid)
 
     def unusable(self, local_rank: int, spare: Spare, error: OSError) -> None:
         """A spare taken for ``local_rank`` could not be given its worker (``error``): it is
@@ -251,6 +367,10 @@ class SparePool:
         """End every spare (the agent's end): their pipes closed at once, so that they exit
         by themselves together; those still running after ``timeout`` are killed."""
         spares, self._spares = list(self._spares.values()), {}
+        template, self._template = self._template, None
+        if template is not None:  # killed at once: it forks no spare now, and an
+            template.close(0.0)   # interpreter that imported torch takes 0.3 s to end
+        self.service()
         for spare in spares:
             spare._close_pipe()
         deadline = self._clock() + timeout
