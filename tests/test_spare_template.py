@@ -25,6 +25,7 @@ from tests.launcher_helpers import ROOT
 PROBE = ("import json, os, sys\n"
          "print(json.dumps({'argv': sys.argv, 'ppid': os.getppid(), 'pid': os.getpid(), "
          "'sid': os.getsid(0), 'rank': os.environ.get('RANK'), 'cwd': os.getcwd(), "
+         "'draws': [__import__('random').random(), __import__('numpy').random.random()], "
          "'warm': 'torch' in sys.modules, 'sched': list(__import__('eventbus.app.worker."
          "yielding', fromlist=['x']).sched_of(os.getpid())), 'spare_env': sorted(k for k in "
          "os.environ if k.startswith('EVENTBUS_SPARE'))}), flush=True)\n"
@@ -68,9 +69,10 @@ def test_the_templates_spares_are_this_processs_children_and_become_workers(
     """Two spares asked of one template: it imports torch once, each spare is a fork that
     this process adopted (its parent is this process, not the template; a session of its
     own), becomes the worker with its environment, argv and cwd, and its exit code comes
-    back through the adopted process. No request out: this process is no longer a child
-    subreaper. A spare asked after a restart is a fork too: its CPU time is a small part
-    of the template's import."""
+    back through the adopted process. Two spares of one template draw different numbers
+    from Python's and NumPy's global generators, as two fresh workers do. No request
+    out: this process is no longer a child subreaper. A spare asked after a restart is a
+    fork too: its CPU time is a small part of the template's import."""
     log, started = tmp_path / "spares.log", []
     script = tmp_path / "script.py"
     script.write_text(PROBE)
@@ -93,6 +95,13 @@ def test_the_templates_spares_are_this_processs_children_and_become_workers(
         assert facts["ppid"] == os.getpid() != template
         assert facts["sid"] == facts["pid"] == spare.proc.pid
         assert facts["warm"] and facts["cwd"] == os.getcwd() and facts["spare_env"] == []
+        # the other spare, forked from the same template: its own random draws
+        other = pool.take(1, sys.executable, worker, os.getcwd())
+        assert other is not None
+        other.assign(worker, [str(script)], os.getcwd())
+        assert other.proc.wait(timeout=60) == 7
+        draws = facts["draws"]
+        assert all(a != b for a, b in zip(_facts(log)["draws"], draws, strict=True)), draws
         # the restart's spare: a fork, not another import
         assert pool.fill({0: (sys.executable, ("-u",), env)}) == 1
         again = pool.take(0, sys.executable, worker, os.getcwd())

@@ -179,9 +179,21 @@ def _become(assignment: dict[str, Any]) -> int:
     return bootstrap.main([str(a) for a in argv])
 
 
+def _reseed() -> None:
+    """What a fresh process seeds from the OS at import, seeded anew in a fork: NumPy's
+    global generator (torch imports NumPy; Python's ``random`` is reseeded by Python at
+    the fork), so that the spares, and the restarts on them, never share a sequence."""
+    numpy_random = sys.modules.get("numpy.random")
+    seed = getattr(numpy_random, "seed", None)
+    if callable(seed):
+        with contextlib.suppress(Exception):
+            seed()
+
+
 def _forked(fd: int, request: dict[str, Any]) -> int:
     """A spare forked by the template (its own session already): the CUDA context if
     asked, then the assignment on ``fd``; its exit code."""
+    _reseed()
     visible = request.get("cuda_visible")
     if isinstance(visible, str):  # CUDA reads it once, at its first call: set it before
         os.environ["CUDA_VISIBLE_DEVICES"] = visible
@@ -245,11 +257,11 @@ def _serve_forks(fd: int, low: bool) -> int:
         try:
             message, fds, _flags, _address = socket.recv_fds(sock, 65536, 1)
         except OSError:
-            return 0
-        if not message:
-            for passed in fds:
-                os.close(passed)
-            return 0
+            message, fds = b"", []
+        if not message:  # nothing of its own to finish (an interpreter ending with torch
+            sys.stdout.flush()  # loaded takes 0.4 s of CPU)
+            sys.stderr.flush()
+            os._exit(0)
         try:
             request = json.loads(message)
         except ValueError:
@@ -259,10 +271,8 @@ def _serve_forks(fd: int, low: bool) -> int:
             pid = _fork_spare(sock, fds[0], request)
         for passed in fds:
             os.close(passed)
-        try:
+        with contextlib.suppress(OSError):  # the agent gone: the next read ends it
             sock.sendall(json.dumps({"pid": pid}).encode())
-        except OSError:
-            return 0
 
 
 def main() -> int:

@@ -15,10 +15,14 @@ it would without spares). One that cannot read its assignment (its end of the pi
 since it was found alive) is thrown away and ended too, and its worker starts fresh. A
 worker whose output goes to files (``--redirects``, ``--tee``, ``--log-dir`` with
 redirects) or whose command is wrapped (NUMA binding) starts fresh.
-Spares are started once the attempt's workers are up (:meth:`SparePool.fill`, asked by
-the agent's monitor), so that their imports do not compete with the workers'; those used
-are replaced for the attempt after. Thrown-away spares read the end of their pipe and exit;
-the pool ends them all at the agent's end.
+Spares are asked for once the attempt's workers are started (:meth:`SparePool.fill`, from
+the agent's monitor); those used are replaced for the attempt after. With ``template``
+(the agent's default) they are forked by one template process per agent that imports
+once (template.py): the first fill starts it, and the pool takes in each spare it forked
+as its answer comes (:meth:`SparePool.service`, every monitor tick; a restart waits for a
+spare not forked yet). Without it, or where it cannot be had, each spare is started and
+imports by itself. Thrown-away spares read the end of their pipe and exit; the pool ends
+them all, and the template, at the agent's end.
 """
 
 from __future__ import annotations
