@@ -179,8 +179,10 @@ def rate_and_start(case: str, steps: int = RATE_STEPS) -> tuple[float, float | N
         env["EVENTBUS_WARM_SPARES"] = "off"
     token = uuid.uuid4().hex
     env[MARK_VAR] = token
-    cmd = [*launcher, "--standalone", "--nproc-per-node", "2", "--monitor-interval", "0.1",
-           str(LOOP)]
+    # --max-restarts 1: a job that can restart (at torchrun's default 0, a --standalone
+    # job keeps no spares, and "spares on" would be spares off)
+    cmd = [*launcher, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+           "--monitor-interval", "0.1", str(LOOP)]
     with tempfile.TemporaryDirectory(prefix="bench-rate-") as tmp:
         launched = time.time()
         try:

@@ -37,7 +37,7 @@ class CountingPool(SparePool):
         self.fills: list[dict[int, tuple[str, Sequence[str], Mapping[str, str]]]] = []
         self.low: list[bool] = []
         self.demoted = 0
-        self.closed = False
+        self.closed = 0
 
     def fill(self, workers: Mapping[int, tuple[str, Sequence[str], Mapping[str, str]]], *,
              low: bool = False) -> int:
@@ -49,7 +49,7 @@ class CountingPool(SparePool):
         self.demoted += 1
 
     def close(self, timeout: float = 2.0) -> None:
-        self.closed = True
+        self.closed += 1
 
 
 def _serve(pool: SparePool, launched: Launched) -> contextlib.AbstractContextManager[None]:
@@ -158,6 +158,38 @@ def test_the_spares_start_with_fresh_workers_and_after_a_restart_on_spares_stepp
     assert len(pool.fills) == 3
     restarts.close()
     assert pool.closed
+
+
+def test_no_spares_where_no_later_attempt_can_start() -> None:
+    """``wanted`` False (no restart left, no room in the round): no spare is started, and
+    the pool (the spares and the template) is ended once."""
+    bus, clock = eventbus.Bus("restarts"), Clock()
+    pool = CountingPool()
+    restarts = _restarts(bus, clock, pool)
+    _start(restarts, attempt=0)
+    restarts.fill_spares(0, [0, 1], draining=False, wanted=False)
+    restarts.fill_spares(0, [0, 1], draining=False, wanted=False)
+    assert pool.fills == [] and pool.closed == 1
+
+
+def test_a_later_attempt_can_start_with_a_restart_left_or_room_in_the_round() -> None:
+    """What decides ``wanted``: a restart left; else a round below MAX (a node that comes
+    re-forms it without a restart); a rendezvous without torch's settings counts as
+    room."""
+    from types import SimpleNamespace
+
+    from eventbus.app.launcher.recovery.membership import another_attempt_can_start
+
+    def group(nodes: int, max_nodes: int | None) -> SimpleNamespace:
+        settings = None if max_nodes is None else SimpleNamespace(max_nodes=max_nodes)
+        return SimpleNamespace(group_world_size=nodes, spec=SimpleNamespace(
+            rdzv_handler=SimpleNamespace(_settings=settings)))
+
+    assert another_attempt_can_start(group(1, 1), restarts_left=1)
+    assert not another_attempt_can_start(group(1, 1), restarts_left=0)  # --standalone
+    assert not another_attempt_can_start(group(2, 2), restarts_left=0)
+    assert another_attempt_can_start(group(1, 2), restarts_left=0)  # --nnodes 1:2
+    assert another_attempt_can_start(group(1, None), restarts_left=0)
 
 
 def test_disabled_spares_are_never_started() -> None:

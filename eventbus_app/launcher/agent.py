@@ -592,7 +592,9 @@ class EventAgent(LocalElasticAgent):
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         self.restarts.tick()
         self.restarts.fill_spares(self.attempt, (w.global_rank for w in worker_group.workers),
-                                  draining=self.drain.active)
+                                  draining=self.drain.active,
+                                  wanted=membership.another_attempt_can_start(
+                                      worker_group, restarts_left=self.remaining_restarts))
         # 0. A drain: the workers stop by themselves until the deadline (drain/monitor.py).
         if self.drain.active:
             return self._drain_tick(worker_group)

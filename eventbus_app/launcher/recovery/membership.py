@@ -33,8 +33,22 @@ from collections.abc import Callable
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["admit_only_with_room", "full_round", "job_round", "patient_join",
-           "wait_list_action"]
+__all__ = ["admit_only_with_room", "another_attempt_can_start", "full_round", "job_round",
+           "patient_join", "wait_list_action"]
+
+
+def another_attempt_can_start(worker_group: Any, *, restarts_left: int) -> bool:
+    """Whether a later attempt of this node's workers can start (for the warm spares): a
+    restart is left, or the round has room for a node that comes (a re-form for it uses
+    no restart). Where the rendezvous has no torch settings to read: yes. So a node of a
+    full round at torchrun's default ``--max-restarts 0`` (a ``--standalone`` job, say)
+    keeps no spares."""
+    if restarts_left > 0:
+        return True
+    settings = getattr(getattr(worker_group.spec, "rdzv_handler", None), "_settings", None)
+    max_nodes = getattr(settings, "max_nodes", None)
+    nodes = getattr(worker_group, "group_world_size", None)
+    return not (isinstance(max_nodes, int) and isinstance(nodes, int) and nodes >= max_nodes)
 
 def full_round(state: Any, max_nodes: int) -> bool:
     """Whether the rendezvous ``state`` (torch's ``_RendezvousState``) is a complete round

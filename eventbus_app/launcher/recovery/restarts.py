@@ -155,15 +155,23 @@ class Restarts:
             console.write(sentence(event))
 
     # -- the warm spares -------------------------------------------------------------------
-    def fill_spares(self, attempt: int, ranks: Iterable[int], *, draining: bool) -> None:
+    def fill_spares(self, attempt: int, ranks: Iterable[int], *, draining: bool,
+                    wanted: bool = True) -> None:
         """Start the spares of the next attempt: at once where this attempt's workers
         started fresh, so that they warm up while the workers start, not while they train;
         where they started on spares, once this node's workers (``ranks``) all took their
         first step (or :data:`SPARES_AFTER_S` into the attempt), so that the restart's way
         to its step has the CPU alone. From that step on, every spare still warming up
         does so at the lowest priority (eventbus_app/worker/yielding.py). None during a
-        drain (it starts no new attempt)."""
+        drain (it starts no new attempt). ``wanted`` False: no later attempt can start
+        (no restart left, and no room in the round for a node that comes): no spare is
+        started, and those there are ended."""
         pool = self.spares
+        if not wanted:
+            if self._spares_for != -2:  # once: the spares and the template ended
+                self._spares_for = -2
+                pool.close()
+            return
         if not pool.enabled or not self._launched or draining:
             return
         pool.service()  # the spares the template forked since the last tick
