@@ -200,3 +200,31 @@ def test_an_adopted_process_waits_polls_and_reports_a_signal_as_popen_does() -> 
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
 
+
+
+def test_a_template_that_holds_a_gpu_forks_nothing_and_the_spares_start_by_themselves(
+        tmp_path: Path) -> None:
+    """A template whose imports initialised a GPU (here: it holds the file its
+    ``EVENTBUS_SPARE_GPU_FILES`` names, /dev/null on its stdin, where a real one holds
+    /dev/nvidia*) forks no spare: a fork could not use the GPU. The pool starts each spare
+    by itself from then on, and the restart takes one that is not a fork."""
+    log, started = tmp_path / "spares.log", []
+    spawn = _spawn(log, started, modules="json")
+
+    def with_gpu(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        if "EVENTBUS_SPARE_TEMPLATE_FD" in kwargs["env"]:
+            kwargs["env"] = {**kwargs["env"], "EVENTBUS_SPARE_GPU_FILES": "/dev/null"}
+            kwargs["stdin"] = subprocess.DEVNULL
+        return spawn(*args, **kwargs)
+
+    pool = SparePool(template=True, spawn=with_gpu)
+    env = _env()
+    try:
+        pool.fill({0: (sys.executable, ("-u",), env), 1: (sys.executable, ("-u",), env)})
+        spare = pool.take(1, sys.executable, env, os.getcwd())
+        assert spare is not None and not isinstance(spare.proc, Adopted)
+        assert pool.template is False and len(started) == 3  # the template, 2 spares
+        assert subreaper_state() is False
+        spare.discard(5.0)
+    finally:
+        pool.close()

@@ -50,13 +50,21 @@ from typing import Any
 
 from eventbus.app.worker import yielding
 
-__all__ = ["ENV_SPARE_CUDA_DEVICE", "ENV_SPARE_FD", "ENV_SPARE_LOW", "ENV_SPARE_MODULES",
-           "ENV_SPARE_TEMPLATE_FD", "WARM_MODULES", "main"]
+__all__ = ["ENV_SPARE_CUDA_DEVICE", "ENV_SPARE_FD", "ENV_SPARE_GPU_FILES", "ENV_SPARE_LOW",
+           "ENV_SPARE_MODULES", "ENV_SPARE_TEMPLATE_FD", "GPU_FILES", "WARM_MODULES",
+           "main"]
 
 ENV_SPARE_FD = "EVENTBUS_SPARE_FD"
 #: set instead of :data:`ENV_SPARE_FD` for the template: the number of its end of a Unix
 #: socket on which the agent asks for spares (eventbus_app/launcher/recovery/template.py)
 ENV_SPARE_TEMPLATE_FD = "EVENTBUS_SPARE_TEMPLATE_FD"
+#: the files a process that initialised a GPU holds open (NVIDIA's, AMD's), by path
+#: prefix: the template forks nothing while it holds one, since a fork cannot use a GPU
+#: its parent initialised
+GPU_FILES = ("/dev/nvidia", "/dev/kfd", "/dev/dri/")
+#: other prefixes in place of :data:`GPU_FILES`, comma-separated (tests name a file the
+#: template holds); the template drops it before it forks
+ENV_SPARE_GPU_FILES = "EVENTBUS_SPARE_GPU_FILES"
 #: set by the agent for ``--warm-spares cuda`` (launcher/recovery/spares.py; the value is the local
 #: rank); the spare drops it before the script
 ENV_SPARE_CUDA_DEVICE = "EVENTBUS_SPARE_CUDA_DEVICE"
@@ -245,13 +253,34 @@ def _fork_spare(sock: socket.socket, fd: int, request: dict[str, Any]) -> int:
     return int(text) if text.strip().lstrip(b"-").isdigit() else -1
 
 
+def _gpu_held(prefixes: tuple[str, ...]) -> str | None:
+    """What makes this process's forks unable to use a GPU, or None: a GPU device file it
+    holds open (the driver was initialised: ``cuInit`` opens them), or torch's CUDA
+    initialised."""
+    with contextlib.suppress(OSError):
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/self/fd/{fd}")
+                if target.startswith(prefixes):
+                    return target
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    with contextlib.suppress(Exception):
+        if cuda is not None and cuda.is_initialized():
+            return "torch's CUDA, initialised"
+    return None
+
+
 def _serve_forks(fd: int, low: bool) -> int:
     """The template: warm up once, then fork one spare for each request on the socket
     ``fd`` (one message: a JSON object, with the read end of the spare's pipe attached),
     and answer each with ``{"pid": N}``. Ends at the socket's end of file (the agent closed
-    it or is gone)."""
+    it or is gone). Where its imports initialised a GPU (:func:`_gpu_held`), it forks
+    nothing and answers each request with ``{"pid": -1, "error": ...}``: the agent then
+    starts each spare by itself."""
     warm, _ = _wait(fd, low)
     warm.join()  # no thread of ours left when it forks
+    listed = os.environ.pop(ENV_SPARE_GPU_FILES, None)
+    held = _gpu_held(GPU_FILES if listed is None else tuple(filter(None, listed.split(","))))
     sock = socket.socket(fileno=fd)
     while True:
         try:
@@ -266,13 +295,15 @@ def _serve_forks(fd: int, low: bool) -> int:
             request = json.loads(message)
         except ValueError:
             request = None
-        pid = -1
-        if fds and isinstance(request, dict):
-            pid = _fork_spare(sock, fds[0], request)
+        answer: dict[str, Any] = {"pid": -1}
+        if held is not None:
+            answer["error"] = f"the template holds {held}: a fork could not use the GPU"
+        elif fds and isinstance(request, dict):
+            answer["pid"] = _fork_spare(sock, fds[0], request)
         for passed in fds:
             os.close(passed)
         with contextlib.suppress(OSError):  # the agent gone: the next read ends it
-            sock.sendall(json.dumps({"pid": pid}).encode())
+            sock.sendall(json.dumps(answer).encode())
 
 
 def main() -> int:

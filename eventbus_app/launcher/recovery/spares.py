@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from eventbus.app.launcher.recovery.template import Adopted
+from eventbus.app.launcher.recovery.template import Answer
 from eventbus.app.launcher.recovery.template import Template
 from eventbus.app.launcher.recovery.template import adopted_by_me
 from eventbus.app.launcher.recovery.template import set_subreaper
@@ -292,15 +293,37 @@ class SparePool:
         """Take in the spares the template forked (within ``timeout`` seconds, 0: those
         already answered); no longer a child subreaper once none is asked."""
         template = self._template
+        refused: list[Answer] = []
         if template is not None and template.pending:
-            for local_rank, pid, write, visible in template.answers(timeout):
-                self._adopt(local_rank, pid, write, visible, template)
+            for answer in template.answers(timeout):
+                if answer.error is not None:
+                    refused.append(answer)
+                    os.close(answer.write)
+                else:
+                    self._adopt(answer, template)
+        if template is not None and refused:
+            self._without_template(template, refused)
+            template = None
         if self._reaping and (template is None or not template.pending):
             set_subreaper(False)
             self._reaping = False
 
-    def _adopt(self, local_rank: int, pid: int, write: int, visible: str | None,
-               template: Template) -> None:
+    def _without_template(self, template: Template, refused: list[Answer]) -> None:
+        """The template forks nothing (``refused``'s error): from now on each spare starts
+        by itself, those refused at once."""
+        logger.info("eventbus: %s; each warm spare starts by itself", refused[0].error)
+        self.template = False
+        self._template = None
+        executable, options, base, _cwd = template.key
+        asked = refused + [Answer(r, -1, w, v) for r, w, v in template.pending]
+        template.close(0.0)
+        workers = {a.local_rank: (executable, options, {**base, **(
+            {"CUDA_VISIBLE_DEVICES": a.visible} if a.visible is not None else {})})
+            for a in asked}
+        self.fill(workers)
+
+    def _adopt(self, answer: Answer, template: Template) -> None:
+        local_rank, pid, write, visible, _error = answer
         executable, options, base, cwd = template.key
         if pid <= 0 or not adopted_by_me(pid):
             os.close(write)  # a spare that is not this process's child reads its end

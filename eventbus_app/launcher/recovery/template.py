@@ -36,11 +36,12 @@ from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
+from typing import NamedTuple
 
 from eventbus.app.worker.spare import ENV_SPARE_LOW
 from eventbus.app.worker.spare import ENV_SPARE_TEMPLATE_FD
 
-__all__ = ["Adopted", "Template", "adopted_by_me", "set_subreaper", "subreaper_state"]
+__all__ = ["Adopted", "Answer", "Template", "adopted_by_me", "set_subreaper", "subreaper_state"]
 
 #: prctl(2)'s options
 _PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37
@@ -147,6 +148,20 @@ class Adopted:
         self.send_signal(signal.SIGKILL)
 
 
+class Answer(NamedTuple):
+    """The template's answer to one request."""
+
+    local_rank: int
+    #: the spare's pid; -1: none was forked
+    pid: int
+    #: the write end of the spare's pipe
+    write: int
+    #: the CUDA_VISIBLE_DEVICES the spare was asked for
+    visible: str | None
+    #: why it forks none (its imports initialised a GPU): the spares start each by itself
+    error: str | None = None
+
+
 class Template:
     """The agent's end of one template process: its process, the socket, what it was
     started with (``key``: interpreter, its options, the base environment, cwd) and the
@@ -203,11 +218,10 @@ class Template:
             os.close(read)
         self.pending.append((local_rank, write, cuda_visible))
 
-    def answers(self, timeout: float = 0.0) -> list[tuple[int, int, int, str | None]]:
-        """The answers that came within ``timeout`` seconds (0: those already there), as
-        (local rank, pid or -1, the pipe's write end, CUDA_VISIBLE_DEVICES asked). The
+    def answers(self, timeout: float = 0.0) -> list[Answer]:
+        """The answers that came within ``timeout`` seconds (0: those already there). The
         template gone: every request left is answered -1."""
-        out: list[tuple[int, int, int, str | None]] = []
+        out: list[Answer] = []
         deadline = time.monotonic() + timeout
         while self.pending:
             left = max(0.0, deadline - time.monotonic())
@@ -217,14 +231,16 @@ class Template:
             if not self.gone:
                 with contextlib.suppress(OSError):
                     data = self.sock.recv(4096)
-            pid = -1
+            pid, error = -1, None
             if data:
-                with contextlib.suppress(ValueError, AttributeError):
-                    pid = int(json.loads(data).get("pid", -1))
+                with contextlib.suppress(ValueError, AttributeError, TypeError):
+                    found = json.loads(data)
+                    pid, error = int(found.get("pid", -1)), found.get("error")
             else:
                 self.gone = True
             local_rank, write, visible = self.pending.popleft()
-            out.append((local_rank, pid, write, visible))
+            out.append(Answer(local_rank, pid, write, visible,
+                              error if isinstance(error, str) else None))
             if timeout > 0 and out and not self.pending:
                 break
         return out
