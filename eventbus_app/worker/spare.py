@@ -216,9 +216,11 @@ def _forked(fd: int, request: dict[str, Any]) -> int:
 
 
 def _fork() -> int:
-    """``os.fork()``. Python 3.12+ warns of a fork with threads: torch's import leaves one
-    (a futex waiter of its own), as in every DataLoader worker forked from a training
-    script; the filter is the caller's again in both processes once it returns."""
+    """``os.fork()``. Python 3.12+ warns of a fork with threads: importing torch leaves
+    one where OpenBLAS may use more than one thread (NumPy's OpenBLAS thread server, idle
+    on a condition variable; OpenBLAS's own fork handlers take care of it), as in every
+    DataLoader worker forked from a training script. The filter is the caller's again in
+    both processes once it returns."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         return os.fork()
