@@ -112,9 +112,10 @@ def test_scancel_drains_within_killwait_and_the_job_stays_cancelled(
 def test_the_time_limit_without_signal_drains_ahead_of_it_and_requeues(
         slurm_cluster: SlurmCluster) -> None:
     """--time=1: each run drains 20 + 5 + 3 s before its end (about 32 s in), while it
-    still trains (260 steps of 0.1 s take longer than that with the start); it requeues,
-    and the run that can finish resumes from the last run's stop step and completes."""
-    job, out = _submit(slurm_cluster, "drain-limit", "--time=1", steps=260, step_s=0.1,
+    still trains (400 steps of 0.1 s take longer than that: 260 did not once the start
+    got faster, and the run ended at 30 s); it requeues, and the run that can finish
+    resumes from the last run's stop step and completes."""
+    job, out = _submit(slurm_cluster, "drain-limit", "--time=1", steps=400, step_s=0.1,
                        signal=False)
     try:
         info = slurm_cluster.wait(job, timeout=200)

@@ -241,8 +241,6 @@ class Template:
             local_rank, write, visible = self.pending.popleft()
             out.append(Answer(local_rank, pid, write, visible,
                               error if isinstance(error, str) else None))
-            if timeout > 0 and out and not self.pending:
-                break
         return out
 
     def close(self, timeout: float = 2.0) -> None:
